@@ -1,0 +1,41 @@
+"""`polar-pl` console script: one subcommand per part, each implemented in its own module.
+
+Each module named below exposes `add_arguments(parser)` and `run(args) -> int`; they are imported
+lazily so that `polar-pl gateway` does not pay for torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "tiny-model": ("polar_pl.tinymodel.cli", "build the tiny offline model and tokenizer"),
+    "engine": ("polar_pl.engine.cli", "serve the embedded engine (OpenAI-compatible, token ids)"),
+    "gateway": ("polar_pl.gateway.cli", "run the gateway standalone"),
+    "session": ("polar_pl.gateway.session_cli", "register a gateway session for a harness"),
+    "traces": ("polar_pl.datamodule.traces_cli", "export trace records as trajectory rows"),
+    "harness": ("polar_pl.harness.cli", "install harness CLIs"),
+    "sandbox": ("polar_pl.sandbox.cli", "sandbox utilities (build-image, cleanup)"),
+    "tasks": ("polar_pl.tasks.cli", "task suite utilities (check, list)"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="polar-pl")
+    sub = parser.add_subparsers(dest="command", required=True)
+    name = argv[0] if argv and argv[0] in COMMANDS else None
+    for cmd, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(cmd, help=help_text)
+        if cmd == name:
+            mod = importlib.import_module(module)
+            mod.add_arguments(p)
+            p.set_defaults(_run=mod.run)
+    args = parser.parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The provider adapter contract.
+
+Every provider API (Anthropic Messages, OpenAI Chat, OpenAI Responses, Google generateContent) is
+one adapter: it turns the harness's request into an OpenAI Chat Completions request for the engine,
+and turns the engine's answer (a full chat completion, or a stream of chat completion chunks) back
+into the provider's own response or event grammar. The gateway core owns everything else: auth,
+sessions, calling the engine (always streaming, with logprobs and token ids), capture, errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class RequestError(ValueError):
+    """A malformed or unsupported request: the core answers 400 in the provider's error shape."""
+
+
+@dataclass(frozen=True, slots=True)
+class NormalizedRequest:
+    """A provider request normalized to OpenAI Chat Completions.
+
+    chat: the body sent to the engine: `messages`, optional `tools`, `tool_choice`, `max_tokens`,
+        `temperature`, `top_p`, `stop`, `seed`. Assistant turns may carry `reasoning_content`.
+        The core adds `model`, `stream`, `logprobs`, `top_logprobs`, `return_token_ids`.
+    stream: whether the harness asked for a stream.
+    model: the model name the harness asked for (echoed back in responses).
+    notes: what normalization dropped or changed, recorded in the trace.
+    """
+
+    chat: dict[str, Any]
+    stream: bool
+    model: str
+    notes: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class StreamTranslator(Protocol):
+    """Per-stream state turning engine chat chunks into provider SSE bytes (one per stream)."""
+
+    def start(self) -> bytes:
+        """Called once before the first chunk: opening events (may be empty)."""
+
+    def feed(self, chunk: dict[str, Any]) -> bytes:
+        """Called for each engine `chat.completion.chunk`; returns the events to send now."""
+
+    def finish(self, finish_reason: str | None, usage: dict[str, Any]) -> bytes:
+        """Called once after the last chunk: closing events. usage has prompt/completion tokens."""
+
+    def error(self, status: int, message: str) -> bytes:
+        """Called if the engine fails mid-stream: an error event in the provider's grammar."""
+
+
+class ProviderAdapter(Protocol):
+    """One provider API."""
+
+    name: str
+
+    def to_chat(self, body: dict[str, Any], *, path: str, query: dict[str, str]) -> NormalizedRequest:
+        """Called per request after auth. Raises RequestError on malformed input."""
+
+    def from_chat(self, response: dict[str, Any], req: NormalizedRequest) -> dict[str, Any]:
+        """Called for a non-streaming request with the engine's full chat completion."""
+
+    def stream(self, req: NormalizedRequest) -> StreamTranslator:
+        """Called for a streaming request; returns fresh per-stream state."""
+
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
+        """Called for any error: the provider's error JSON for this HTTP status."""

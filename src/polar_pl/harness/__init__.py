@@ -1,0 +1,1 @@
+"""polar_pl.harness."""
