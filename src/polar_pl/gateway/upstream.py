@@ -1,0 +1,281 @@
+"""HTTP client for the engine: one streaming chat call, parsed SSE chunk by chunk.
+
+Two interchangeable implementations share one small contract (`UpstreamClient`): aiohttp (the
+default) and httpx. bench/gateway.py measures both behind the gateway; aiohttp won there (lower
+CPU per streamed request and shorter tails), so it is the default and httpx stays as the
+comparison and a fallback.
+
+Failures are raised as `UpstreamError` with a kind the core maps to a provider status:
+"connect" (engine down), "timeout", "http" (engine answered 4xx/5xx) or "stream" (the engine
+broke off or sent an error event mid-stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import orjson
+
+POLICY_HEADER = "x-policy-version"
+
+
+class UpstreamError(Exception):
+    def __init__(self, kind: str, message: str, status: int | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+
+
+def _error_message(status: int, text: str) -> str:
+    try:
+        body = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text[:2000] or f"engine answered HTTP {status}"
+    err = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(err, dict):
+        return str(err.get("message") or err)
+    return str(err)
+
+
+def parse_sse_line(line: bytes) -> dict[str, Any] | None | bool:
+    """One SSE line -> chunk dict, None (not a data line) or False (the [DONE] sentinel)."""
+    if not line.startswith(b"data:"):
+        return None
+    payload = line[5:].strip()
+    if payload == b"[DONE]":
+        return False
+    if not payload:
+        return None
+    chunk = orjson.loads(payload)
+    if isinstance(chunk, dict) and "error" in chunk and "choices" not in chunk:
+        err = chunk["error"]
+        msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+        status = err.get("code") if isinstance(err, dict) and isinstance(err.get("code"), int) else None
+        raise UpstreamError("stream", msg, status)
+    return chunk
+
+
+class ChatStream(Protocol):
+    """An open engine stream. Iterate for chunk dicts; `close()` aborts the engine request."""
+
+    policy_version: int | None
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]: ...
+
+    async def close(self) -> None: ...
+
+
+class UpstreamClient(Protocol):
+    async def stream_chat(self, url: str, body: bytes) -> ChatStream:
+        """POST a streaming chat request; raises UpstreamError before the first byte on failure."""
+
+    async def request_json(self, method: str, url: str, body: Any = None, timeout: float = 10.0) -> Any:
+        """A small JSON call (models, health, tokenize)."""
+
+    async def close(self) -> None: ...
+
+
+def _policy(headers) -> int | None:
+    v = headers.get(POLICY_HEADER)
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def _json_as_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Fallback for an upstream that ignored stream=true: one synthesized chunk per choice."""
+    chunks = []
+    for ch in body.get("choices", []):
+        msg = ch.get("message") or {}
+        delta = {k: msg.get(k) for k in ("role", "content", "reasoning_content") if msg.get(k) is not None}
+        if msg.get("tool_calls"):
+            delta["tool_calls"] = [dict(tc, index=i) for i, tc in enumerate(msg["tool_calls"])]
+        chunks.append({
+            "id": body.get("id"), "object": "chat.completion.chunk", "created": body.get("created"),
+            "model": body.get("model"), "prompt_token_ids": body.get("prompt_token_ids"),
+            "choices": [{"index": ch.get("index", 0), "delta": delta, "logprobs": ch.get("logprobs"),
+                         "finish_reason": ch.get("finish_reason"), "token_ids": ch.get("token_ids")}],
+        })
+    if body.get("usage"):
+        chunks.append({"id": body.get("id"), "choices": [], "usage": body["usage"]})
+    return chunks
+
+
+# ---- aiohttp ------------------------------------------------------------------------------
+
+class _AiohttpStream:
+    def __init__(self, resp):
+        self._resp = resp
+        self.policy_version = _policy(resp.headers)
+
+    async def __aiter__(self):
+        import aiohttp
+
+        resp = self._resp
+        try:
+            if not resp.headers.get("content-type", "").startswith("text/event-stream"):
+                for chunk in _json_as_chunks(orjson.loads(await resp.read())):
+                    yield chunk
+                return
+            async for line in resp.content:
+                chunk = parse_sse_line(line)
+                if chunk is False:
+                    return
+                if chunk is not None:
+                    yield chunk
+            raise UpstreamError("stream", "engine closed the stream before [DONE]")
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            raise UpstreamError("stream", f"engine stream broke: {exc!r}") from exc
+        except TimeoutError as exc:
+            raise UpstreamError("timeout", "engine stream timed out") from exc
+
+    async def close(self) -> None:
+        # close (not release): dropping the connection is what makes the engine abort generation
+        self._resp.close()
+
+
+class AiohttpClient:
+    def __init__(self, connect_timeout: float = 5.0, read_timeout: float = 600.0):
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._session = None
+
+    def _get(self):
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, enable_cleanup_closed=True),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=self._connect_timeout, sock_read=self._read_timeout
+                ),
+                json_serialize=lambda o: orjson.dumps(o).decode(),
+                auto_decompress=False,
+            )
+        return self._session
+
+    async def stream_chat(self, url: str, body: bytes) -> ChatStream:
+        import aiohttp
+
+        try:
+            resp = await self._get().post(url, data=body, headers={"content-type": "application/json"})
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
+            raise UpstreamError("connect", f"engine unreachable at {url}: {exc}") from exc
+        except TimeoutError as exc:
+            raise UpstreamError("timeout", f"engine at {url} timed out") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamError("connect", f"engine request failed: {exc!r}") from exc
+        if resp.status >= 400:
+            try:
+                text = await resp.text()
+            finally:
+                resp.release()
+            raise UpstreamError("http", _error_message(resp.status, text), resp.status)
+        return _AiohttpStream(resp)
+
+    async def request_json(self, method: str, url: str, body: Any = None, timeout: float = 10.0) -> Any:
+        import aiohttp
+
+        try:
+            async with self._get().request(
+                method, url, data=None if body is None else orjson.dumps(body),
+                headers={"content-type": "application/json"}, timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as resp:
+                text = await resp.text()
+                if resp.status >= 400:
+                    raise UpstreamError("http", _error_message(resp.status, text), resp.status)
+                return orjson.loads(text) if text else None
+        except aiohttp.ClientError as exc:
+            raise UpstreamError("connect", f"engine unreachable at {url}: {exc}") from exc
+        except TimeoutError as exc:
+            raise UpstreamError("timeout", f"engine at {url} timed out") from exc
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+# ---- httpx --------------------------------------------------------------------------------
+
+class _HttpxStream:
+    def __init__(self, resp):
+        self._resp = resp
+        self.policy_version = _policy(resp.headers)
+
+    async def __aiter__(self):
+        import httpx
+
+        resp = self._resp
+        try:
+            if not resp.headers.get("content-type", "").startswith("text/event-stream"):
+                for chunk in _json_as_chunks(orjson.loads(await resp.aread())):
+                    yield chunk
+                return
+            async for line in resp.aiter_lines():
+                chunk = parse_sse_line(line.encode())
+                if chunk is False:
+                    return
+                if chunk is not None:
+                    yield chunk
+            raise UpstreamError("stream", "engine closed the stream before [DONE]")
+        except httpx.TimeoutException as exc:
+            raise UpstreamError("timeout", "engine stream timed out") from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamError("stream", f"engine stream broke: {exc!r}") from exc
+
+    async def close(self) -> None:
+        await self._resp.aclose()
+
+
+class HttpxClient:
+    def __init__(self, connect_timeout: float = 5.0, read_timeout: float = 600.0):
+        import httpx
+
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+        )
+
+    async def stream_chat(self, url: str, body: bytes) -> ChatStream:
+        import httpx
+
+        req = self._client.build_request("POST", url, content=body, headers={"content-type": "application/json"})
+        try:
+            resp = await self._client.send(req, stream=True)
+        except httpx.TimeoutException as exc:
+            raise UpstreamError("timeout", f"engine at {url} timed out") from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamError("connect", f"engine unreachable at {url}: {exc!r}") from exc
+        if resp.status_code >= 400:
+            text = (await resp.aread()).decode(errors="replace")
+            await resp.aclose()
+            raise UpstreamError("http", _error_message(resp.status_code, text), resp.status_code)
+        return _HttpxStream(resp)
+
+    async def request_json(self, method: str, url: str, body: Any = None, timeout: float = 10.0) -> Any:
+        import httpx
+
+        try:
+            resp = await self._client.request(method, url, json=body, timeout=timeout)
+        except httpx.TimeoutException as exc:
+            raise UpstreamError("timeout", f"engine at {url} timed out") from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamError("connect", f"engine unreachable at {url}: {exc!r}") from exc
+        if resp.status_code >= 400:
+            raise UpstreamError("http", _error_message(resp.status_code, resp.text), resp.status_code)
+        return resp.json() if resp.content else None
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def make_client(kind: str, **kw) -> UpstreamClient:
+    if kind == "aiohttp":
+        return AiohttpClient(**kw)
+    if kind == "httpx":
+        return HttpxClient(**kw)
+    raise ValueError(f"gateway upstream client={kind!r}: allowed 'aiohttp', 'httpx'")
