@@ -1,0 +1,83 @@
+"""Google generateContent adapter (`/v1beta/models/{model}:generateContent`, `:streamGenerateContent`).
+
+Gemini CLI and pi speak it. Requests are converted in `google_request`, streams in
+`google_stream`; this module holds the adapter the gateway core looks up (`adapter`), the
+non-streaming response conversion and the error shape. The model name comes from the path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polar_pl.gateway.providers.base import NormalizedRequest, RequestError
+from polar_pl.gateway.providers.google_request import parse_path, request_to_chat
+from polar_pl.gateway.providers.google_stream import (
+    GoogleStream,
+    error_payload,
+    finish_reason_for,
+    function_call_part,
+    new_response_id,
+    usage_metadata,
+)
+
+
+def response_from_chat(response: dict[str, Any], model: str, include_thoughts: bool) -> dict[str, Any]:
+    """A full engine chat completion -> a GenerateContentResponse with one candidate."""
+    choice = (response.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    parts = message_parts(message, include_thoughts)
+    candidate: dict[str, Any] = {"index": 0}
+    if parts:
+        candidate["content"] = {"role": "model", "parts": parts}
+    candidate["finishReason"] = finish_reason_for(choice.get("finish_reason"))
+    usage = response.get("usage") or {}
+    prompt_tokens = usage.get("prompt_tokens")
+    if prompt_tokens is None and isinstance(response.get("prompt_token_ids"), list):
+        prompt_tokens = len(response["prompt_token_ids"])
+    return {
+        "candidates": [candidate],
+        "usageMetadata": usage_metadata(prompt_tokens, usage.get("completion_tokens")),
+        "modelVersion": model,
+        "responseId": new_response_id(),
+    }
+
+
+def message_parts(message: dict[str, Any], include_thoughts: bool) -> list[dict[str, Any]]:
+    """Engine assistant message -> parts in generation order: thought, text, functionCall."""
+    parts: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if reasoning and include_thoughts:
+        parts.append({"text": reasoning, "thought": True})
+    if message.get("content"):
+        parts.append({"text": message["content"]})
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        parts.append(
+            function_call_part(call.get("id"), function.get("name") or "", function.get("arguments"))
+        )
+    return parts
+
+
+class GoogleAdapter:
+    """The Gemini generateContent API, translated to and from the engine's chat completions."""
+
+    name = "google"
+
+    def to_chat(self, body: dict[str, Any], *, path: str, query: dict[str, str]) -> NormalizedRequest:
+        model, stream = parse_path(path)
+        chat, notes, options = request_to_chat(body)
+        if stream and query.get("alt", "sse") != "sse":
+            raise RequestError("streamGenerateContent is served as server-sent events only: use alt=sse")
+        return NormalizedRequest(chat=chat, stream=stream, model=model, notes=tuple(notes), extra=options)
+
+    def from_chat(self, response: dict[str, Any], req: NormalizedRequest) -> dict[str, Any]:
+        return response_from_chat(response, req.model, bool(req.extra.get("include_thoughts")))
+
+    def stream(self, req: NormalizedRequest) -> GoogleStream:
+        return GoogleStream(req.model, bool(req.extra.get("include_thoughts")))
+
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
+        return error_payload(status, message)
+
+
+adapter = GoogleAdapter()
