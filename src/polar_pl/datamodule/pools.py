@@ -1,0 +1,288 @@
+"""Stage pools: INIT → READY → RUNNING → POSTRUN, each with its own bounded concurrency.
+
+Slow sandbox start-up (INIT) and evaluation (POSTRUN) run in their own worker pools so the
+RUNNING pool, which holds the engine, always finds a prepared session waiting in the bounded READY
+buffer. Bounded queues between stages give backpressure: a stage that runs ahead blocks on the
+next stage's queue instead of flooding it.
+
+The pools know nothing of sandboxes or harnesses: they drive a `RolloutStages` object (the real
+one lives in `rollout.py`; the pipeline benchmark plugs in simulated stages).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from polar_pl.datamodule.rows import TrajectoryRow
+
+OK, TIMEOUT, FAILED = "ok", "timeout", "failed"
+
+
+@dataclass(slots=True)
+class RolloutJob:
+    """One task attempt travelling through the stages (mutable; owned by one stage at a time).
+
+    `state` holds stage-private objects (sandbox, gateway session, harness result, evaluator
+    handle); `deadline` is the monotonic time by which RUNNING must end.
+    """
+
+    rollout_id: str
+    group_id: str
+    task: Any
+    member: int = 0
+    status: str = OK
+    error: str | None = None
+    failed_stage: str | None = None
+    deadline: float | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def fail(self, stage: str, exc: BaseException | str) -> None:
+        self.status = FAILED
+        self.failed_stage = stage
+        self.error = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutResult:
+    """What POSTRUN hands to the trainer for one task attempt."""
+
+    rollout_id: str
+    group_id: str
+    task_id: str
+    status: str
+    reward: float
+    rows: tuple[TrajectoryRow, ...] = ()
+    error: str | None = None
+    failed_stage: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class RolloutStages(Protocol):
+    """The work of each stage for one job. Every method may raise; the pools record the failure."""
+
+    async def init(self, job: RolloutJob) -> None:
+        """INIT: start the sandbox and prepare the task in it."""
+
+    async def run(self, job: RolloutJob) -> None:
+        """RUNNING: run the harness against a gateway session until exit or `job.deadline`.
+
+        Cancelled by the pools when the deadline passes: it must then kill the harness.
+        """
+
+    async def postrun(self, job: RolloutJob) -> RolloutResult:
+        """POSTRUN: extract the patch, evaluate, build trajectory rows. Runs after timeouts and
+        RUNNING failures too (the partial trace is kept)."""
+
+    async def cleanup(self, job: RolloutJob) -> None:
+        """Called exactly once per job, last, whatever happened: stop sandboxes, end sessions."""
+
+
+class Occupancy:
+    """Time-integral of a count (busy workers, in-flight engine calls): busy fraction over a window."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.count = 0
+        self._area = 0.0
+        self._last = time.monotonic()
+        self._start = self._last
+
+    def _advance(self) -> None:
+        now = time.monotonic()
+        self._area += self.count * (now - self._last)
+        self._last = now
+
+    def enter(self) -> None:
+        self._advance()
+        self.count += 1
+
+    def leave(self) -> None:
+        self._advance()
+        self.count -= 1
+
+    def fraction(self) -> float:
+        """Mean occupied share of capacity since construction (or the last reset)."""
+        self._advance()
+        span = self._last - self._start
+        return self._area / (span * self.capacity) if span > 0 else 0.0
+
+    def reset(self) -> None:
+        self._advance()
+        self._area, self._start = 0.0, self._last
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSizes:
+    """Bounded concurrency per stage and the READY buffer size (Hydra group `datamodule/`)."""
+
+    init: int = 4
+    ready: int = 4
+    running: int = 4
+    postrun: int = 2
+    run_timeout_s: float = 300.0
+    cancel_grace_s: float = 10.0
+
+
+class StagePools:
+    """Worker pools for the four stages, on one asyncio event loop.
+
+    `submit` blocks while the INIT queue is full (backpressure towards the task feeder);
+    finished `RolloutResult`s appear on `results`.
+    """
+
+    def __init__(self, stages: RolloutStages, sizes: PoolSizes) -> None:
+        self.stages = stages
+        self.sizes = sizes
+        self.init_q: asyncio.Queue[RolloutJob] = asyncio.Queue(maxsize=sizes.init)
+        self.ready_q: asyncio.Queue[RolloutJob] = asyncio.Queue(maxsize=sizes.ready)
+        self.post_q: asyncio.Queue[RolloutJob] = asyncio.Queue(maxsize=sizes.postrun)
+        self.results: asyncio.Queue[RolloutResult] = asyncio.Queue()
+        self.busy = {
+            "init": Occupancy(sizes.init),
+            "running": Occupancy(sizes.running),
+            "postrun": Occupancy(sizes.postrun),
+        }
+        self.statuses: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
+        self._workers: list[asyncio.Task] = []
+        self._live: dict[str, RolloutJob] = {}
+
+    def start(self) -> None:
+        spawn = asyncio.get_running_loop().create_task
+        self._workers = (
+            [spawn(self._init_worker(), name=f"init-{i}") for i in range(self.sizes.init)]
+            + [spawn(self._run_worker(), name=f"run-{i}") for i in range(self.sizes.running)]
+            + [spawn(self._post_worker(), name=f"post-{i}") for i in range(self.sizes.postrun)]
+        )
+
+    async def stop(self) -> None:
+        """Cancel the workers, then clean up every job not yet cleaned (queued or interrupted)."""
+        for w in self._workers:
+            w.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers = []
+        for job in list(self._live.values()):
+            await self._cleanup(job)
+
+    async def submit(self, job: RolloutJob) -> None:
+        job.timings["submitted"] = time.monotonic()
+        self._live[job.rollout_id] = job
+        await self.init_q.put(job)
+
+    async def _init_worker(self) -> None:
+        while True:
+            job = await self.init_q.get()
+            with _busy(self.busy["init"]), _timed(job, "init"):
+                try:
+                    await self.stages.init(job)
+                except Exception as exc:  # noqa: BLE001 — any stage failure is recorded, pools go on
+                    job.fail("init", exc)
+            if job.status == FAILED:
+                await self._finish_failed(job)
+            else:
+                await self.ready_q.put(job)  # blocks while READY is full: backpressure
+
+    async def _run_worker(self) -> None:
+        while True:
+            job = await self.ready_q.get()
+            job.deadline = time.monotonic() + self.sizes.run_timeout_s
+            with _busy(self.busy["running"]), _timed(job, "running"):
+                try:
+                    await asyncio.wait_for(
+                        self.stages.run(job), self.sizes.run_timeout_s + self.sizes.cancel_grace_s
+                    )
+                except TimeoutError:
+                    job.status, job.error = TIMEOUT, f"RUNNING exceeded {self.sizes.run_timeout_s:.0f}s"
+                except Exception as exc:  # noqa: BLE001
+                    job.fail("running", exc)
+            await self.post_q.put(job)  # timeouts and failures still go through POSTRUN
+
+    async def _post_worker(self) -> None:
+        while True:
+            job = await self.post_q.get()
+            with _busy(self.busy["postrun"]), _timed(job, "postrun"):
+                try:
+                    result = await self.stages.postrun(job)
+                except Exception as exc:  # noqa: BLE001
+                    job.fail(job.failed_stage or "postrun", exc)
+                    result = _failed_result(job)
+                finally:
+                    await self._cleanup(job)
+            self._publish(result)
+
+    async def _finish_failed(self, job: RolloutJob) -> None:
+        await self._cleanup(job)
+        self._publish(_failed_result(job))
+
+    async def _cleanup(self, job: RolloutJob) -> None:
+        if self._live.pop(job.rollout_id, None) is None:
+            return  # already cleaned
+        try:
+            await self.stages.cleanup(job)
+        except Exception as exc:  # noqa: BLE001 — a failed cleanup must not stop the pools
+            self.failures["cleanup"] += 1
+            if job.error is None:
+                job.error = f"cleanup: {type(exc).__name__}: {exc}"
+
+    def _publish(self, result: RolloutResult) -> None:
+        self.statuses[result.status] += 1
+        if result.failed_stage:
+            self.failures[result.failed_stage] += 1
+        self.results.put_nowait(result)
+
+    def metrics(self) -> dict[str, float]:
+        """Slash-keyed gauges for the logger: queue lengths, busy fraction per stage, statuses."""
+        m: dict[str, float] = {
+            "pool/init_queue": self.init_q.qsize(),
+            "pool/ready_queue": self.ready_q.qsize(),
+            "pool/postrun_queue": self.post_q.qsize(),
+        }
+        for stage, occ in self.busy.items():
+            m[f"pool/{stage}_busy"] = occ.fraction()
+            m[f"pool/{stage}_active"] = occ.count
+        for status, n in self.statuses.items():
+            m[f"pool/sessions_{status}"] = n
+        for stage, n in self.failures.items():
+            m[f"pool/failures_{stage}"] = n
+        return m
+
+
+def _failed_result(job: RolloutJob) -> RolloutResult:
+    return RolloutResult(
+        rollout_id=job.rollout_id,
+        group_id=job.group_id,
+        task_id=str(getattr(job.task, "instance_id", job.task)),
+        status=FAILED,
+        reward=0.0,
+        error=job.error,
+        failed_stage=job.failed_stage,
+        timings=dict(job.timings),
+    )
+
+
+class _busy:
+    def __init__(self, occ: Occupancy) -> None:
+        self.occ = occ
+
+    def __enter__(self) -> None:
+        self.occ.enter()
+
+    def __exit__(self, *exc) -> None:
+        self.occ.leave()
+
+
+class _timed:
+    def __init__(self, job: RolloutJob, stage: str) -> None:
+        self.job, self.stage = job, stage
+
+    def __enter__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __exit__(self, *exc) -> None:
+        self.job.timings[self.stage] = time.monotonic() - self.t0

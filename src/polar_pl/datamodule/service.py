@@ -1,0 +1,229 @@
+"""The rollout service: stage pools, task feeder and group collector on a background event loop.
+
+The trainer's thread asks for complete GRPO groups (`next_groups`); meanwhile the service keeps
+preparing and running the next ones, so rollouts for step k+1 overlap training of step k. How far
+ahead it may run is bounded by `max_groups_in_flight`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from polar_pl.datamodule.pools import PoolSizes, RolloutJob, RolloutResult, RolloutStages, StagePools
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """All attempts at one task for one GRPO group; `missing` lists attempts cut by the deadline."""
+
+    group_id: str
+    seq: int
+    task: Any
+    results: tuple[RolloutResult, ...]
+    missing: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+
+@dataclass(slots=True)
+class _Pending:
+    seq: int
+    task: Any
+    rollout_ids: list[str]
+    started: float
+    results: list[RolloutResult] = field(default_factory=list)
+
+
+class RolloutService:
+    """Runs `StagePools` over a task sequence on its own thread.
+
+    tasks: indexable task source; task `seq` i is `tasks[i % len(tasks)]`.
+    group_size: attempts per task (G). group_deadline_s: a group is released with what finished
+    by then. start_seq / skip_seqs: resume point (see `state_dict`).
+    """
+
+    def __init__(
+        self,
+        stages: RolloutStages,
+        tasks: Sequence[Any],
+        *,
+        group_size: int,
+        sizes: PoolSizes,
+        max_groups_in_flight: int = 2,
+        group_deadline_s: float | None = None,
+        start_seq: int = 0,
+        skip_seqs: Sequence[int] = (),
+        id_prefix: str | None = None,
+    ) -> None:
+        if len(tasks) == 0:
+            raise ValueError("task source is empty: datamodule needs at least one task")
+        self.stages, self.tasks, self.sizes = stages, tasks, sizes
+        self.group_size = group_size
+        self.max_groups_in_flight = max_groups_in_flight
+        self.group_deadline_s = group_deadline_s
+        self.next_seq = start_seq
+        self.consumed: set[int] = set(skip_seqs)
+        self.id_prefix = id_prefix or uuid.uuid4().hex[:6]
+        self.late_results = 0
+        self._demand = 0
+        self._ready: list[Group] = []
+        self._cond = threading.Condition()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-service", daemon=True)
+        self._main: Future | None = None
+        self._main_task: asyncio.Task | None = None
+        self.pools: StagePools | None = None
+        self.error: BaseException | None = None
+
+    # ---- trainer-thread API -------------------------------------------------------------
+    def start(self) -> RolloutService:
+        self._thread.start()
+        self._main = asyncio.run_coroutine_threadsafe(self._run(), self._loop)
+        self._main.add_done_callback(self._on_main_done)
+        return self
+
+    def next_groups(self, n: int, timeout: float | None = None) -> list[Group]:
+        """Block until n groups are released (complete or past their deadline); oldest first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._demand = n  # the feeder may run ahead of at least one request's worth
+            while len(self._ready) < n:
+                if self.error is not None:
+                    raise RuntimeError("rollout service failed") from self.error
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"only {len(self._ready)} of {n} groups ready after {timeout}s")
+                self._cond.wait(timeout=left if left is not None else 1.0)
+            self._ready.sort(key=lambda g: g.seq)
+            out, self._ready = self._ready[:n], self._ready[n:]
+            self.consumed.update(g.seq for g in out)
+            self._cond.notify_all()
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        if self.pools is None:
+            return {}
+        fut = asyncio.run_coroutine_threadsafe(self._metrics(), self._loop)
+        return fut.result(timeout=10)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Resume point: every seq below `start_seq` was consumed by training, plus `skip_seqs`."""
+        with self._cond:
+            start = 0
+            while start in self.consumed:
+                start += 1
+            return {"start_seq": start, "skip_seqs": sorted(s for s in self.consumed if s > start)}
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Cancel everything; each job's cleanup runs before this returns."""
+        if not self._thread.is_alive():
+            return
+        async def cancel_main() -> None:
+            task = self._main_task
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(cancel_main(), self._loop).result(timeout)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)
+        self._loop.close()
+
+    # ---- event-loop side ----------------------------------------------------------------
+    async def _metrics(self) -> dict[str, float]:
+        assert self.pools is not None
+        m = self.pools.metrics()
+        with self._cond:
+            m["pool/groups_ready"] = len(self._ready)
+        m["pool/late_results"] = self.late_results
+        return m
+
+    def _on_main_done(self, fut: Future) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            with self._cond:
+                self.error = fut.exception()
+                self._cond.notify_all()
+
+    async def _run(self) -> None:
+        self._main_task = asyncio.current_task()
+        self.pools = StagePools(self.stages, self.sizes)
+        self.pools.start()
+        pending: dict[str, _Pending] = {}
+        feeder = asyncio.create_task(self._feed(pending))
+        try:
+            await self._collect(pending)
+        finally:
+            feeder.cancel()
+            await asyncio.gather(feeder, return_exceptions=True)
+            await self.pools.stop()
+
+    def _in_flight(self, pending: dict[str, _Pending]) -> int:
+        with self._cond:
+            return len(pending) + len(self._ready)
+
+    async def _feed(self, pending: dict[str, _Pending]) -> None:
+        while True:
+            while self._in_flight(pending) >= max(self.max_groups_in_flight, self._demand):
+                await asyncio.sleep(0.01)
+            seq = self.next_seq
+            self.next_seq += 1
+            if seq in self.consumed:
+                continue
+            task = self.tasks[seq % len(self.tasks)]
+            group_id = f"{self.id_prefix}-g{seq}"
+            ids = [f"{group_id}-r{m}" for m in range(self.group_size)]
+            pending[group_id] = _Pending(seq, task, ids, time.monotonic())
+            for m, rid in enumerate(ids):
+                await self.pools.submit(RolloutJob(rid, group_id, task, member=m))
+
+    async def _collect(self, pending: dict[str, _Pending]) -> None:
+        assert self.pools is not None
+        while True:
+            try:
+                result = await asyncio.wait_for(self.pools.results.get(), timeout=0.5)
+            except TimeoutError:
+                result = None
+            if result is not None:
+                p = pending.get(result.group_id)
+                if p is None:
+                    self.late_results += 1  # its group was released at the deadline already
+                else:
+                    p.results.append(result)
+                    if len(p.results) == self.group_size:
+                        self._release(pending, result.group_id)
+            if self.group_deadline_s is not None:
+                now = time.monotonic()
+                for gid in [g for g, p in pending.items() if now - p.started > self.group_deadline_s]:
+                    self._release(pending, gid)
+
+    def _release(self, pending: dict[str, _Pending], group_id: str) -> None:
+        p = pending.pop(group_id)
+        done = {r.rollout_id for r in p.results}
+        group = Group(
+            group_id=group_id,
+            seq=p.seq,
+            task=p.task,
+            results=tuple(sorted(p.results, key=lambda r: r.rollout_id)),
+            missing=tuple(r for r in p.rollout_ids if r not in done),
+        )
+        with self._cond:
+            self._ready.append(group)
+            self._cond.notify_all()
+
+
+def run_groups(service_factory: Callable[[], RolloutService], n: int, timeout: float) -> list[Group]:
+    """Start a service, take n groups, stop it (for one-shot uses such as data generation)."""
+    service = service_factory().start()
+    try:
+        return service.next_groups(n, timeout=timeout)
+    finally:
+        service.stop()

@@ -1,0 +1,160 @@
+"""Stage pools and the rollout service, driven by simulated stages (the stages are not under test)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from polar_pl.datamodule.pools import FAILED, OK, TIMEOUT, PoolSizes, RolloutJob, RolloutResult
+from polar_pl.datamodule.service import RolloutService
+
+
+class SimStages:
+    """Sleeps per stage; behaviour per task name: 'hang', 'crash', 'evalcrash', 'initfail'."""
+
+    def __init__(self, init_s=0.01, run_s=0.02, post_s=0.01):
+        self.init_s, self.run_s, self.post_s = init_s, run_s, post_s
+        self.cleaned: Counter[str] = Counter()
+        self.started: set[str] = set()
+        self.running = 0
+        self.max_running = 0
+        self.lock = threading.Lock()
+
+    async def init(self, job: RolloutJob) -> None:
+        self.started.add(job.rollout_id)
+        await asyncio.sleep(self.init_s)
+        if job.task == "initfail":
+            raise RuntimeError("sandbox did not start")
+
+    async def run(self, job: RolloutJob) -> None:
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            if job.task == "hang":
+                await asyncio.sleep(3600)
+            if job.task == "crash":
+                raise RuntimeError("harness crashed")
+            await asyncio.sleep(self.run_s)
+            job.state["answer"] = job.member
+        finally:
+            self.running -= 1
+
+    async def postrun(self, job: RolloutJob) -> RolloutResult:
+        await asyncio.sleep(self.post_s)
+        if job.task == "evalcrash":
+            raise RuntimeError("evaluator crashed")
+        return RolloutResult(
+            job.rollout_id, job.group_id, str(job.task), job.status, float(job.state.get("answer", 0)),
+            error=job.error, failed_stage=job.failed_stage, info={"partial": "answer" not in job.state},
+        )
+
+    async def cleanup(self, job: RolloutJob) -> None:
+        with self.lock:
+            self.cleaned[job.rollout_id] += 1
+
+
+def make(stages, tasks, g=4, **kw):
+    sizes = kw.pop("sizes", PoolSizes(init=2, ready=2, running=3, postrun=2, run_timeout_s=0.3, cancel_grace_s=0.1))
+    return RolloutService(stages, tasks, group_size=g, sizes=sizes, **kw)
+
+
+def test_full_groups_with_rewards_and_every_job_cleaned_once():
+    stages = SimStages()
+    svc = make(stages, ["a", "b"], max_groups_in_flight=3).start()
+    try:
+        groups = svc.next_groups(4, timeout=30)
+    finally:
+        svc.stop()
+    assert [g.seq for g in groups] == [0, 1, 2, 3]
+    assert [g.task for g in groups] == ["a", "b", "a", "b"]
+    for g in groups:
+        assert g.complete and len(g.results) == 4
+        assert sorted(r.reward for r in g.results) == [0.0, 1.0, 2.0, 3.0]
+        assert all(r.status == OK for r in g.results)
+    assert set(stages.cleaned) == stages.started  # queued and in-flight jobs too, after stop
+    assert all(n == 1 for n in stages.cleaned.values())
+    assert stages.max_running <= 3
+
+
+def test_hanging_harness_times_out_and_still_goes_through_postrun():
+    stages = SimStages()
+    svc = make(stages, ["hang"], g=2).start()
+    try:
+        (group,) = svc.next_groups(1, timeout=30)
+    finally:
+        svc.stop()
+    assert [r.status for r in group.results] == [TIMEOUT, TIMEOUT]
+    assert all("RUNNING exceeded" in r.error for r in group.results)
+    assert all(r.info["partial"] for r in group.results)
+
+
+@pytest.mark.parametrize(
+    ("task", "stage"), [("crash", "running"), ("evalcrash", "postrun"), ("initfail", "init")]
+)
+def test_failures_are_recorded_with_stage_and_reason_and_pools_keep_going(task, stage):
+    stages = SimStages()
+    svc = make(stages, [task, "ok"], g=2).start()
+    try:
+        bad, good = svc.next_groups(2, timeout=30)
+        metrics = svc.metrics()
+    finally:
+        svc.stop()
+    assert all(r.status == FAILED and r.failed_stage == stage and r.error for r in bad.results)
+    assert all(r.status == OK for r in good.results)
+    assert metrics[f"pool/failures_{stage}"] >= 2
+    assert all(n == 1 for n in stages.cleaned.values())
+
+
+def test_group_deadline_releases_finished_members_and_names_the_missing():
+    class Slow(SimStages):
+        async def run(self, job):
+            if job.member == 1:
+                await asyncio.sleep(2)
+            await super().run(job)
+
+    sizes = PoolSizes(init=2, ready=2, running=2, postrun=2, run_timeout_s=10)
+    svc = make(Slow(), ["x"], g=2, sizes=sizes, group_deadline_s=0.5).start()
+    try:
+        (group,) = svc.next_groups(1, timeout=30)
+    finally:
+        svc.stop()
+    assert not group.complete
+    assert [r.rollout_id for r in group.results] == [f"{group.group_id}-r0"]
+    assert group.missing == (f"{group.group_id}-r1",)
+
+
+def test_backpressure_bounds_work_ahead_of_training():
+    stages = SimStages(run_s=0.0)
+    svc = make(stages, ["a"], g=2, max_groups_in_flight=2).start()
+    try:
+        time.sleep(1.0)  # nobody consumes: the feeder must stop at the in-flight bound
+        assert len(stages.started) <= 2 * 2
+    finally:
+        svc.stop()
+
+
+def test_state_dict_resumes_the_task_cursor():
+    stages = SimStages()
+    svc = make(stages, ["t0", "t1", "t2", "t3", "t4"], g=2, max_groups_in_flight=2).start()
+    try:
+        first = svc.next_groups(2, timeout=30)
+        state = svc.state_dict()
+    finally:
+        svc.stop()
+    assert [g.task for g in first] == ["t0", "t1"]
+    assert state == {"start_seq": 2, "skip_seqs": []}
+    resumed = make(SimStages(), ["t0", "t1", "t2", "t3", "t4"], g=2, **state).start()
+    try:
+        nxt = resumed.next_groups(2, timeout=30)
+    finally:
+        resumed.stop()
+    assert [g.task for g in nxt] == ["t2", "t3"]
+
+
+def test_empty_task_source_is_a_clear_error():
+    with pytest.raises(ValueError, match="task source is empty"):
+        make(SimStages(), [])
