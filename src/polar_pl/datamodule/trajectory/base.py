@@ -1,0 +1,280 @@
+"""The trajectory-builder contract, chain-break kinds and merge statistics.
+
+A builder turns one session's trace records into trajectory rows. Builders are chosen by the Hydra
+group `merge/` (`_target_`), and every builder reports the same `MergeStats`, so runs with
+different builders can be compared in one table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.gateway.records import TraceRecord
+
+
+class BreakKind(StrEnum):
+    """Why a call started a new row instead of extending an existing chain.
+
+    COMPACTION: earlier content was rewritten or dropped (summaries, trimmed history, changed tools).
+    NEW_CONVERSATION: nothing beyond the system prompt is shared (a subagent, a fresh conversation).
+    SIDE_CALL: the gateway tagged the call "side" (titles, memory, routing); side calls never chain.
+    DRIFT: the same message list re-rendered to different tokens (stripped thinking, re-serialized
+        tool-call JSON, re-tokenized text).
+    TRUNCATION: the chain's last response was cut by length, or the context overflowed.
+    ERROR: the chain's last call, or a call since, failed or was aborted.
+    """
+
+    COMPACTION = "compaction"
+    NEW_CONVERSATION = "new_conversation"
+    SIDE_CALL = "side_call"
+    DRIFT = "drift"
+    TRUNCATION = "truncation"
+    ERROR = "error"
+
+
+#: meta["start"] of the first row of a session: a start, not a break.
+FIRST = "first"
+
+
+@dataclass(frozen=True, slots=True)
+class MergeStats:
+    """Counts for one session or, summed with `+`, for a batch.
+
+    calls: records seen. skipped_calls: failed calls with nothing sampled (no row, no tokens).
+    rows: rows emitted (chains for `prefix`, calls for `per_request`).
+    call_tokens: sum over merged calls of prompt + response tokens, i.e. what `per_request` trains on.
+    row_tokens: sum of row lengths, what this builder's rows make the trainer process.
+    sampled_tokens: tokens with loss_mask 1 (identical under every builder).
+    spliced_calls: calls whose prompt differed from the plain re-render (token-faithful splicing).
+    breaks: chain breaks by `BreakKind` value.
+
+    compression_ratio = call_tokens / row_tokens (1.0 for per_request; higher is less recompute).
+    """
+
+    sessions: int = 0
+    calls: int = 0
+    skipped_calls: int = 0
+    rows: int = 0
+    call_tokens: int = 0
+    row_tokens: int = 0
+    sampled_tokens: int = 0
+    spliced_calls: int = 0
+    breaks: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.call_tokens / self.row_tokens if self.row_tokens else 1.0
+
+    @property
+    def calls_per_row(self) -> float:
+        merged = self.calls - self.skipped_calls
+        return merged / self.rows if self.rows else 0.0
+
+    @property
+    def num_breaks(self) -> int:
+        return sum(self.breaks.values())
+
+    def __add__(self, other: MergeStats) -> MergeStats:
+        breaks = dict(self.breaks)
+        for k, v in other.breaks.items():
+            breaks[k] = breaks.get(k, 0) + v
+        return MergeStats(
+            sessions=self.sessions + other.sessions,
+            calls=self.calls + other.calls,
+            skipped_calls=self.skipped_calls + other.skipped_calls,
+            rows=self.rows + other.rows,
+            call_tokens=self.call_tokens + other.call_tokens,
+            row_tokens=self.row_tokens + other.row_tokens,
+            sampled_tokens=self.sampled_tokens + other.sampled_tokens,
+            spliced_calls=self.spliced_calls + other.spliced_calls,
+            breaks=breaks,
+        )
+
+    def to_metrics(self, prefix: str = "merge") -> dict[str, float]:
+        """Flat slash-keyed metrics (`merge/calls`, `merge/breaks/drift`, ...), every kind present."""
+        out: dict[str, float] = {
+            f"{prefix}/sessions": self.sessions,
+            f"{prefix}/calls": self.calls,
+            f"{prefix}/skipped_calls": self.skipped_calls,
+            f"{prefix}/rows": self.rows,
+            f"{prefix}/call_tokens": self.call_tokens,
+            f"{prefix}/row_tokens": self.row_tokens,
+            f"{prefix}/sampled_tokens": self.sampled_tokens,
+            f"{prefix}/spliced_calls": self.spliced_calls,
+            f"{prefix}/compression_ratio": self.compression_ratio,
+            f"{prefix}/calls_per_row": self.calls_per_row,
+        }
+        for kind in BreakKind:
+            out[f"{prefix}/breaks/{kind.value}"] = self.breaks.get(kind.value, 0)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class BuildResult:
+    """Rows of one session (or a batch) and their statistics."""
+
+    rows: list[TrajectoryRow]
+    stats: MergeStats
+
+
+@runtime_checkable
+class TrajectoryBuilder(Protocol):
+    """Turns the trace records of one finished session into trainable rows."""
+
+    name: str
+
+    def build(
+        self,
+        records: Sequence[TraceRecord],
+        *,
+        reward: float = 0.0,
+        status: str = "ok",
+        harness: str | None = None,
+    ) -> BuildResult:
+        """Called once per session in POSTRUN, after the reward is known.
+
+        records: all records of one session, any order (sorted by call_index here).
+        reward: the rollout's reward, given to every task row (side rows per builder config).
+        status: the session status (ok / timeout / error) copied onto each row.
+        Raises ValueError on a malformed record (mismatched lengths, mixed sessions).
+        """
+        ...
+
+
+def build_batch(
+    builder: TrajectoryBuilder,
+    records: Iterable[TraceRecord],
+    rewards: Mapping[str, float] | None = None,
+    statuses: Mapping[str, str] | None = None,
+) -> BuildResult:
+    """Group records by session and build each; rewards/statuses are keyed by session id."""
+    by_session: dict[str, list[TraceRecord]] = {}
+    for rec in records:
+        by_session.setdefault(rec.session_id, []).append(rec)
+    rows: list[TrajectoryRow] = []
+    stats = MergeStats()
+    for sid, recs in by_session.items():
+        res = builder.build(
+            recs,
+            reward=(rewards or {}).get(sid, 0.0),
+            status=(statuses or {}).get(sid, "ok"),
+        )
+        rows.extend(res.rows)
+        stats = stats + res.stats
+    return BuildResult(rows, stats)
+
+
+# --- helpers shared by the builders ------------------------------------------------------------
+
+
+class Call:
+    """One record prepared for merging: token ids as int32 arrays (prefix checks are memcmp)."""
+
+    __slots__ = ("rec", "pos", "prompt", "response", "pbytes", "rbytes")
+
+    def __init__(self, rec: TraceRecord, pos: int) -> None:
+        self.rec = rec
+        self.pos = pos
+        self.prompt = as_i32(rec.prompt_ids)
+        self.response = as_i32(rec.response_ids)
+        self.pbytes = self.prompt.tobytes()
+        self.rbytes = self.response.tobytes()
+        n = len(self.response)
+        if len(rec.response_logprobs) != n:
+            raise ValueError(
+                f"session {rec.session_id} call {rec.call_index}: {n} response_ids but "
+                f"{len(rec.response_logprobs)} response_logprobs"
+            )
+        if rec.response_policy_versions is not None and len(rec.response_policy_versions) != n:
+            raise ValueError(
+                f"session {rec.session_id} call {rec.call_index}: {n} response_ids but "
+                f"{len(rec.response_policy_versions)} response_policy_versions"
+            )
+
+    @property
+    def ok(self) -> bool:
+        return self.rec.status == "ok"
+
+    @property
+    def skipped(self) -> bool:
+        """A failed call that sampled nothing carries nothing trainable."""
+        return self.rec.status != "ok" and len(self.response) == 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.response)
+
+
+def as_i32(ids: Any) -> np.ndarray:
+    """Token ids (list, array or little-endian int32 bytes) as a 1-D int32 array."""
+    if isinstance(ids, bytes | bytearray | memoryview):
+        return np.frombuffer(ids, dtype="<i4")
+    if isinstance(ids, np.ndarray):
+        return ids.astype(np.int32, copy=False)
+    return np.fromiter(ids, dtype=np.int32, count=len(ids))
+
+
+def prepare(records: Sequence[TraceRecord]) -> list[Call]:
+    """Records of one session in call order, validated."""
+    if not records:
+        return []
+    sid = records[0].session_id
+    for rec in records:
+        if rec.session_id != sid:
+            raise ValueError(f"records of several sessions given to one build: {sid!r}, {rec.session_id!r}")
+    ordered = sorted(records, key=lambda r: r.call_index)
+    return [Call(rec, i) for i, rec in enumerate(ordered)]
+
+
+def make_row(
+    calls: Sequence[Call],
+    *,
+    reward: float,
+    status: str,
+    harness: str | None,
+    meta: dict[str, Any],
+) -> TrajectoryRow:
+    """The row of a chain: the last call's prompt + response, loss on every call's sampled span.
+
+    Every earlier call's prompt + response is a token prefix of the last call's prompt (the chain
+    invariant), so call i's sampled tokens sit at [len(prompt_i), len(prompt_i) + len(response_i)).
+    """
+    last = calls[-1]
+    ids = np.concatenate([last.prompt, last.response])
+    mask = np.zeros(len(ids), dtype=np.int64)
+    logprobs = np.zeros(len(ids), dtype=np.float64)
+    versions = np.full(len(ids), -1, dtype=np.int64)
+    for c in calls:
+        s, n = len(c.prompt), len(c.response)
+        if n == 0:
+            continue
+        mask[s : s + n] = 1
+        logprobs[s : s + n] = c.rec.response_logprobs
+        versions[s : s + n] = c.rec.token_policy_versions
+    first = calls[0].rec
+    return TrajectoryRow(
+        input_ids=ids.tolist(),
+        loss_mask=mask.tolist(),
+        behavior_logprobs=logprobs.tolist(),
+        policy_version=versions.tolist(),
+        session_id=first.session_id,
+        rollout_id=first.rollout_id or first.session_id,
+        group_id=first.group_id or first.task_id or first.session_id,
+        reward=reward,
+        call_indices=tuple(c.rec.call_index for c in calls),
+        harness=harness,
+        status=status,
+        meta={"call_kind": first.call_kind, "num_calls": len(calls), **meta},
+    )
+
+
+def spliced(call: Call) -> bool:
+    """Token-faithful mode changed this prompt (the plain re-render would have drifted)."""
+    r = call.rec.rendered_prompt_ids
+    return r is not None and as_i32(r).tobytes() != call.pbytes

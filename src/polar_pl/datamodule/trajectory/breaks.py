@@ -1,0 +1,100 @@
+"""Classifying a chain break: why a call did not extend the chain closest to it.
+
+Called only when a main call extends no chain and the session already has one. The rules, in order:
+
+1. ERROR / TRUNCATION by failure: the nearest chain's last call failed or was aborted, or a call
+   that failed with nothing sampled came in between. A context-length message makes it TRUNCATION
+   (context overflow), anything else ERROR.
+2. TRUNCATION: the nearest chain's last response was cut by length (finish_reason "length").
+3. With normalized messages on both calls (`normalized_request["messages"]`, or `["chat"]["messages"]`):
+   - DRIFT: same tools, the chain's last request messages are a strict prefix of this call's
+     messages, yet the tokens differ (the same conversation re-rendered to other tokens).
+   - NEW_CONVERSATION: nothing beyond the leading system/developer messages is shared.
+   - COMPACTION: otherwise (earlier content rewritten or dropped, tools changed, a request re-asked
+     with its answer discarded).
+4. Tokens only: divergence inside the last response is DRIFT, before the end of the chain's first
+   prompt NEW_CONVERSATION, anywhere else COMPACTION.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from polar_pl.datamodule.trajectory.base import BreakKind, Call
+
+_OVERFLOW = re.compile(r"context|too long|maximum .*length|max_model_len|overflow", re.I)
+
+
+def lcp(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the common prefix of two int arrays."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+def chain_lcp(call: Call, last: Call) -> int:
+    """Common prefix of `call`'s prompt with the chain tokens ending in `last` (prompt + response)."""
+    n = lcp(call.prompt, last.prompt)
+    if n < len(last.prompt):
+        return n
+    return n + lcp(call.prompt[n:], last.response)
+
+
+def _chat(rec_request: dict[str, Any]) -> dict[str, Any]:
+    chat = rec_request.get("chat")
+    return chat if isinstance(chat, dict) else rec_request
+
+
+def _messages(call: Call) -> list[Any] | None:
+    msgs = _chat(call.rec.normalized_request or {}).get("messages")
+    return msgs if isinstance(msgs, list) else None
+
+
+def _shared_messages(a: list[Any], b: list[Any]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def classify_break(call: Call, chain: Sequence[Call], failed_between: Sequence[Call]) -> BreakKind:
+    """Kind of break between `call` and its nearest chain (`chain`, in call order)."""
+    last = chain[-1]
+    failures = [*failed_between, *([] if last.ok else [last])]
+    if failures:
+        text = " ".join(f"{f.rec.error or ''} {f.rec.status}" for f in failures)
+        return BreakKind.TRUNCATION if _OVERFLOW.search(text) else BreakKind.ERROR
+    if last.rec.finish_reason == "length":
+        return BreakKind.TRUNCATION
+    prev, cur = _messages(last), _messages(call)
+    if prev is not None and cur is not None:
+        same_tools = _chat(last.rec.normalized_request).get("tools") == _chat(call.rec.normalized_request).get(
+            "tools"
+        )
+        shared = _shared_messages(prev, cur)
+        if same_tools and shared == len(prev) < len(cur):
+            return BreakKind.DRIFT
+        if shared <= _leading_system(prev):
+            return BreakKind.NEW_CONVERSATION
+        return BreakKind.COMPACTION
+    n = chain_lcp(call, last)
+    if n >= len(last.prompt):
+        return BreakKind.DRIFT
+    if n < len(chain[0].prompt):
+        return BreakKind.NEW_CONVERSATION
+    return BreakKind.COMPACTION
+
+
+def _leading_system(msgs: list[Any]) -> int:
+    n = 0
+    for m in msgs:
+        if not (isinstance(m, dict) and m.get("role") in ("system", "developer")):
+            break
+        n += 1
+    return n
