@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from polar_pl.datamodule.trajectory import BreakKind, PerRequestBuilder, PrefixBuilder
 from traj_tokens import GEN, NL, E, rec, system, tool_result, user
+
+from polar_pl.datamodule.trajectory import PerRequestBuilder, PrefixBuilder
 
 P1 = system(100) + user(101, 102) + GEN
 R1 = [200, 201, E]

@@ -176,7 +176,7 @@ def build_batch(
 class Call:
     """One record prepared for merging: token ids as int32 arrays (prefix checks are memcmp)."""
 
-    __slots__ = ("rec", "pos", "prompt", "response", "pbytes", "rbytes")
+    __slots__ = ("pbytes", "pos", "prompt", "rbytes", "rec", "response")
 
     def __init__(self, rec: TraceRecord, pos: int) -> None:
         self.rec = rec

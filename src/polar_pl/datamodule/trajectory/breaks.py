@@ -26,7 +26,7 @@ import numpy as np
 
 from polar_pl.datamodule.trajectory.base import BreakKind, Call
 
-_OVERFLOW = re.compile(r"context|too long|maximum .*length|max_model_len|overflow", re.I)
+_OVERFLOW = re.compile(r"context|too long|maximum .*length|max_model_len|overflow", re.IGNORECASE)
 
 
 def lcp(a: np.ndarray, b: np.ndarray) -> int:
@@ -74,9 +74,9 @@ def classify_break(call: Call, chain: Sequence[Call], failed_between: Sequence[C
         return BreakKind.TRUNCATION
     prev, cur = _messages(last), _messages(call)
     if prev is not None and cur is not None:
-        same_tools = _chat(last.rec.normalized_request).get("tools") == _chat(call.rec.normalized_request).get(
-            "tools"
-        )
+        same_tools = _chat(last.rec.normalized_request).get("tools") == _chat(
+            call.rec.normalized_request
+        ).get("tools")
         shared = _shared_messages(prev, cur)
         if same_tools and shared == len(prev) < len(cur):
             return BreakKind.DRIFT

@@ -150,4 +150,6 @@ class PrefixBuilder:
     def _row(self, ch: _Chain, reward: float, status: str, harness: str | None, i: int) -> TrajectoryRow:
         side = ch.start == BreakKind.SIDE_CALL
         r = self.side_reward if side and not self.side_calls_inherit_reward else reward
-        return make_row(ch.calls, reward=r, status=status, harness=harness, meta={"start": ch.start, "chain": i})
+        return make_row(
+            ch.calls, reward=r, status=status, harness=harness, meta={"start": ch.start, "chain": i}
+        )
