@@ -54,6 +54,10 @@ class Sandbox(Protocol):
     def get_archive(self, src: str, dest: Path) -> None:
         """Copy a sandbox directory tree out to the host at dest."""
 
+    def baseline(self) -> str:
+        """Commit the workspace as it is now as the diff baseline; called by task preparation after
+        the repository snapshot is copied in. Returns the baseline commit id."""
+
     def diff(self, exclude: tuple[str, ...] = ()) -> str:
         """Unified git diff of the workspace against its baseline commit (new files included)."""
 
