@@ -20,7 +20,6 @@ from typing import Any
 
 from polar_pl.gateway.providers.base import RequestError
 
-BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
 SIGNATURE_PREFIX = "polar1:"
 
 # Anthropic-defined tools that run on Anthropic's servers or need a schema the engine never saw.
@@ -103,7 +102,11 @@ _HANDLED_FIELDS = {
 
 
 def system_to_text(system: Any, notes: list[str]) -> str | None:
-    """Top-level `system` (string or text blocks) -> one system string, billing header removed."""
+    """Top-level `system` (string or text blocks) -> one system string.
+
+    Claude Code's per-request billing-header line stays in; the core strips volatile lines from
+    every adapter's system messages (gateway/volatile.py) and notes it.
+    """
     if system is None:
         return None
     if isinstance(system, str):
@@ -118,10 +121,6 @@ def system_to_text(system: Any, notes: list[str]) -> str | None:
             or not isinstance(block.get("text"), str)
         ):
             raise RequestError(f"system.{i}: only text blocks are allowed")
-        if block["text"].startswith(BILLING_HEADER_PREFIX):
-            # Its hash changes on every request; keeping it would break prefix reuse between calls.
-            notes.append("stripped billing header from system prompt")
-            continue
         texts.append(block["text"])
     return "\n".join(texts)
 
