@@ -65,7 +65,7 @@ def convert_usage(usage: dict[str, Any] | None) -> dict[str, Any]:
     reasoning = (u.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
     return {
         "input_tokens": inp,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": out,
         "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": inp + out,
