@@ -1,0 +1,336 @@
+"""Backend deltas -> OpenAI JSON: chat completions (full and streamed) and token-in completions.
+
+Shapes follow vLLM's OpenAI server (`vllm/entrypoints/openai/*/serving.py`): `token_ids` per
+choice, top-level `prompt_token_ids` (first chunk when streaming), logprobs content entries
+{token, logprob, bytes, top_logprobs}, finish_reason "tool_calls" when hermes tool calls were
+parsed, `stop_reason`, usage (final chunk with stream_options.include_usage). Each response also
+carries `policy_version`: the oldest weights version that sampled any of its tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from polar_pl.engine.backend import SeqDelta, TokenLogprob
+from polar_pl.engine.openai_protocol import ChatCompletionRequest, CompletionRequest
+from polar_pl.engine.toolparse import HermesStreamParser, parse_tool_calls
+
+
+@dataclass(slots=True)
+class ResponseContext:
+    request_id: str
+    model: str
+    tokenizer: Any
+    prompt_ids: list[int]
+    policy_version: int
+    created: int = field(default_factory=lambda: int(time.time()))
+    _token_cache: dict[int, str] = field(default_factory=dict)
+
+    def token_text(self, token_id: int) -> str:
+        text = self._token_cache.get(token_id)
+        if text is None:
+            text = self._token_cache[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+
+def _bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8", errors="replace"))
+
+
+def chat_logprobs(ctx: ResponseContext, lps: tuple[TokenLogprob, ...] | list[TokenLogprob], k: int) -> dict:
+    content = []
+    for lp in lps:
+        token = ctx.token_text(lp.token_id)
+        top = [
+            {"token": (t := ctx.token_text(tid)), "logprob": max(v, -9999.0), "bytes": _bytes(t)}
+            for tid, v in lp.top[:k]
+        ]
+        content.append(
+            {"token": token, "logprob": max(lp.logprob, -9999.0), "bytes": _bytes(token), "top_logprobs": top}
+        )
+    return {"content": content}
+
+
+def completion_logprobs(
+    ctx: ResponseContext, lps: list[TokenLogprob] | tuple[TokenLogprob, ...], k: int, offset: int
+) -> dict:
+    out: dict[str, list] = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+    for lp in lps:
+        token = ctx.token_text(lp.token_id)
+        out["text_offset"].append(offset)
+        offset += len(token)
+        out["tokens"].append(token)
+        out["token_logprobs"].append(max(lp.logprob, -9999.0))
+        top = {ctx.token_text(lp.token_id): max(lp.logprob, -9999.0)}
+        for tid, v in lp.top[:k]:
+            top.setdefault(ctx.token_text(tid), max(v, -9999.0))
+        out["top_logprobs"].append(top)
+    return out
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+    }
+
+
+@dataclass(slots=True)
+class ChoiceAccumulator:
+    """Everything one choice produced, for non-streaming responses."""
+
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    versions: set[int] = field(default_factory=set)
+
+    def add(self, d: SeqDelta) -> None:
+        self.token_ids.extend(d.token_ids)
+        self.text += d.text
+        if d.logprobs:
+            self.logprobs.extend(d.logprobs)
+        if d.token_ids:
+            self.versions.add(d.policy_version)
+        if d.finish_reason is not None:
+            self.finish_reason, self.stop_reason = d.finish_reason, d.stop_reason
+
+
+async def collect(deltas: AsyncIterator[list[SeqDelta]], n: int) -> list[ChoiceAccumulator]:
+    choices = [ChoiceAccumulator(i) for i in range(n)]
+    async for batch in deltas:
+        for d in batch:
+            choices[d.index].add(d)
+    return choices
+
+
+def _oldest_version(choices: list[ChoiceAccumulator], default: int) -> int:
+    versions = set().union(*(c.versions for c in choices))
+    return min(versions) if versions else default
+
+
+def chat_message(req: ChatCompletionRequest, text: str) -> tuple[dict, bool]:
+    """The assistant message for a finished choice, and whether tool calls were parsed."""
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": text,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "tool_calls": [],
+        "reasoning": None,
+    }
+    if not req.uses_tool_parser():
+        return message, False
+    parsed = parse_tool_calls(text)
+    if not parsed.tools_called:
+        return message, False
+    content = parsed.content
+    message["content"] = None if content is not None and not content.strip() else content
+    message["tool_calls"] = list(parsed.tool_calls)
+    return message, True
+
+
+def chat_response(req: ChatCompletionRequest, ctx: ResponseContext, choices: list[ChoiceAccumulator]) -> dict:
+    k = req.top_logprobs or 0
+    out_choices = []
+    for c in choices:
+        message, called = chat_message(req, c.text)
+        finish = c.finish_reason or "stop"
+        if called and finish == "stop":
+            finish = "tool_calls"
+        out_choices.append(
+            {
+                "index": c.index,
+                "message": message,
+                "logprobs": chat_logprobs(ctx, c.logprobs, k) if req.logprobs else None,
+                "finish_reason": finish,
+                "stop_reason": c.stop_reason,
+                "token_ids": c.token_ids if req.return_token_ids else None,
+            }
+        )
+    completion_tokens = sum(len(c.token_ids) for c in choices)
+    return {
+        "id": ctx.request_id,
+        "object": "chat.completion",
+        "created": ctx.created,
+        "model": ctx.model,
+        "choices": out_choices,
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage(len(ctx.prompt_ids), completion_tokens),
+        "prompt_logprobs": None,
+        "prompt_token_ids": ctx.prompt_ids if req.return_token_ids else None,
+        "kv_transfer_params": None,
+        "policy_version": _oldest_version(choices, ctx.policy_version),
+    }
+
+
+def sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def chat_stream(
+    req: ChatCompletionRequest, ctx: ResponseContext, deltas: AsyncIterator[list[SeqDelta]]
+) -> AsyncIterator[str]:
+    """SSE lines for a streamed chat completion, ending with `data: [DONE]`."""
+    n = req.n
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    parsers = [HermesStreamParser() for _ in range(n)] if req.uses_tool_parser() else None
+    texts = [""] * n
+    counts = [0] * n
+    k = req.top_logprobs or 0
+
+    def chunk(choice: dict, **extra) -> dict:
+        return {
+            "id": ctx.request_id,
+            "object": "chat.completion.chunk",
+            "created": ctx.created,
+            "model": ctx.model,
+            "choices": [choice],
+            **extra,
+        }
+
+    for i in range(n):
+        first = chunk(
+            {
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            },
+            policy_version=ctx.policy_version,
+        )
+        if req.return_token_ids:
+            first["prompt_token_ids"] = ctx.prompt_ids
+        yield sse(first)
+
+    async for batch in deltas:
+        for d in batch:
+            i = d.index
+            counts[i] += len(d.token_ids)
+            texts[i] += d.text
+            if parsers is not None:
+                delta = parsers[i].feed(texts[i]) if d.text else None
+            else:
+                delta = {"content": d.text} if d.text else None
+            logprobs = chat_logprobs(ctx, d.logprobs, k) if req.logprobs and d.logprobs is not None else None
+            if delta is None:
+                if d.finish_reason is None and logprobs is None and not req.return_token_ids:
+                    continue
+                delta = {}
+            choice: dict[str, Any] = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+            if d.finish_reason is not None:
+                finish = d.finish_reason
+                if parsers is not None and parsers[i].tools_streamed and finish == "stop":
+                    finish = "tool_calls"
+                choice["finish_reason"] = finish
+                choice["stop_reason"] = d.stop_reason
+            if req.return_token_ids:
+                choice["token_ids"] = list(d.token_ids)
+            yield sse(chunk(choice, policy_version=d.policy_version))
+
+    if include_usage:
+        yield sse(
+            {
+                "id": ctx.request_id,
+                "object": "chat.completion.chunk",
+                "created": ctx.created,
+                "model": ctx.model,
+                "choices": [],
+                "usage": usage(len(ctx.prompt_ids), sum(counts)),
+            }
+        )
+    yield "data: [DONE]\n\n"
+
+
+def completion_response(
+    req: CompletionRequest, ctx: ResponseContext, choices: list[ChoiceAccumulator]
+) -> dict:
+    out_choices = []
+    for c in choices:
+        out_choices.append(
+            {
+                "index": c.index,
+                "text": c.text,
+                "logprobs": completion_logprobs(ctx, c.logprobs, req.logprobs, 0)
+                if req.logprobs is not None
+                else None,
+                "finish_reason": c.finish_reason or "stop",
+                "stop_reason": c.stop_reason,
+                "token_ids": c.token_ids if req.return_token_ids else None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": ctx.prompt_ids if req.return_token_ids else None,
+            }
+        )
+    completion_tokens = sum(len(c.token_ids) for c in choices)
+    return {
+        "id": ctx.request_id,
+        "object": "text_completion",
+        "created": ctx.created,
+        "model": ctx.model,
+        "choices": out_choices,
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage(len(ctx.prompt_ids), completion_tokens),
+        "kv_transfer_params": None,
+        "policy_version": _oldest_version(choices, ctx.policy_version),
+    }
+
+
+async def completion_stream(
+    req: CompletionRequest, ctx: ResponseContext, deltas: AsyncIterator[list[SeqDelta]]
+) -> AsyncIterator[str]:
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    counts = [0] * req.n
+    offsets = [0] * req.n
+    first = [True] * req.n
+    async for batch in deltas:
+        for d in batch:
+            i = d.index
+            counts[i] += len(d.token_ids)
+            choice: dict[str, Any] = {
+                "index": i,
+                "text": d.text,
+                "logprobs": None,
+                "finish_reason": d.finish_reason,
+                "stop_reason": d.stop_reason,
+            }
+            if req.logprobs is not None and d.logprobs is not None:
+                choice["logprobs"] = completion_logprobs(ctx, d.logprobs, req.logprobs, offsets[i])
+                offsets[i] += sum(len(ctx.token_text(lp.token_id)) for lp in d.logprobs)
+            if req.return_token_ids:
+                choice["prompt_token_ids"] = ctx.prompt_ids if first[i] else None
+                choice["token_ids"] = list(d.token_ids)
+            first[i] = False
+            yield sse(
+                {
+                    "id": ctx.request_id,
+                    "object": "text_completion",
+                    "created": ctx.created,
+                    "model": ctx.model,
+                    "choices": [choice],
+                    "policy_version": d.policy_version,
+                }
+            )
+    if include_usage:
+        yield sse(
+            {
+                "id": ctx.request_id,
+                "object": "text_completion",
+                "created": ctx.created,
+                "model": ctx.model,
+                "choices": [],
+                "usage": usage(len(ctx.prompt_ids), sum(counts)),
+            }
+        )
+    yield "data: [DONE]\n\n"
