@@ -64,7 +64,9 @@ class ChatStream(Protocol):
 
     def __aiter__(self) -> AsyncIterator[dict[str, Any]]: ...
 
-    async def close(self) -> None: ...
+    def close(self, abort: bool = False) -> None:
+        """Called once when the call ends; abort=True drops the connection so the engine stops
+        generating (vLLM aborts a request whose client went away)."""
 
 
 class UpstreamClient(Protocol):
@@ -132,9 +134,11 @@ class _AiohttpStream:
         except TimeoutError as exc:
             raise UpstreamError("timeout", "engine stream timed out") from exc
 
-    async def close(self) -> None:
-        # close (not release): dropping the connection is what makes the engine abort generation
-        self._resp.close()
+    def close(self, abort: bool = False) -> None:
+        if abort:
+            self._resp.close()
+        else:
+            self._resp.release()
 
 
 class AiohttpClient:
@@ -227,8 +231,10 @@ class _HttpxStream:
         except httpx.HTTPError as exc:
             raise UpstreamError("stream", f"engine stream broke: {exc!r}") from exc
 
-    async def close(self) -> None:
-        await self._resp.aclose()
+    def close(self, abort: bool = False) -> None:
+        import asyncio
+
+        asyncio.get_running_loop().create_task(self._resp.aclose())
 
 
 class HttpxClient:

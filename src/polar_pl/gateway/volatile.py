@@ -34,22 +34,38 @@ def _strip_text(text: str, notes: list[str]) -> str:
 
 
 def strip_volatile(chat: dict[str, Any]) -> list[str]:
-    """Remove volatile lines from system/developer messages in place; returns notes."""
+    """Remove volatile lines from system/developer messages; returns notes.
+
+    Changed messages are replaced by new dicts (the adapter may share objects with the raw
+    request, which must stay exactly as the harness sent it).
+    """
     notes: list[str] = []
-    for msg in chat.get("messages") or ():
+    messages = chat.get("messages")
+    if not messages:
+        return notes
+    copied = False
+    for i, msg in enumerate(messages):
         if msg.get("role") not in ("system", "developer"):
             continue
         content = msg.get("content")
+        before = len(notes)
         if isinstance(content, str):
-            msg["content"] = _strip_text(content, notes)
+            new_content: Any = _strip_text(content, notes)
         elif isinstance(content, list):
-            parts = []
+            new_content = []
             for part in content:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
                     text = _strip_text(part["text"], notes)
                     if not text and part["text"]:
                         continue  # the part was nothing but the volatile line
-                    part = {**part, "text": text}
-                parts.append(part)
-            msg["content"] = parts
+                    if text != part["text"]:
+                        part = {**part, "text": text}
+                new_content.append(part)
+        else:
+            continue
+        if len(notes) > before:
+            if not copied:
+                messages = chat["messages"] = list(messages)
+                copied = True
+            messages[i] = {**msg, "content": new_content}
     return notes

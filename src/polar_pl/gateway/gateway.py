@@ -1,0 +1,76 @@
+"""`Gateway`: the gateway app on its own thread, for in-process use (the RolloutDataModule, tests).
+
+    with Gateway(["http://127.0.0.1:8000"], "traces.db") as gw:
+        s = gw.create_session(task_id="t1", harness="claude_code")
+        ...  # point the harness at s.base_url
+        records = gw.records(s.session_id)
+
+`stop()` lets uvicorn finish in-flight requests, then closes the upstream client and flushes the
+trace store, so no record is lost on a clean shutdown.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+from polar_pl.gateway.app import GatewayRuntime, create_app
+from polar_pl.gateway.records import SessionInfo, TraceRecord
+from polar_pl.utils.serving import ServerThread, free_port
+
+
+@dataclass(frozen=True, slots=True)
+class SessionHandle:
+    """A registered session as a harness launcher needs it."""
+
+    session_id: str
+    token: str
+    base_url: str
+    info: SessionInfo
+
+
+class Gateway:
+    def __init__(self, upstreams: list[str] | str, store_path: str | Path, *, host: str = "127.0.0.1",
+                 port: int | None = None, admin_token: str | None = None, **options: Any):
+        self.admin_token = admin_token or os.environ.get("POLAR_ADMIN_TOKEN") or secrets.token_urlsafe(24)
+        self.host = host
+        self.port = port or free_port(host)
+        options.setdefault("public_url", f"http://{host}:{self.port}")
+        self.url = options["public_url"].rstrip("/")
+        upstreams = [upstreams] if isinstance(upstreams, str) else list(upstreams)
+        self.app = create_app(upstreams, store_path, admin_token=self.admin_token, **options)
+        self.runtime: GatewayRuntime = self.app.state.runtime
+        self._server: ServerThread | None = None
+
+    def start(self) -> Gateway:
+        self._server = ServerThread(self.app, host=self.host, port=self.port).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        self.runtime.store.close()  # idempotent; covers a gateway that never started
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- in-process session API (same effect as the admin routes) -----------------------
+    def create_session(self, *, task_id: str | None = None, group_id: str | None = None,
+                       rollout_id: str | None = None, harness: str | None = None) -> SessionHandle:
+        info = self.runtime.sessions.create(task_id=task_id, group_id=group_id, rollout_id=rollout_id,
+                                            harness=harness)
+        return SessionHandle(info.session_id, info.token, f"{self.url}/s/{info.token}", info)
+
+    def delete_session(self, session_id: str) -> None:
+        self.runtime.sessions.delete(session_id)
+        self.runtime.pool.release(session_id)
+
+    def records(self, session_id: str) -> list[TraceRecord]:
+        return self.runtime.store.records(session_id)

@@ -1,0 +1,210 @@
+"""The core request path for one model call.
+
+adapter.to_chat -> volatile-content removal -> side-call tagging -> engine request (always a
+stream, with logprobs and token ids) -> each engine chunk is captured and, for a streaming
+harness, translated and forwarded at once -> one TraceRecord, committed to the store before the
+harness receives the last bytes of its response. Failed calls are recorded with their error; a
+harness that goes away mid-stream aborts the engine request and leaves an "aborted" record with
+the partial response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.responses import Response, StreamingResponse
+
+from polar_pl.gateway.capture import CallCapture
+from polar_pl.gateway.errors import error_response, upstream_status
+from polar_pl.gateway.providers import ProviderAdapter, RequestError
+from polar_pl.gateway.records import SessionInfo, TraceRecord
+from polar_pl.gateway.replicas import Replica, ReplicaPool
+from polar_pl.gateway.sessions import SessionRegistry
+from polar_pl.gateway.sidecalls import SideCallRule, classify
+from polar_pl.gateway.store import TraceStore
+from polar_pl.gateway.upstream import ChatStream, UpstreamClient, UpstreamError
+from polar_pl.gateway.volatile import strip_volatile
+
+# Added to every engine request: the capture needs token ids, logprobs and final usage.
+CAPTURE_FIELDS = {"stream": True, "stream_options": {"include_usage": True}, "logprobs": True,
+                  "top_logprobs": 0, "return_token_ids": True}
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+@dataclass(slots=True)
+class Call:
+    """One model call in flight: everything its trace record needs."""
+
+    session: SessionInfo
+    provider: str
+    adapter: ProviderAdapter
+    path: str
+    raw: Any
+    call_index: int
+    timestamp: float = field(default_factory=time.time)
+    t0: float = field(default_factory=time.monotonic)
+    norm: Any = None
+    engine_body: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    call_kind: str = "main"
+    replica: Replica | None = None
+
+    def record(self, cap: CallCapture | None, raw_response: str, status: str = "ok",
+               error: str | None = None) -> TraceRecord:
+        cap = cap or CallCapture()
+        notes = self.notes
+        if cap.response_ids and len(cap.logprobs) != len(cap.response_ids):
+            notes = [*notes, f"engine sent {len(cap.logprobs)} logprobs for {len(cap.response_ids)} tokens"]
+        s = self.session
+        return TraceRecord(
+            session_id=s.session_id, call_index=self.call_index, timestamp=self.timestamp,
+            provider=self.provider, raw_request=self.raw if isinstance(self.raw, dict) else {"_raw": self.raw},
+            raw_response=raw_response, normalized_request=self.engine_body, prompt_ids=cap.prompt_ids,
+            response_ids=cap.response_ids, response_logprobs=cap.logprobs, finish_reason=cap.finish_reason,
+            policy_version=cap.policy_version, latency_s=time.monotonic() - self.t0, status=status,
+            error=error, task_id=s.task_id, group_id=s.group_id, rollout_id=s.rollout_id,
+            call_kind=self.call_kind, notes=tuple(notes),
+            response_policy_versions=cap.token_versions if cap.version_varied else None,
+            upstream=self.replica.url if self.replica else None, path=self.path,
+        )
+
+
+class Proxy:
+    def __init__(self, *, store: TraceStore, sessions: SessionRegistry, pool: ReplicaPool,
+                 client: UpstreamClient, side_rules: tuple[SideCallRule, ...]):
+        self.store = store
+        self.sessions = sessions
+        self.pool = pool
+        self.client = client
+        self.side_rules = side_rules
+
+    # ---- the engine step: token-faithful mode will branch here to /v1/completions ----------
+    async def open_engine_stream(self, call: Call) -> ChatStream:
+        """Send the call to its replica; on a refused connection fail over to another one."""
+        for _ in range(len(self.pool.replicas)):
+            rep = call.replica = self.pool.pick(call.session.session_id)
+            call.engine_body["model"] = await self.pool.model_for(rep)
+            try:
+                return await self.client.stream_chat(rep.endpoint("/v1/chat/completions"),
+                                                     orjson.dumps(call.engine_body))
+            except UpstreamError as exc:
+                if exc.kind != "connect" or len(self.pool.replicas) == 1:
+                    raise
+                self.pool.mark_dead(rep)
+                if not any(r.healthy for r in self.pool.replicas):
+                    raise
+        raise UpstreamError("connect", "no engine replica is reachable")
+
+    # ---- entry point ------------------------------------------------------------------------
+    async def model_call(self, *, session: SessionInfo, provider: str, adapter: ProviderAdapter,
+                         path: str, query: dict[str, str], body: bytes) -> Response:
+        call = Call(session=session, provider=provider, adapter=adapter, path=path, raw=None,
+                    call_index=self.sessions.next_call_index(session.session_id))
+        try:
+            call.raw = orjson.loads(body) if body else None
+            if not isinstance(call.raw, dict):
+                raise RequestError("request body must be a JSON object")
+            call.norm = adapter.to_chat(call.raw, path=path, query=query)
+        except (RequestError, orjson.JSONDecodeError) as exc:
+            return await self._fail(call, 400, f"invalid request: {exc}")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # adapter tripped on odd input
+            return await self._fail(call, 400, f"malformed request: {type(exc).__name__}: {exc}")
+        chat = dict(call.norm.chat)
+        call.notes = [*call.norm.notes, *strip_volatile(chat)]
+        side = classify(self.side_rules, provider=provider, model=call.norm.model, chat=chat)
+        if side:
+            call.call_kind = "side"
+            call.notes.append(f"side call: {side}")
+        call.engine_body = {**chat, **CAPTURE_FIELDS}
+        try:
+            stream = await self.open_engine_stream(call)
+        except UpstreamError as exc:
+            return await self._fail(call, upstream_status(provider, exc), exc.message)
+        call.replica.inflight += 1
+        call.replica.served += 1
+        if call.norm.stream:
+            media = call.norm.extra.get("media_type", "text/event-stream")
+            return CapturingStreamingResponse(self._relay(call, stream), media_type=media, headers=SSE_HEADERS)
+        return await self._collect(call, stream)
+
+    async def _fail(self, call: Call, status: int, message: str) -> Response:
+        resp = error_response(call.provider, status, message)
+        await self.store.append_async(call.record(None, resp.body.decode(), "error", message))
+        return resp
+
+    async def _collect(self, call: Call, stream: ChatStream) -> Response:
+        """Non-streaming harness: consume the engine stream, then answer in one piece."""
+        cap = CallCapture(stream.policy_version)
+        try:
+            async for chunk in stream:
+                cap.add(chunk)
+        except UpstreamError as exc:
+            status = upstream_status(call.provider, exc)
+            resp = error_response(call.provider, status, exc.message)
+            await self.store.append_async(call.record(cap, resp.body.decode(), "error", exc.message))
+            return resp
+        finally:
+            call.replica.inflight -= 1
+            stream.close(abort=cap.finish_reason is None)
+        body = orjson.dumps(call.adapter.from_chat(cap.completion(), call.norm))
+        await self.store.append_async(call.record(cap, body.decode()))
+        return Response(body, media_type="application/json")
+
+    async def _relay(self, call: Call, stream: ChatStream) -> AsyncIterator[bytes]:
+        """Streaming harness: forward each translated engine chunk as it arrives."""
+        cap = CallCapture(stream.policy_version)
+        translator = call.adapter.stream(call.norm)
+        sent: list[bytes] = []
+        recorded = False
+        try:
+            out = translator.start()
+            if out:
+                sent.append(out)
+                yield out
+            async for chunk in stream:
+                cap.add(chunk)
+                out = translator.feed(chunk)
+                if out:
+                    sent.append(out)
+                    yield out
+            tail = translator.finish(cap.finish_reason, cap.usage_or_counted())
+            sent.append(tail)
+            fut = self.store.append(call.record(cap, b"".join(sent).decode()))
+            recorded = True
+            await asyncio.wrap_future(fut)  # durable before the harness sees the end
+            yield tail
+        except UpstreamError as exc:
+            tail = translator.error(upstream_status(call.provider, exc), exc.message)
+            sent.append(tail)
+            fut = self.store.append(call.record(cap, b"".join(sent).decode(), "error", exc.message))
+            recorded = True
+            await asyncio.wrap_future(fut)
+            yield tail
+        except Exception as exc:  # a translator bug must still leave a record
+            if not recorded:
+                recorded = True
+                self.store.append(call.record(cap, b"".join(sent).decode(), "error",
+                                              f"gateway error: {type(exc).__name__}: {exc}"))
+            raise
+        finally:
+            call.replica.inflight -= 1
+            stream.close(abort=not recorded or cap.finish_reason is None)
+            if not recorded:  # the harness went away: the engine request is already aborted
+                self.store.append(call.record(cap, b"".join(sent).decode(), "aborted",
+                                              "client disconnected mid-stream"))
+
+
+class CapturingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that always closes its generator, so a disconnect that lands while the
+    generator is parked at a `yield` still runs its cleanup (abort + aborted record) right away."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
