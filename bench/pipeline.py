@@ -88,7 +88,7 @@ async def sequential(sessions: int, slots: int, init_s: float, run_s: float, pos
 def pooled(sessions: int, slots: int, init_s: float, run_s: float, post_s: float, group: int):
     engine = SimEngine(slots)
     stages = SimStages(engine, init_s, run_s, post_s)
-    init_workers = max(1, round(slots * init_s / run_s) + 1)
+    init_workers = slots  # enough to fill every engine slot at start-up; READY keeps it full after
     post_workers = max(1, round(slots * post_s / run_s) + 1)
     sizes = PoolSizes(init=init_workers, ready=slots, running=slots, postrun=post_workers, run_timeout_s=1e6)
     n_groups = sessions // group

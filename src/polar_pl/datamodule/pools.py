@@ -141,7 +141,8 @@ class StagePools:
         self.sizes = sizes
         self.init_q: asyncio.Queue[RolloutJob] = asyncio.Queue(maxsize=sizes.init)
         self.ready_q: asyncio.Queue[RolloutJob] = asyncio.Queue(maxsize=sizes.ready)
-        self.post_q: asyncio.Queue[RolloutJob] = asyncio.Queue(maxsize=sizes.postrun)
+        # RUNNING must never wait on POSTRUN (that would idle the engine): room for every runner.
+        self.post_q: asyncio.Queue[RolloutJob] = asyncio.Queue(maxsize=sizes.running + sizes.postrun)
         self.results: asyncio.Queue[RolloutResult] = asyncio.Queue()
         self.busy = {
             "init": Occupancy(sizes.init),
