@@ -1,0 +1,60 @@
+"""Live stage counts while rollouts run (rich), refreshed from the rollout service's gauges."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+STAGES = ("init", "running", "postrun")
+
+
+def render(m: dict[str, float], title: str = "rollouts") -> Table:
+    t = Table(title=title, expand=False)
+    for col in ("stage", "active", "queued", "busy"):
+        t.add_column(col, justify="right")
+    queued = {"init": m.get("pool/init_queue", 0), "running": m.get("pool/ready_queue", 0),
+              "postrun": m.get("pool/postrun_queue", 0)}
+    for s in STAGES:
+        t.add_row(s.upper(), f"{m.get(f'pool/{s}_active', 0):.0f}", f"{queued[s]:.0f}",
+                  f"{m.get(f'pool/{s}_busy', 0):.0%}")
+    done = ", ".join(f"{k.removeprefix('pool/sessions_')}={v:.0f}" for k, v in sorted(m.items())
+                     if k.startswith("pool/sessions_"))
+    t.caption = f"sessions: {done or 'none yet'} · groups ready: {m.get('pool/groups_ready', 0):.0f}"
+    return t
+
+
+class LiveProgress:
+    """`with LiveProgress(service.metrics): ...` — redraws every `period` seconds on a thread.
+
+    Disabled (a no-op) when the console is not a terminal, so logs and CI stay clean.
+    """
+
+    def __init__(self, source: Callable[[], dict[str, float]], period: float = 0.5,
+                 title: str = "rollouts", console: Console | None = None) -> None:
+        self.source, self.period, self.title = source, period, title
+        self.console = console or Console()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _loop(self) -> None:
+        with Live(render({}, self.title), console=self.console, refresh_per_second=4, transient=True) as live:
+            while not self._stop.wait(self.period):
+                try:
+                    live.update(render(self.source(), self.title))
+                except Exception:  # noqa: BLE001 — the display must never take the run down
+                    continue
+
+    def __enter__(self) -> LiveProgress:
+        if self.console.is_terminal:
+            self._thread = threading.Thread(target=self._loop, name="live-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
