@@ -1,0 +1,169 @@
+"""The official `openai` SDK's Responses client through the real gateway to a scripted engine.
+
+Real parts at every boundary: the gateway app and the engine server run on 127.0.0.1; the engine
+is the ScriptedBackend (real tokenizer and chat template, deterministic tool calls) behind the
+real engine HTTP server. Streams are checked with the Responses grammar checker and with the SDK's
+own stream accumulator; records are read back from the gateway's trace store.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+from test_openai_responses_grammar import check_stream, parse_sse
+
+from polar_pl.engine.scripted import Reply, ToolCall, serve_scripted
+from polar_pl.gateway.gateway import Gateway
+
+TOOLS = [
+    {
+        "type": "function",
+        "name": "write_file",
+        "description": "Write a file.",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["path", "content"],
+        },
+        "strict": False,
+    },
+    {"type": "web_search"},
+]
+WRITE = {"path": "f.txt", "content": "hello"}
+
+
+def script(chat: dict[str, Any]) -> Reply:
+    """Order-independent answers: a tool result is acknowledged, a task gets a tool call."""
+    last = chat["messages"][-1]
+    if last["role"] == "tool":
+        return Reply(f"done: {last['content']}")
+    if "write" in str(last["content"]):
+        return Reply("Writing it.", tool_calls=[ToolCall("write_file", WRITE)])
+    return Reply("Hello from the engine.")
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model_dir, tmp_path_factory):
+    with serve_scripted(script, model_dir=tiny_model_dir) as engine:
+        store = tmp_path_factory.mktemp("responses-e2e") / "traces.db"
+        with Gateway([engine.url], store, health_interval=30.0) as gw:
+            yield gw, engine
+
+
+@pytest.fixture
+def session(stack):
+    gw, engine = stack
+    s = gw.create_session(task_id="t", harness="codex")
+    client = openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    return gw, engine, s, client
+
+
+def _raw_stream(client: openai.OpenAI, **kwargs: Any):
+    """The gateway's SSE bytes for a streamed create, through the SDK's HTTP layer, checked."""
+    with client.responses.with_streaming_response.create(stream=True, **kwargs) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        return check_stream(parse_sse(b"".join(resp.iter_bytes())))
+
+
+def test_non_streaming_text(session):
+    gw, engine, s, client = session
+    resp = client.responses.create(model=engine.model, input="say hi", instructions="Be brief.")
+    assert resp.status == "completed" and resp.output_text == "Hello from the engine."
+    [record] = gw.records(s.session_id)
+    assert record.provider == "openai_responses" and record.status == "ok"
+    assert resp.usage.input_tokens == len(record.prompt_ids) > 0
+    assert resp.usage.output_tokens == len(record.response_ids) == len(record.response_logprobs) > 0
+    assert record.normalized_request["messages"][0] == {"role": "system", "content": "Be brief."}
+
+
+def test_streaming_text_passes_grammar_and_sdk_accumulator(session):
+    gw, engine, s, client = session
+    result = _raw_stream(client, model=engine.model, input="say hi")
+    assert result.items[0]["content"][0]["text"] == "Hello from the engine."
+    assert result.types.count("response.output_text.delta") > 1  # forwarded token by token
+    with client.responses.stream(model=engine.model, input="say hi") as stream:
+        final = stream.get_final_response()
+    assert final.output_text == "Hello from the engine." and final.status == "completed"
+    assert len(gw.records(s.session_id)) == 2
+
+
+@pytest.mark.parametrize("streaming", [True, False], ids=["stream", "no-stream"])
+def test_function_call_round_trip(session, streaming):
+    gw, engine, s, client = session
+    first_input: list[dict[str, Any]] = [
+        {
+            "type": "message",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": "You are Codex."}],
+        },
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "write f.txt"}]},
+    ]
+    kwargs = {"model": engine.model, "tools": TOOLS, "tool_choice": "auto", "store": False}
+    if streaming:
+        first = openai.types.responses.Response.model_validate(
+            _raw_stream(client, input=first_input, **kwargs).response
+        )
+    else:
+        first = client.responses.create(input=first_input, **kwargs)
+    assert [item.type for item in first.output] == ["message", "function_call"]
+    call = first.output[1]
+    assert call.name == "write_file" and json.loads(call.arguments) == WRITE and call.call_id
+
+    second_input = [
+        *first_input,
+        *[item.model_dump(exclude_unset=True) for item in first.output],
+        {"type": "function_call_output", "call_id": call.call_id, "output": "wrote 5 bytes"},
+    ]
+    if streaming:
+        second = openai.types.responses.Response.model_validate(
+            _raw_stream(client, input=second_input, **kwargs).response
+        )
+    else:
+        second = client.responses.create(input=second_input, **kwargs)
+    assert second.output_text == "done: wrote 5 bytes"
+
+    one, two = gw.records(s.session_id)
+    assert one.status == two.status == "ok" and one.response_ids and two.response_ids
+    assert any("web_search" in n for n in one.notes)
+    turn = two.normalized_request["messages"][2]
+    assert turn["role"] == "assistant" and turn["content"] == first.output[0].content[0].text
+    assert turn["tool_calls"][0]["id"] == call.call_id
+    assert two.normalized_request["messages"][3] == {
+        "role": "tool",
+        "tool_call_id": call.call_id,
+        "content": "wrote 5 bytes",
+    }
+
+
+def test_text_turn_round_trips_token_for_token(session):
+    """Output items sent back as input re-render to exactly the tokens the policy sampled."""
+    gw, engine, s, client = session
+    history: list[Any] = [{"role": "user", "content": "say hi"}]
+    first = client.responses.create(model=engine.model, input=history)
+    history += [item.model_dump(exclude_unset=True) for item in first.output]
+    history.append({"role": "user", "content": "and again"})
+    client.responses.create(model=engine.model, input=history)
+    one, two = gw.records(s.session_id)
+    sampled = one.prompt_ids + one.response_ids
+    assert two.prompt_ids[: len(sampled)] == sampled
+
+
+def test_malformed_request_is_a_400_in_openai_shape(session):
+    gw, engine, s, client = session
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=engine.model, input=[{"type": "item_reference", "id": "msg_1"}])
+    assert "item_reference" in err.value.body["message"]
+    assert err.value.body["type"] == "invalid_request_error"
+    [record] = gw.records(s.session_id)  # a failed call is recorded with its error
+    assert record.status == "error" and "item_reference" in record.error
+
+
+def test_wrong_token_is_a_401_and_records_nothing(stack):
+    gw, engine = stack
+    client = openai.OpenAI(base_url=f"{gw.url}/s/not-a-token/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as err:
+        client.responses.create(model=engine.model, input="hi")
+    assert err.value.body["code"] == "invalid_api_key"
