@@ -47,12 +47,13 @@ class GatewayRuntime:
                  tokenizer_dir: str | Path | None = None, model: str | None = None,
                  side_rules: tuple[SideCallRule, ...] | None = None, client: str = "aiohttp",
                  store_synchronous: str = "FULL", public_url: str | None = None,
-                 health_interval: float = 2.0):
+                 health_interval: float = 2.0, connect_timeout: float = 5.0, read_timeout: float = 600.0):
         self.admin_token = admin_token
         self.public_url = public_url.rstrip("/") if public_url else None
         self.store = TraceStore(store_path, synchronous=store_synchronous)
         self.sessions = SessionRegistry(self.store)
-        self.client = make_client(client)
+        # read_timeout bounds the wait for each engine chunk (a stuck engine -> 504), not the call
+        self.client = make_client(client, connect_timeout=connect_timeout, read_timeout=read_timeout)
         self.pool = ReplicaPool(upstreams, self.client, model=model, health_interval=health_interval)
         self.counter = TokenCounter(tokenizer_dir, self.client)
         self.proxy = Proxy(store=self.store, sessions=self.sessions, pool=self.pool, client=self.client,
@@ -74,7 +75,8 @@ def _session_json(info, base: str) -> dict[str, Any]:
 def create_app(upstreams: list[str], store_path: str | Path, *, admin_token: str | None = None,
                **options: Any) -> FastAPI:
     """Build the gateway app. options: tokenizer_dir, model, side_rules, client ("aiohttp" or
-    "httpx"), store_synchronous, public_url, health_interval (see GatewayRuntime)."""
+    "httpx"), store_synchronous, public_url, health_interval, connect_timeout, read_timeout
+    (see GatewayRuntime)."""
     rt = GatewayRuntime(upstreams, store_path, admin_token=admin_token or secrets.token_urlsafe(24), **options)
 
     from contextlib import asynccontextmanager

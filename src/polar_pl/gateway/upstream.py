@@ -129,10 +129,10 @@ class _AiohttpStream:
                 if chunk is not None:
                     yield chunk
             raise UpstreamError("stream", "engine closed the stream before [DONE]")
+        except TimeoutError as exc:  # before ClientConnectionError: aiohttp's timeouts are both
+            raise UpstreamError("timeout", "engine stream timed out") from exc
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
             raise UpstreamError("stream", f"engine stream broke: {exc!r}") from exc
-        except TimeoutError as exc:
-            raise UpstreamError("timeout", "engine stream timed out") from exc
 
     def close(self, abort: bool = False) -> None:
         if abort:
@@ -166,10 +166,10 @@ class AiohttpClient:
 
         try:
             resp = await self._get().post(url, data=body, headers={"content-type": "application/json"})
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
-            raise UpstreamError("connect", f"engine unreachable at {url}: {exc}") from exc
         except TimeoutError as exc:
             raise UpstreamError("timeout", f"engine at {url} timed out") from exc
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
+            raise UpstreamError("connect", f"engine unreachable at {url}: {exc}") from exc
         except aiohttp.ClientError as exc:
             raise UpstreamError("connect", f"engine request failed: {exc!r}") from exc
         if resp.status >= 400:
@@ -192,10 +192,10 @@ class AiohttpClient:
                 if resp.status >= 400:
                     raise UpstreamError("http", _error_message(resp.status, text), resp.status)
                 return orjson.loads(text) if text else None
-        except aiohttp.ClientError as exc:
-            raise UpstreamError("connect", f"engine unreachable at {url}: {exc}") from exc
         except TimeoutError as exc:
             raise UpstreamError("timeout", f"engine at {url} timed out") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamError("connect", f"engine unreachable at {url}: {exc}") from exc
 
     async def close(self) -> None:
         if self._session is not None:
