@@ -37,6 +37,6 @@ def chat_texts(seed: int, count: int) -> list[str]:
     return [render_chat(c.messages, c.tools) for c in generate(seed, count)]
 
 
-def training_corpus(seed: int, code_chars: int = 4_000_000, conversations: int = 3000) -> list[str]:
+def training_corpus(seed: int, code_chars: int = 3_000_000, conversations: int = 800) -> list[str]:
     """The full tokenizer corpus: code first, then chat and tool-call text."""
     return stdlib_texts(code_chars) + chat_texts(seed, conversations)
