@@ -196,6 +196,8 @@ def test_stream_text_only():
         "response.completed",
     ]
     assert result.items[0]["content"][0]["text"] == "Hello, world"
+    # The terminal response echoes the request's tools; the opening snapshots stay small.
+    assert result.response["tools"] == TOOLS and events[0][1]["response"]["tools"] == []
     assert result.response["usage"]["input_tokens"] == 30 and result.response["usage"]["output_tokens"] == 12
     Response.model_validate(result.response)
 

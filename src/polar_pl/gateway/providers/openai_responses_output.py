@@ -209,7 +209,10 @@ class ResponsesStreamTranslator:
         if self._started:
             return b""
         self._started = True
-        resp = self._envelope("in_progress", [], None)
+        # The opening snapshots leave out the echoed tools and instructions (tens of KB for Codex,
+        # stored with every record); the terminal response carries them. Every recorded CLI
+        # accepted streams whose snapshots had neither.
+        resp = {**self._envelope("in_progress", [], None), "tools": [], "instructions": None}
         return self._event("response.created", response=resp) + self._event(
             "response.in_progress", response=resp
         )
