@@ -17,7 +17,7 @@ from typing import Any
 
 from polar_pl.gateway.providers.base import RequestError
 
-_PATH = re.compile(r"models/(?P<model>[^/:]+):(?P<method>generateContent|streamGenerateContent)$")
+_PATH = re.compile(r"models/(?P<model>[^/:]+):(?P<method>generateContent|streamGenerateContent|countTokens)$")
 
 _MODES = {"AUTO": "auto", "MODE_UNSPECIFIED": "auto", "ANY": "required", "NONE": "none", "VALIDATED": "auto"}
 
@@ -32,7 +32,7 @@ _IGNORED_FIELDS = {"safetySettings", "labels", "cachedContent"}
 
 
 def parse_path(path: str) -> tuple[str, bool]:
-    """`.../models/{model}:generateContent|streamGenerateContent` -> (model, stream)."""
+    """`.../models/{model}:generateContent|streamGenerateContent|countTokens` -> (model, stream)."""
     match = _PATH.search(path)
     if match is None:
         raise RequestError(f"unsupported path {path!r}: expected models/{{model}}:generateContent")
