@@ -24,9 +24,11 @@ class Sandbox(Protocol):
     """An isolated workspace with a shell.
 
     `workdir` is the workspace path as seen inside the sandbox (commands run there by default).
+    `home` is a writable folder outside the workspace ($HOME of every exec): harness state goes there.
     """
 
     workdir: str
+    home: str
 
     def start(self) -> None:
         """Called once before any other method: create the workspace / container."""
@@ -58,8 +60,17 @@ class Sandbox(Protocol):
         """Commit the workspace as it is now as the diff baseline; called by task preparation after
         the repository snapshot is copied in. Returns the baseline commit id."""
 
+    def baseline(self) -> str:
+        """Record the workspace as it is now as the baseline of diff() (start() records the empty
+        workspace; call again after task setup). Returns the baseline commit id."""
+
     def diff(self, exclude: tuple[str, ...] = ()) -> str:
-        """Unified git diff of the workspace against its baseline commit (new files included)."""
+        """Unified git diff of the workspace against its baseline commit (new files included;
+        harness state folders such as .claude, .codex, .polar always excluded)."""
+
+    def expose_gateway(self, url: str) -> str:
+        """Make a gateway on the host's 127.0.0.1 reachable from inside (the only network a
+        network-less sandbox gets); returns the URL to use inside (the same URL for both backends)."""
 
     def stop(self) -> None:
         """Called once at the end, also after errors: kill everything and remove the workspace."""

@@ -1,0 +1,96 @@
+"""Shared parts of the harness specs: provider validation and pinned npm installs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+PROVIDERS = ("anthropic", "openai_chat", "openai_responses", "google")
+
+# Env every Node CLI gets: no update checks, no telemetry, no colour codes in captured output.
+QUIET_ENV = {
+    "NO_UPDATE_NOTIFIER": "1",
+    "npm_config_update_notifier": "false",
+    "DO_NOT_TRACK": "1",
+    "NO_COLOR": "1",
+    "FORCE_COLOR": "0",
+    "CI": "1",
+    "TERM": "dumb",
+}
+
+
+def resolve_provider(harness: str, provider: str | None, supported: tuple[str, ...]) -> str:
+    """The provider to use: the harness default (first supported) when None, else a checked one."""
+    if provider is None:
+        return supported[0]
+    if provider not in PROVIDERS:
+        raise ValueError(f"provider={provider!r} is not a known provider; allowed values: {PROVIDERS}")
+    if provider not in supported:
+        raise ValueError(
+            f"harness={harness} cannot speak provider={provider}; "
+            f"harness={harness} supports provider in {supported}"
+        )
+    return provider
+
+
+class NpmHarness:
+    """Base for the Node CLIs: each is installed with npm into `<prefix>/<name>/` at a pinned version."""
+
+    name: str = ""
+    package: str = ""
+    bin: str = ""
+    pinned: str = ""  # the npm version this spec was tested with (HARNESSES.md)
+    providers: tuple[str, ...] = ()
+
+    def __init__(
+        self, version: str | None = None, provider: str | None = None, extra_args: list[str] | None = None
+    ) -> None:
+        self.version = version or self.pinned
+        self.provider = resolve_provider(self.name, provider, self.providers)
+        self.extra_args = list(extra_args or [])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(version={self.version!r}, provider={self.provider!r})"
+
+    def home_dir(self, prefix: Path) -> Path:
+        return Path(prefix) / self.name
+
+    def is_installed(self, prefix: Path) -> bool:
+        pkg_json = self.home_dir(prefix) / "node_modules" / self.package / "package.json"
+        try:
+            version = json.loads(pkg_json.read_text())["version"]
+        except (OSError, ValueError, KeyError):
+            return False
+        return version == self.version and (self.home_dir(prefix) / "node_modules" / ".bin" / self.bin).exists()
+
+    def install(self, prefix: Path) -> None:
+        if self.is_installed(prefix):
+            return
+        npm = shutil.which("npm")
+        if npm is None:
+            raise RuntimeError(f"harness {self.name} needs npm (Node.js) to install {self.package}")
+        target = self.home_dir(prefix)
+        target.mkdir(parents=True, exist_ok=True)
+        cmd = [npm, "install", "--prefix", str(target), "--save-exact", "--no-audit", "--no-fund",
+               "--loglevel=error", f"{self.package}@{self.version}"]  # fmt: skip
+        subprocess.run(cmd, check=True)
+        if not self.is_installed(prefix):
+            raise RuntimeError(f"npm installed {self.package} but version {self.version} is not in {target}")
+
+    def executable(self, prefix: str | None) -> str:
+        if prefix is None:
+            raise ValueError(
+                f"harness {self.name} needs a harness prefix in the sandbox "
+                f"(polar-pl harness install {self.name} --prefix DIR; sandbox.harness_prefix=DIR)"
+            )
+        return f"{prefix}/{self.name}/node_modules/.bin/{self.bin}"
+
+    def answer(self, stdout: str, answer_file_text: str | None) -> str | None:
+        text = (answer_file_text if answer_file_text is not None else stdout).strip()
+        return text or None
+
+
+def dump_json(obj) -> bytes:
+    return (json.dumps(obj, indent=2) + "\n").encode()

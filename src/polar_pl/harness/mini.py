@@ -1,0 +1,61 @@
+"""The `mini` harness spec: our own agent (mini_agent.py), copied into the sandbox and run with the
+sandbox's python. Needs no Node and no install step; speaks OpenAI Chat."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from polar_pl.harness import mini_agent
+from polar_pl.harness.base import resolve_provider
+from polar_pl.harness.protocol import GatewaySession, LaunchPlan, SandboxPaths
+
+ANSWER_FILE = ".polar/answer.txt"  # relative to the workspace; .polar is excluded from the patch
+
+
+class Mini:
+    name = "mini"
+
+    def __init__(
+        self,
+        provider: str | None = None,
+        max_turns: int = 20,
+        bash_timeout: float = 120.0,
+        temperature: float | None = None,
+    ) -> None:
+        self.provider = resolve_provider(self.name, provider, ("openai_chat",))
+        self.max_turns = max_turns
+        self.bash_timeout = bash_timeout
+        self.temperature = temperature
+        self.version = "builtin"
+
+    def __repr__(self) -> str:
+        return f"Mini(max_turns={self.max_turns})"
+
+    def is_installed(self, prefix: Path) -> bool:
+        return True
+
+    def install(self, prefix: Path) -> None:
+        """Nothing to install: the agent ships with polar_pl (its one dependency is `openai`)."""
+
+    def plan(self, session: GatewaySession, prompt: str, paths: SandboxPaths) -> LaunchPlan:
+        script = f"{paths.home}/.polar/mini_agent.py"
+        argv = [*paths.python, script, "--model", session.model, "--max-turns", str(self.max_turns),
+                "--bash-timeout", str(self.bash_timeout), "--answer-file", ANSWER_FILE]  # fmt: skip
+        if self.temperature is not None:
+            argv += ["--temperature", str(self.temperature)]
+        env = {
+            "OPENAI_BASE_URL": f"{session.base_url}/v1",
+            "OPENAI_API_KEY": session.token,
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        return LaunchPlan(
+            argv=(*argv, prompt),
+            env=env,
+            files={script: Path(mini_agent.__file__).read_bytes()},
+            answer_file=f"{paths.workdir}/{ANSWER_FILE}",
+        )
+
+    def answer(self, stdout: str, answer_file_text: str | None) -> str | None:
+        text = (answer_file_text if answer_file_text is not None else stdout).strip()
+        return text or None

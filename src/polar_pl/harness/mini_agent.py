@@ -1,0 +1,176 @@
+"""mini: a small coding agent — bash and file-edit tools over OpenAI Chat Completions.
+
+The example of bringing your own agent: anything that reads its base URL and key from the
+environment can be trained through the gateway. This file is self-contained (stdlib + the `openai`
+package) because it is copied into the sandbox and run there with the sandbox's python.
+
+    OPENAI_BASE_URL=<gateway>/s/<token>/v1 OPENAI_API_KEY=<token> \
+        python mini_agent.py --model NAME --max-turns 20 --answer-file .polar/answer.txt "task"
+
+Loop: send the conversation with the tools; run every tool call the model makes and append its
+result; stop when the model answers without tool calls (or after --max-turns model calls). The
+final assistant message is printed to stdout and written to --answer-file, where evaluators read it.
+Exit status: 0 answered, 3 max turns reached, 4 the API failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SYSTEM = (
+    "You are a coding agent working in a repository at the current directory. "
+    "Use the tools to inspect and change files and to run commands. "
+    "When the task is done, reply with a short final answer and no tool call."
+)
+OUTPUT_LIMIT = 16_000
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a bash command in the workspace; returns exit code, stdout and stderr.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string", "description": "The command to run."}},
+                "required": ["command"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "write_file",
+            "description": "Create or overwrite a file with the given content.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                "required": ["path", "content"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "str_replace",
+            "description": "Replace exactly one occurrence of old_str with new_str in a file.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string"},
+                    "old_str": {"type": "string"},
+                    "new_str": {"type": "string"},
+                },
+                "required": ["path", "old_str", "new_str"],
+            },
+        },
+    },
+]
+
+
+def _clip(text: str) -> str:
+    if len(text) <= OUTPUT_LIMIT:
+        return text
+    half = OUTPUT_LIMIT // 2
+    return f"{text[:half]}\n[... {len(text) - OUTPUT_LIMIT} characters cut ...]\n{text[-half:]}"
+
+
+def tool_bash(command: str, timeout: float) -> str:
+    try:
+        p = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"error: command timed out after {timeout:g}s"
+    return _clip(f"exit code: {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+
+
+def tool_write_file(path: str, content: str) -> str:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(content)
+    return f"wrote {len(content)} characters to {path}"
+
+
+def tool_str_replace(path: str, old_str: str, new_str: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        return f"error: {path} is not a file"
+    text = p.read_text()
+    count = text.count(old_str)
+    if count != 1:
+        return f"error: old_str occurs {count} times in {path}; it must occur exactly once"
+    p.write_text(text.replace(old_str, new_str, 1))
+    return f"edited {path}"
+
+
+def run_tool(name: str, arguments: str, bash_timeout: float) -> str:
+    try:
+        args = json.loads(arguments or "{}")
+    except json.JSONDecodeError as e:
+        return f"error: arguments are not valid JSON ({e})"
+    try:
+        if name == "bash":
+            return tool_bash(str(args["command"]), bash_timeout)
+        if name == "write_file":
+            return tool_write_file(str(args["path"]), str(args["content"]))
+        if name == "str_replace":
+            return tool_str_replace(str(args["path"]), str(args["old_str"]), str(args["new_str"]))
+    except KeyError as e:
+        return f"error: missing argument {e}"
+    except OSError as e:
+        return f"error: {e}"
+    return f"error: unknown tool {name!r}; tools are bash, write_file, str_replace"
+
+
+def run(task: str, model: str, max_turns: int, bash_timeout: float, temperature: float | None) -> tuple[int, str]:
+    from openai import OpenAI  # imported late so --help works without the package
+
+    client = OpenAI(max_retries=2)  # OPENAI_BASE_URL / OPENAI_API_KEY from the environment
+    messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+    extra = {} if temperature is None else {"temperature": temperature}
+    for _ in range(max_turns):
+        reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, **extra)
+        msg = reply.choices[0].message
+        calls = msg.tool_calls or []
+        entry: dict = {"role": "assistant", "content": msg.content or ""}
+        if calls:
+            entry["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                for c in calls
+            ]
+        messages.append(entry)
+        if not calls:
+            return 0, msg.content or ""
+        for c in calls:
+            result = run_tool(c.function.name, c.function.arguments, bash_timeout)
+            messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
+    return 3, next((m["content"] for m in reversed(messages) if m["role"] == "assistant" and m["content"]), "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mini", description=__doc__.split("\n\n")[0])
+    ap.add_argument("task", help="the task prompt")
+    ap.add_argument("--model", default=os.environ.get("OPENAI_MODEL", "default"))
+    ap.add_argument("--max-turns", type=int, default=20)
+    ap.add_argument("--bash-timeout", type=float, default=120.0)
+    ap.add_argument("--temperature", type=float, default=None)
+    ap.add_argument("--answer-file", default=".polar/answer.txt")
+    args = ap.parse_args(argv)
+    try:
+        code, answer = run(args.task, args.model, args.max_turns, args.bash_timeout, args.temperature)
+    except Exception as e:  # the API client's errors: report them the way a CLI does, no traceback
+        print(f"mini: model API error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 4
+    path = Path(args.answer_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(answer)
+    print(answer)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

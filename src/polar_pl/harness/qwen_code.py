@@ -1,0 +1,47 @@
+"""Qwen Code (`@qwen-code/qwen-code`): OpenAI Chat by default; Anthropic or Responses by auth type."""
+
+from __future__ import annotations
+
+from polar_pl.harness.base import QUIET_ENV, NpmHarness, dump_json
+from polar_pl.harness.protocol import GatewaySession, LaunchPlan, SandboxPaths
+
+AUTH_TYPE = {"openai_chat": "openai", "anthropic": "anthropic", "openai_responses": "openai-responses"}
+
+
+class QwenCode(NpmHarness):
+    name = "qwen_code"
+    package = "@qwen-code/qwen-code"
+    bin = "qwen"
+    pinned = "0.24.4"
+    providers = ("openai_chat", "anthropic", "openai_responses")
+
+    def plan(self, session: GatewaySession, prompt: str, paths: SandboxPaths) -> LaunchPlan:
+        if self.provider == "anthropic":
+            creds = {
+                "ANTHROPIC_BASE_URL": session.base_url,
+                "ANTHROPIC_API_KEY": session.token,
+                "ANTHROPIC_MODEL": session.model,
+            }
+        else:
+            creds = {
+                "OPENAI_BASE_URL": f"{session.base_url}/v1",
+                "OPENAI_API_KEY": session.token,
+                "OPENAI_MODEL": session.model,
+            }
+        settings = {
+            "privacy": {"usageStatisticsEnabled": False},
+            "memory": {"enableManagedAutoMemory": False},
+            "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+            "telemetry": {"enabled": False},
+            "security": {"auth": {"selectedType": AUTH_TYPE[self.provider]}},
+        }
+        argv = (
+            self.executable(paths.harness_prefix), "--yolo", "--auth-type", AUTH_TYPE[self.provider],
+            "-m", session.model, *self.extra_args, "-p", prompt,
+        )  # fmt: skip
+        return LaunchPlan(
+            argv=argv,
+            env=QUIET_ENV | creds,
+            files={f"{paths.home}/.qwen/settings.json": dump_json(settings)},
+            log_dirs=(f"{paths.home}/.qwen/tmp", f"{paths.home}/.qwen/projects"),
+        )

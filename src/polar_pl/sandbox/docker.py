@@ -1,0 +1,291 @@
+"""The Docker backend: one container per sandbox, through the docker SDK against a real engine.
+
+Isolation: `network_mode="none"` (only loopback), all capabilities dropped, no-new-privileges,
+an unprivileged user (uid 1000), memory (no extra swap) / pids / CPU limits. The gateway is reached
+through a unix socket bind-mounted from the host (see relay.py): inside, a relay listens on the
+gateway's own `127.0.0.1:<port>`, so the harness uses the URL it was given. Node, the harness CLIs
+and the mini agent's Python packages are mounted read-only from the host. Every container carries
+labels so that `polar-pl sandbox cleanup` (and the start of a sweep) removes leftovers after a crash.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tarfile
+import tempfile
+import time
+import uuid
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
+
+from polar_pl.sandbox import gitdiff
+from polar_pl.sandbox.image import DEFAULT_TAG, USER_UID, cache_dir
+from polar_pl.sandbox.local import parse_bytes
+from polar_pl.sandbox.protocol import ExecResult
+from polar_pl.sandbox.relay import Relay, unix_to_tcp
+
+LABEL = "polar_pl.sandbox"
+OWNER_LABEL = "polar_pl.owner"
+RUN_PREFIX = "polar-dk-"
+PREFIX_IN = "/opt/polar/harness"
+PYDEPS_IN = "/opt/polar/py"
+RELAY_IN = "/opt/polar/relay.py"
+RUN_IN = "/opt/polar/run"
+GIT_DIR_IN = "/tmp/.polar-baseline.git"
+
+
+def client_for(docker_host: str | None):
+    import docker
+
+    return docker.DockerClient(base_url=docker_host, timeout=300) if docker_host else docker.from_env(timeout=300)
+
+
+class DockerSandbox:
+    """`Sandbox` in a container. `workdir` is /workspace, `home` /home/polar, inside the container."""
+
+    def __init__(
+        self,
+        image: str = DEFAULT_TAG,
+        docker_host: str | None = None,
+        memory: str | int | None = "4g",
+        pids: int | None = 512,
+        cpus: float | None = 2.0,
+        owner: str = "default",
+        harness_prefix: str | None = None,
+        node: str | None = None,
+        pydeps: str | None = None,
+        default_timeout: float | None = None,
+    ) -> None:
+        self.image = image
+        self.docker_host = docker_host
+        self.memory = parse_bytes(memory)
+        self.pids = pids
+        self.cpus = cpus
+        self.owner = owner
+        self.host_prefix = harness_prefix
+        self.node = node or shutil.which("node")
+        deps = Path(pydeps) if pydeps else cache_dir() / "pydeps"
+        self.host_pydeps = str(deps) if (deps / ".complete").exists() or pydeps else None
+        self.default_timeout = default_timeout
+        self.workdir = "/workspace"
+        self.home = "/home/polar"
+        self.harness_prefix = PREFIX_IN if harness_prefix else None
+        self.python = ["env", f"PYTHONPATH={PYDEPS_IN}", "python3"] if self.host_pydeps else ["python3"]
+        self.client = None
+        self.container = None
+        self.container_id: str | None = None
+        self._run_dir: Path | None = None
+        self._relays: dict[tuple[str, int], Relay] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        from docker.types import Mount
+
+        self.client = client_for(self.docker_host)
+        self._run_dir = Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{self.owner}-"))
+        self._run_dir.chmod(0o755)
+        mounts = [
+            Mount(RUN_IN, str(self._run_dir), type="bind", read_only=True),
+            Mount(RELAY_IN, str(Path(__file__).with_name("relay.py")), type="bind", read_only=True),
+        ]
+        if self.host_prefix:
+            mounts.append(Mount(PREFIX_IN, str(Path(self.host_prefix).resolve()), type="bind", read_only=True))
+        if self.node:
+            mounts.append(Mount("/usr/local/bin/node", str(Path(self.node).resolve()), type="bind", read_only=True))
+        if self.host_pydeps:
+            mounts.append(Mount(PYDEPS_IN, self.host_pydeps, type="bind", read_only=True))
+        limits = {}
+        if self.memory:
+            limits |= {"mem_limit": self.memory, "memswap_limit": self.memory}
+        if self.pids:
+            limits["pids_limit"] = self.pids
+        if self.cpus:
+            limits["nano_cpus"] = int(self.cpus * 1e9)
+        self.container = self.client.containers.run(
+            self.image,
+            command=["sleep", "infinity"],
+            name=f"polar-{self.owner}-{uuid.uuid4().hex[:10]}",
+            detach=True,
+            init=True,  # reaps the orphans harnesses leave behind
+            network_mode="none",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            user=f"{USER_UID}:{USER_UID}",
+            working_dir=self.workdir,
+            environment={"HOME": self.home},
+            labels={LABEL: "1", OWNER_LABEL: self.owner},
+            mounts=mounts,
+            **limits,
+        )
+        self.container_id = self.container.id
+        self.baseline()
+
+    def stop(self) -> None:
+        if self.container is not None:
+            try:
+                self.container.remove(force=True, v=True)
+            except Exception:  # already gone (engine restarted, removed by a sweep)
+                pass
+            self.container = None
+        for relay in self._relays.values():
+            relay.close()
+        self._relays.clear()
+        if self._run_dir is not None:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+            self._run_dir = None
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def __enter__(self) -> DockerSandbox:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- gateway -------------------------------------------------------------------------------
+    def expose_gateway(self, url: str) -> str:
+        """Relay the gateway's 127.0.0.1 port into the container; the same URL then works inside."""
+        parts = urlsplit(url)
+        key = (parts.hostname or "127.0.0.1", parts.port or 80)
+        if key in self._relays:
+            return url
+        sock_name = f"gw-{key[1]}.sock"
+        self._relays[key] = unix_to_tcp(str(self._run_dir / sock_name), *key)
+        relay = ["python3", "-I", "-S", RELAY_IN, "tcp2unix", f"127.0.0.1:{key[1]}", f"{RUN_IN}/{sock_name}"]
+        self.client.api.exec_start(self.client.api.exec_create(self.container_id, relay)["Id"], detach=True)
+        probe = f"import socket; socket.create_connection(('127.0.0.1', {key[1]}), timeout=1).close()"
+        deadline = time.monotonic() + 10
+        while self.exec(["python3", "-c", probe]).exit_code != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"gateway relay for port {key[1]} did not come up in the container")
+            time.sleep(0.05)
+        return url
+
+    # -- exec ----------------------------------------------------------------------------------
+    def exec(
+        self,
+        command: str | list[str],
+        *,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        timeout: float | None = None,
+        stdin: str | None = None,
+    ) -> ExecResult:
+        argv = ["bash", "-lc", command] if isinstance(command, str) else list(command)
+        if stdin is not None:
+            path = f"/tmp/.polar-stdin-{uuid.uuid4().hex}"
+            self.put_file(path, stdin.encode(), mode=0o600)
+            argv = ["sh", "-c", f'"$@" < {path}; rc=$?; rm -f {path}; exit $rc', "polar-stdin", *argv]
+        timeout = timeout if timeout is not None else self.default_timeout
+        if timeout is not None:
+            # GNU timeout leads a process group and SIGKILLs the whole group when time is up.
+            argv = ["timeout", "-s", "KILL", f"{timeout:.3f}s", *argv]
+        cwd = workdir or self.workdir
+        if not cwd.startswith("/"):
+            cwd = f"{self.workdir}/{cwd}"
+        api = self._api
+        t0 = time.monotonic()
+        exec_id = api.exec_create(self.container_id, argv, environment=env or {}, workdir=cwd)["Id"]
+        out, err = api.exec_start(exec_id, demux=True)
+        duration = time.monotonic() - t0
+        code = api.exec_inspect(exec_id)["ExitCode"]
+        timed_out = timeout is not None and code == 137 and duration >= timeout - 0.05
+        return ExecResult(
+            exit_code=code if code is not None else -1,
+            stdout=(out or b"").decode(errors="replace"),
+            stderr=(err or b"").decode(errors="replace"),
+            timed_out=timed_out,
+            duration_s=duration,
+        )
+
+    @property
+    def _api(self):
+        if self.client is None or self.container_id is None:
+            raise RuntimeError("sandbox not started (call start() first)")
+        return self.client.api
+
+    # -- files ---------------------------------------------------------------------------------
+    def _abs(self, path: str) -> str:
+        return path if path.startswith("/") else f"{self.workdir}/{path}"
+
+    def _mkdir(self, path: str) -> None:
+        res = self.exec(["mkdir", "-p", path])
+        if res.exit_code != 0:
+            raise PermissionError(f"cannot create {path} in the sandbox: {res.stderr.strip()}")
+
+    def put_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        target = PurePosixPath(self._abs(path))
+        self._mkdir(str(target.parent))
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo(target.name)
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            info.uid = info.gid = USER_UID
+            tar.addfile(info, io.BytesIO(data))
+        self._api.put_archive(self.container_id, str(target.parent), buf.getvalue())
+
+    def get_file(self, path: str) -> bytes:
+        import docker
+
+        try:
+            stream, _ = self._api.get_archive(self.container_id, self._abs(path))
+        except docker.errors.NotFound as e:
+            raise FileNotFoundError(path) from e
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.next()
+            if member is None or not member.isfile():
+                raise IsADirectoryError(path)
+            return tar.extractfile(member).read()
+
+    def put_archive(self, src: Path, dest: str) -> None:
+        dest = self._abs(dest)
+        self._mkdir(dest)
+
+        def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+            info.uid = info.gid = USER_UID
+            info.uname = info.gname = "polar"
+            return info
+
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(str(src), arcname=".", filter=owned)
+        self._api.put_archive(self.container_id, dest, buf.getvalue())
+
+    def get_archive(self, src: str, dest: Path) -> None:
+        import docker
+
+        try:
+            stream, stat = self._api.get_archive(self.container_id, self._abs(src).rstrip("/") + "/.")
+        except docker.errors.NotFound as e:
+            raise FileNotFoundError(src) from e
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            tar.extractall(dest, filter="tar")
+
+    # -- diff ----------------------------------------------------------------------------------
+    def baseline(self) -> str:
+        res = self.exec(gitdiff.baseline_script(GIT_DIR_IN, self.workdir))
+        if res.exit_code != 0:
+            raise RuntimeError(f"baseline commit failed: {res.stderr.strip()}")
+        return res.stdout.strip()
+
+    def diff(self, exclude: tuple[str, ...] = ()) -> str:
+        res = self.exec(gitdiff.diff_script(GIT_DIR_IN, self.workdir, gitdiff.HARNESS_STATE_DIRS + exclude))
+        if res.exit_code != 0:
+            raise RuntimeError(f"workspace diff failed: {res.stderr.strip()}")
+        return res.stdout
+
+
+def sweep_docker(client, owner: str | None = None) -> int:
+    """Remove every polar_pl sandbox container (of `owner`, or all); returns how many."""
+    labels = [f"{LABEL}=1"] + ([f"{OWNER_LABEL}={owner}"] if owner else [])
+    n = 0
+    for c in client.containers.list(all=True, filters={"label": labels}):
+        c.remove(force=True, v=True)
+        n += 1
+    for d in Path(tempfile.gettempdir()).glob(f"{RUN_PREFIX}{owner + '-' if owner else ''}*"):
+        shutil.rmtree(d, ignore_errors=True)
+    return n

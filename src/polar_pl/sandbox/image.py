@@ -1,0 +1,113 @@
+"""The Docker base image, built offline: debootstrap a minimal Debian (python3, git), import it.
+
+No registry is reachable, so there is no `FROM`: `debootstrap --variant=minbase` fetches .deb files
+from the Debian mirror (the one package source this machine has), the rootfs is packed into a
+tarball cached on disk, and `docker import` turns it into an image. The tarball is built once per
+machine; importing it into a fresh engine takes seconds. The host's Node binary and the harness
+CLIs are not in the image: they are mounted read-only from the host at run time, and so is a
+`pip --target` folder with the mini agent's Python dependencies (`openai`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+DEFAULT_TAG = "polar-pl/sandbox:bookworm"
+SUITE = "bookworm"  # the host's Debian: same python3.11 and glibc as the pydeps folder and Node
+PACKAGES = ("python3", "git", "ca-certificates", "procps", "patch", "less")
+USER_UID = 1000
+MINI_DEPS = ("openai",)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("POLAR_SANDBOX_CACHE", ".cache/sandbox")).resolve()
+
+
+def rootfs_tarball(cache: Path | None = None, mirror: str | None = None) -> Path:
+    """The cached rootfs tarball, built with debootstrap when missing (root, ~2 minutes)."""
+    cache = cache or cache_dir()
+    out = cache / f"rootfs-{SUITE}.tar"
+    if out.exists():
+        return out
+    if os.geteuid() != 0:
+        raise RuntimeError("building the sandbox rootfs needs root (debootstrap)")
+    if not shutil.which("debootstrap"):
+        subprocess.run(["apt-get", "install", "-y", "-qq", "debootstrap"], check=True,
+                       env=os.environ | {"DEBIAN_FRONTEND": "noninteractive"})  # fmt: skip
+    cache.mkdir(parents=True, exist_ok=True)
+    mirror = mirror or os.environ.get("POLAR_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        root = Path(tmp) / "rootfs"
+        cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), mirror]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        _add_user(root)
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            shutil.rmtree(root / junk, ignore_errors=True)
+        partial = out.with_suffix(".partial")
+        with tarfile.open(partial, "w") as tar:
+            tar.add(root, arcname=".")
+        partial.rename(out)
+    return out
+
+
+def _add_user(root: Path) -> None:
+    """An unprivileged `polar` user (uid 1000) owning /workspace and /home/polar."""
+    with open(root / "etc/passwd", "a") as f:
+        f.write(f"polar:x:{USER_UID}:{USER_UID}:polar:/home/polar:/bin/bash\n")
+    with open(root / "etc/group", "a") as f:
+        f.write(f"polar:x:{USER_UID}:\n")
+    for d in ("workspace", "home/polar", "opt/polar"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+        os.chown(root / d, USER_UID, USER_UID)
+
+
+def pydeps_dir(cache: Path | None = None) -> Path:
+    """A `pip install --target` folder with the mini agent's dependencies, for mounting read-only."""
+    cache = cache or cache_dir()
+    out = cache / "pydeps"
+    if (out / ".complete").exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    pins = []
+    for name in MINI_DEPS:
+        try:
+            from importlib.metadata import version
+
+            pins.append(f"{name}=={version(name)}")  # the version the host tests with
+        except Exception:
+            pins.append(name)
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", str(out), *pins]
+    subprocess.run(cmd, check=True)
+    (out / ".complete").write_text(" ".join(pins) + "\n")
+    return out
+
+
+def build_image(client, tag: str = DEFAULT_TAG, cache: Path | None = None, force: bool = False) -> str:
+    """Import the base image into the engine behind `client` unless it is there; returns the tag."""
+    import docker
+
+    if not force:
+        try:
+            client.images.get(tag)
+            return tag
+        except docker.errors.ImageNotFound:
+            pass
+    tarball = rootfs_tarball(cache)
+    repo, _, version = tag.partition(":")
+    changes = [
+        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "ENV LANG=C.UTF-8",
+        "ENV HOME=/home/polar",
+        f"USER {USER_UID}:{USER_UID}",
+        "WORKDIR /workspace",
+        'CMD ["sleep", "infinity"]',
+    ]
+    client.api.import_image_from_file(str(tarball), repository=repo, tag=version or "latest", changes=changes)
+    client.images.get(tag)
+    return tag
