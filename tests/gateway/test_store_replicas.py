@@ -1,0 +1,89 @@
+"""Durability of the trace store across restarts, and several engine replicas behind one gateway."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import ExitStack
+
+import httpx
+import openai
+
+from polar_pl.engine.scripted import ScriptedBackend
+from polar_pl.engine.server import create_app as create_engine_app
+from polar_pl.gateway.gateway import Gateway
+from polar_pl.gateway.store import TraceStore, read_records
+from polar_pl.utils.serving import ServerThread
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _call(base_url: str, **kw) -> None:
+    openai.OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0).chat.completions.create(**CHAT, **kw)
+
+
+def test_records_and_sessions_survive_a_restart(engine, tmp_path):
+    path = tmp_path / "traces.db"
+    with Gateway([engine.url], path) as gw:
+        s = gw.create_session(task_id="t")
+        _call(s.base_url)
+        _call(s.base_url, stream=True)
+    assert [r.call_index for r in read_records(path, s.session_id)] == [0, 1]
+    with Gateway([engine.url], path) as gw:
+        _call(f"{gw.url}/s/{s.token}")  # the token still works after the restart
+        recs = gw.records(s.session_id)
+        assert [r.call_index for r in recs] == [0, 1, 2]  # call indices continue, never reused
+        assert all(r.status == "ok" and r.task_id == "t" and r.response_ids for r in recs)
+
+
+def test_clean_shutdown_loses_no_record_under_concurrency(engine, tmp_path):
+    path = tmp_path / "traces.db"
+    gw = Gateway([engine.url], path).start()
+    sessions = [gw.create_session() for _ in range(8)]
+    threads = [threading.Thread(target=_call, args=(s.base_url,), kwargs={"stream": True}) for s in sessions * 3]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    gw.stop()
+    assert len(read_records(path)) == 24
+    store = TraceStore(path)
+    try:
+        assert sorted(r.call_index for r in store.records(sessions[0].session_id)) == [0, 1, 2]
+        assert sum(1 for _ in store.iter_records(batch=5)) == 24
+    finally:
+        store.close()
+
+
+def _engine(tiny_model_dir, script) -> tuple[ServerThread, ScriptedBackend]:
+    backend = ScriptedBackend.from_model_dir(tiny_model_dir, script)
+    return ServerThread(create_engine_app(backend)), backend
+
+
+def test_sessions_stick_to_a_replica_and_spread_and_skip_a_dead_one(tiny_model_dir, tmp_path, script):
+    engines = [_engine(tiny_model_dir, script) for _ in range(2)]
+    with ExitStack() as stack:
+        for srv, _ in engines:
+            stack.enter_context(srv)
+        gw = stack.enter_context(Gateway([srv.url for srv, _ in engines], tmp_path / "t.db", health_interval=0.2))
+        a, b = gw.create_session(), gw.create_session()
+        for _ in range(3):
+            _call(a.base_url)
+            _call(b.base_url)
+        up_a = {r.upstream for r in gw.records(a.session_id)}
+        up_b = {r.upstream for r in gw.records(b.session_id)}
+        assert len(up_a) == 1 and len(up_b) == 1 and up_a != up_b  # sticky, and spread over both
+        assert {backend.stats.requests for _, backend in engines} == {3}
+        # take a's replica down: its next calls move to the live one, nothing fails
+        dead = next(srv for srv, _ in engines if srv.url in up_a)
+        live = next(srv for srv, _ in engines if srv is not dead)
+        dead.stop()
+        _call(a.base_url)
+        _call(a.base_url)
+        recs = gw.records(a.session_id)
+        assert [r.status for r in recs] == ["ok"] * 5
+        assert {r.upstream for r in recs[3:]} == {live.url}
+        health = httpx.get(f"{gw.url}/health").json()["replicas"]
+        assert {h["url"]: h["healthy"] for h in health}[dead.url] is False
+        c = gw.create_session()  # new sessions avoid the dead replica
+        _call(c.base_url)
+        assert gw.records(c.session_id)[0].upstream == live.url
