@@ -9,8 +9,10 @@ own stream accumulator; records are read back from the gateway's trace store.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from test_openai_responses_grammar import check_stream, parse_sse
@@ -33,6 +35,8 @@ TOOLS = [
     {"type": "web_search"},
 ]
 WRITE = {"path": "f.txt", "content": "hello"}
+CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
+CAPTURED = sorted(CAPTURES.glob("*/*responses*.request.body.json"))
 
 
 def script(chat: dict[str, Any]) -> Reply:
@@ -167,3 +171,33 @@ def test_wrong_token_is_a_401_and_records_nothing(stack):
     with pytest.raises(openai.AuthenticationError) as err:
         client.responses.create(model=engine.model, input="hi")
     assert err.value.body["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize("path", CAPTURED, ids=lambda p: f"{p.parent.name}/{p.name[:24]}")
+def test_captured_cli_requests_replay_through_the_gateway(stack, path):
+    """Each recorded CLI body, sent as the CLI sent it (token as the API key on the bare path)."""
+    gw, _ = stack
+    s = gw.create_session(harness=path.parent.name)
+    body = path.read_bytes()
+    raw = json.loads(body)
+    resp = httpx.post(
+        f"{gw.url}/v1/responses",
+        content=body,
+        headers={"authorization": f"Bearer {s.token}", "content-type": "application/json"},
+        timeout=60,
+    )
+    assert resp.status_code == 200, resp.text
+    result = check_stream(parse_sse(resp.content))
+    assert result.response["model"] == raw["model"] and result.response["status"] == "completed"
+    [record] = gw.records(s.session_id)
+    assert record.status == "ok" and record.response_ids and record.raw_request == raw
+    messages = record.normalized_request["messages"]
+    items = raw["input"]
+    assert sum(m["role"] == "user" for m in messages) == sum(i.get("role") == "user" for i in items)
+    assert sum(m["role"] == "tool" for m in messages) == sum(
+        i.get("type") == "function_call_output" for i in items
+    )
+    calls = [tc for m in messages for tc in m.get("tool_calls") or []]
+    assert len(calls) == sum(i.get("type") == "function_call" for i in items)
+    function_tools = [t["name"] for t in raw.get("tools", []) if t["type"] == "function"]
+    assert [t["function"]["name"] for t in record.normalized_request.get("tools", [])] == function_tools
