@@ -1,0 +1,95 @@
+"""Answer checks and the evaluator for answer-scored tasks (the learnable family).
+
+A check is a pure function (answer text, params) -> reward in [0, 1] that reads the answer: dense
+enough that near-random text from an untrained model gets varied, non-zero rewards (so GRPO groups
+carry signal), and maximised only by text that does what the prompt asks. The answer is the
+harness's final assistant message (`.polar/answer.txt` for the mini harness), passed in by POSTRUN;
+nothing runs in the agent's sandbox, so there is nothing there to tamper with.
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from polar_pl.tasks.evaluator import EvalHandle
+from polar_pl.tasks.results import EvalResult
+from polar_pl.tasks.task import Task
+
+AnswerCheckFn = Callable[[str, Mapping[str, Any]], float]
+
+
+def uppercase_fraction(answer: str, params: Mapping[str, Any]) -> float:
+    """Share of the answer's letters that are capitals; `min_letters` letters are needed for full credit."""
+    letters = [c for c in answer if c.isalpha()]
+    if not letters:
+        return 0.0
+    upper = sum(c.isupper() for c in letters)
+    return upper / max(len(letters), int(params.get("min_letters", 1)))
+
+
+def charset_fraction(answer: str, params: Mapping[str, Any]) -> float:
+    """Share of the answer's non-space characters drawn from `params["chars"]`."""
+    allowed = set(params["chars"])
+    chars = [c for c in answer if not c.isspace()]
+    if not chars:
+        return 0.0
+    return sum(c in allowed for c in chars) / max(len(chars), int(params.get("min_chars", 1)))
+
+
+def similarity(answer: str, params: Mapping[str, Any]) -> float:
+    """Character-level similarity (difflib ratio) of the stripped answer to `params["target"]`."""
+    return difflib.SequenceMatcher(None, answer.strip(), str(params["target"]), autojunk=False).ratio()
+
+
+CHECKS: dict[str, AnswerCheckFn] = {
+    "uppercase_fraction": uppercase_fraction,
+    "charset_fraction": charset_fraction,
+    "similarity": similarity,
+}
+
+
+def score_answer(task: Task, answer: str | None) -> float:
+    """The task's check applied to the answer (0 for no answer)."""
+    if task.answer_check is None:
+        raise ValueError(f"task {task.instance_id!r} is not answer-scored")
+    check = CHECKS.get(task.answer_check.kind)
+    if check is None:
+        raise ValueError(
+            f"task {task.instance_id!r}: answer_check.kind={task.answer_check.kind!r}; "
+            f"allowed: {', '.join(CHECKS)}"
+        )
+    return float(check(answer or "", task.answer_check.params)) if answer else 0.0
+
+
+class AnswerEvaluator:
+    """Scores answer-scored tasks on the host; the patch is ignored, no sandbox is needed."""
+
+    def __init__(self, sandbox_factory: Any = None, *, success_threshold: float = 0.9) -> None:
+        self.success_threshold = success_threshold
+
+    def prewarm(self, task: Task) -> EvalHandle:
+        done: Future = Future()
+        done.set_result((None, 0.0))
+        return EvalHandle(task, done)
+
+    def evaluate(self, handle: EvalHandle, patch: str, answer: str | None = None) -> EvalResult:
+        t0, task = time.monotonic(), handle.task
+        try:
+            reward = score_answer(task, answer)
+        except (KeyError, TypeError, ValueError) as exc:  # a bad check config is recorded, not raised
+            return EvalResult(task.instance_id, 0.0, "error", f"answer check failed: {exc}")
+        if not answer:
+            return EvalResult(task.instance_id, 0.0, "no_answer", "the agent gave no final answer")
+        status = "resolved" if reward >= self.success_threshold else "unresolved"
+        reason = f"{task.answer_check.kind}={reward:.3f}"
+        return EvalResult(task.instance_id, reward, status, reason, duration_s=time.monotonic() - t0)
+
+    def discard(self, handle: EvalHandle) -> None:
+        handle.used = True
+
+    def close(self) -> None:
+        pass

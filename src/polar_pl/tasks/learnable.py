@@ -1,0 +1,89 @@
+"""The learnable task family: answer-scored tasks a tiny random model improves on within ~30 CPU steps.
+
+Default kind `uppercase`: the user asks for a reply in capital letters; the reward is the share of
+the answer's letters that are capitals. The untrained tiny model's byte-level BPE vocabulary
+(trained on Python sources) holds many all-caps identifiers, so its near-random samples score
+about 0.15 with a per-sample spread around 0.07: every GRPO group has signal, and pushing
+probability toward capital-letter tokens raises the reward steadily (measured: 0.15 -> 0.99 in 30
+GRPO steps, group 16, 32 new tokens, Adam lr 1e-2; see tests/tasks/test_learnable.py).
+
+Other kinds: `echo` (character similarity to a word the prompt quotes) and `digits` (share of
+non-space characters that are digits); harder for a random model, useful once it has learnt
+something.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from polar_pl.tasks.sources import EvaluatorPartial, _Source
+from polar_pl.tasks.task import AnswerCheck, Task
+
+KINDS = ("uppercase", "echo", "digits")
+
+_TOPICS = (
+    "the weather today", "your favourite animal", "a good name for a cat", "what you had for lunch",
+    "the capital of France", "a colour you like", "the best programming language", "a famous river",
+    "your plans for the weekend", "a song you like", "the tallest mountain", "a fruit you like",
+)  # fmt: skip
+_UPPER_TEMPLATES = (
+    "Tell me about {topic}, and write your whole reply in CAPITAL LETTERS only.",
+    "Answer in all caps, no lowercase letters at all: what do you think of {topic}?",
+    "I can only read UPPERCASE text. Say something about {topic} using capital letters only.",
+    "Shout your answer in CAPITALS: {topic}?",
+)
+_ECHO_WORDS = ("banana", "polaris", "gradient", "sandbox", "harness", "reward", "kernel", "lattice")
+
+
+def learnable_task(kind: str, index: int, seed: int = 0) -> Task:
+    """Task `index` of the family `kind`; deterministic in (kind, index, seed)."""
+    rng = random.Random(f"{kind}-{seed}-{index}")
+    if kind == "uppercase":
+        prompt = rng.choice(_UPPER_TEMPLATES).format(topic=rng.choice(_TOPICS))
+        check = AnswerCheck("uppercase_fraction", {"min_letters": 8})
+    elif kind == "echo":
+        word = rng.choice(_ECHO_WORDS)
+        prompt = f"Reply with exactly this word and nothing else: {word}"
+        check = AnswerCheck("similarity", {"target": word})
+    elif kind == "digits":
+        prompt = f"Reply with a number of at least {rng.randint(6, 12)} digits, digits only."
+        check = AnswerCheck("charset_fraction", {"chars": "0123456789", "min_chars": 6})
+    else:
+        raise ValueError(f"task.kind is {kind!r}; allowed: {', '.join(KINDS)}")
+    return Task(
+        instance_id=f"learnable-{kind}-{index:04d}",
+        repo="",
+        base_commit="",
+        problem_statement=prompt,
+        difficulty="easy",
+        answer_check=check,
+    )
+
+
+class LearnableTaskSource(_Source):
+    """`n_tasks` answer-scored tasks of one kind, scored by `AnswerEvaluator` (no sandbox)."""
+
+    def __init__(
+        self,
+        kind: str = "uppercase",
+        n_tasks: int = 16,
+        seed: int = 0,
+        evaluator: EvaluatorPartial | None = None,
+        difficulty: Sequence[str] | str | None = None,
+        instance_ids: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"task.kind is {kind!r}; allowed: {', '.join(KINDS)}")
+        if n_tasks < 1:
+            raise ValueError(f"task.n_tasks must be >= 1, got {n_tasks}")
+        if evaluator is None:
+            from polar_pl.tasks.answer import AnswerEvaluator
+
+            evaluator = AnswerEvaluator
+        super().__init__(evaluator, difficulty, instance_ids, limit)
+        self.kind, self.n_tasks, self.seed = kind, n_tasks, seed
+
+    def _load(self) -> list[Task]:
+        return [learnable_task(self.kind, i, self.seed) for i in range(self.n_tasks)]
