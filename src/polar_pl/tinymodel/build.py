@@ -45,7 +45,7 @@ def build_tiny_model(
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             _build_into(tmp, seed, vocab, warm_start, warm_start_minutes)
-            tmp.chmod(0o755)  # mkdtemp makes it private; the model dir is shared with servers
+            _make_readable(tmp)
             _swap_in(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -81,6 +81,13 @@ def _build_into(out: Path, seed: int, vocab: str, warm_start: bool, minutes: flo
     record["build_seconds"] = round(time.monotonic() - started, 1)
     # Timings vary run to run; keep them out of the determinism-checked files.
     (out / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def _make_readable(out: Path) -> None:
+    # mkdtemp and the safetensors writer create private modes; servers may run as other users.
+    out.chmod(0o755)
+    for path in out.iterdir():
+        path.chmod(0o644)
 
 
 def _swap_in(tmp: Path, out: Path) -> None:
