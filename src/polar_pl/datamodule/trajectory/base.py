@@ -176,15 +176,14 @@ def build_batch(
 class Call:
     """One record prepared for merging: token ids as int32 arrays (prefix checks are memcmp)."""
 
-    __slots__ = ("pbytes", "pos", "prompt", "rbytes", "rec", "response")
+    __slots__ = ("_arrays", "pos", "prompt", "rec", "response")
 
     def __init__(self, rec: TraceRecord, pos: int) -> None:
         self.rec = rec
         self.pos = pos
-        self.prompt = as_i32(rec.prompt_ids)
-        self.response = as_i32(rec.response_ids)
-        self.pbytes = self.prompt.tobytes()
-        self.rbytes = self.response.tobytes()
+        self.prompt = _as_list(rec.prompt_ids)
+        self.response = _as_list(rec.response_ids)
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
         n = len(self.response)
         if len(rec.response_logprobs) != n:
             raise ValueError(
@@ -207,6 +206,13 @@ class Call:
         return self.rec.status != "ok" and len(self.response) == 0
 
     @property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(prompt, response) as int32 arrays, made on first use (break classification only)."""
+        if self._arrays is None:
+            self._arrays = (as_i32(self.prompt), as_i32(self.response))
+        return self._arrays
+
+    @property
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.response)
 
@@ -218,6 +224,10 @@ def as_i32(ids: Any) -> np.ndarray:
     if isinstance(ids, np.ndarray):
         return ids.astype(np.int32, copy=False)
     return np.fromiter(ids, dtype=np.int32, count=len(ids))
+
+
+def _as_list(ids: Any) -> list[int]:
+    return ids if type(ids) is list else as_i32(ids).tolist()
 
 
 def prepare(records: Sequence[TraceRecord]) -> list[Call]:
@@ -245,24 +255,25 @@ def make_row(
     Every earlier call's prompt + response is a token prefix of the last call's prompt (the chain
     invariant), so call i's sampled tokens sit at [len(prompt_i), len(prompt_i) + len(response_i)).
     """
-    last = calls[-1]
-    ids = np.concatenate([last.prompt, last.response])
-    mask = np.zeros(len(ids), dtype=np.int64)
-    logprobs = np.zeros(len(ids), dtype=np.float64)
-    versions = np.full(len(ids), -1, dtype=np.int64)
+    last = calls[-1].rec
+    # Plain list operations: the record lists are reused as they are, never converted.
+    mask: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
     for c in calls:
-        s, n = len(c.prompt), len(c.response)
-        if n == 0:
-            continue
-        mask[s : s + n] = 1
-        logprobs[s : s + n] = c.rec.response_logprobs
-        versions[s : s + n] = c.rec.token_policy_versions
+        gap = len(c.prompt) - len(mask)
+        mask += [0] * gap
+        mask += [1] * len(c.response)
+        logprobs += [0.0] * gap
+        logprobs += list(c.rec.response_logprobs)
+        versions += [-1] * gap
+        versions += c.rec.token_policy_versions
     first = calls[0].rec
     return TrajectoryRow(
-        input_ids=ids.tolist(),
-        loss_mask=mask.tolist(),
-        behavior_logprobs=logprobs.tolist(),
-        policy_version=versions.tolist(),
+        input_ids=_as_list(last.prompt_ids) + _as_list(last.response_ids),
+        loss_mask=mask,
+        behavior_logprobs=logprobs,
+        policy_version=versions,
         session_id=first.session_id,
         rollout_id=first.rollout_id or first.session_id,
         group_id=first.group_id or first.task_id or first.session_id,
@@ -277,4 +288,4 @@ def make_row(
 def spliced(call: Call) -> bool:
     """Token-faithful mode changed this prompt (the plain re-render would have drifted)."""
     r = call.rec.rendered_prompt_ids
-    return r is not None and as_i32(r).tobytes() != call.pbytes
+    return r is not None and _as_list(r) != call.prompt

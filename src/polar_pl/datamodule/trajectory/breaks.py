@@ -38,10 +38,11 @@ def lcp(a: np.ndarray, b: np.ndarray) -> int:
 
 def chain_lcp(call: Call, last: Call) -> int:
     """Common prefix of `call`'s prompt with the chain tokens ending in `last` (prompt + response)."""
-    n = lcp(call.prompt, last.prompt)
-    if n < len(last.prompt):
+    prompt, (last_prompt, last_response) = call.arrays[0], last.arrays
+    n = lcp(prompt, last_prompt)
+    if n < len(last_prompt):
         return n
-    return n + lcp(call.prompt[n:], last.response)
+    return n + lcp(prompt[n:], last_response)
 
 
 def _chat(rec_request: dict[str, Any]) -> dict[str, Any]:

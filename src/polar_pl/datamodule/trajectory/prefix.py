@@ -55,11 +55,9 @@ class _Chain:
 
     def extended_by(self, call: Call) -> bool:
         last = self.calls[-1]
-        return (
-            len(call.prompt) >= self.tokens
-            and call.pbytes.startswith(last.pbytes)
-            and call.pbytes.startswith(last.rbytes, len(last.pbytes))
-        )
+        p, n = call.prompt, len(last.prompt)
+        # The response (short, most distinctive) first; then the long prompt part.
+        return len(p) >= self.tokens and p[n : self.tokens] == last.response and p[:n] == last.prompt
 
     def append(self, call: Call) -> None:
         self.calls.append(call)
