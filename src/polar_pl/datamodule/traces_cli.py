@@ -1,0 +1,192 @@
+"""`polar-pl traces export`: trace store -> trajectory rows (JSONL or parquet) and merge stats.
+
+    polar-pl traces export --store runs/traces.db --merge prefix --out rows.jsonl
+    polar-pl traces export --store runs/traces.db --merge per_request --out rows.parquet
+
+The builder comes from the Hydra group file conf/merge/<name>.yaml (`_target_`), so the export
+merges exactly as training does. Rewards are not in the store; `--rewards FILE` (JSON object
+session id -> reward) attaches them. Prints per-session and batch stats: calls, rows, compression
+ratio (per-call tokens / row tokens), breaks by kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.datamodule.trajectory import BreakKind, MergeStats, TrajectoryBuilder
+
+CONF_MERGE = Path(__file__).resolve().parents[3] / "conf" / "merge"
+FORMATS = (".jsonl", ".parquet")
+
+
+def merge_choices() -> list[str]:
+    return sorted(p.stem for p in CONF_MERGE.glob("*.yaml"))
+
+
+def load_builder(name: str) -> TrajectoryBuilder:
+    """Instantiate conf/merge/<name>.yaml; ValueError naming the allowed values otherwise."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    path = CONF_MERGE / f"{name}.yaml"
+    if not path.exists():
+        raise ValueError(f"merge={name!r}: allowed {merge_choices()}")
+    return instantiate(OmegaConf.load(path))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="traces_command", required=True)
+    ex = sub.add_parser("export", help="merge the store's records into rows and write them")
+    ex.add_argument("--store", required=True, help="trace store (SQLite file written by the gateway)")
+    ex.add_argument(
+        "--merge", default="prefix", choices=merge_choices() or None, help="conf/merge/<name>.yaml"
+    )
+    ex.add_argument("--out", required=True, help="output file: .jsonl or .parquet")
+    ex.add_argument("--session", action="append", default=None, help="only this session (repeatable)")
+    ex.add_argument("--rewards", default=None, help="JSON file: {session_id: reward}")
+    ex.add_argument("--stats-json", default=None, help="also write the stats as JSON here")
+    ex.add_argument("--max-session-rows", type=int, default=50, help="per-session lines printed (0: none)")
+
+
+def run(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    try:
+        return _export(args)
+    except (ValueError, OSError, sqlite3.Error) as exc:
+        err.print(f"[red]traces export:[/red] {exc}")
+        return 2
+
+
+def _export(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.suffix not in FORMATS:
+        raise ValueError(f"--out {out}: the extension must be one of {FORMATS}")
+    store = Path(args.store)
+    if not store.is_file():
+        raise ValueError(f"--store {store}: no such file")
+    rewards = _read_rewards(args.rewards) if args.rewards else {}
+    builder = load_builder(args.merge)
+
+    from polar_pl.gateway.store import read_records
+
+    by_session: dict[str, list] = {}
+    for rec in read_records(store):
+        if args.session is None or rec.session_id in args.session:
+            by_session.setdefault(rec.session_id, []).append(rec)
+    rows: list[TrajectoryRow] = []
+    per_session: dict[str, MergeStats] = {}
+    for sid, recs in by_session.items():
+        res = builder.build(recs, reward=rewards.get(sid, 0.0))
+        rows.extend(res.rows)
+        per_session[sid] = res.stats
+    total = sum(per_session.values(), MergeStats())
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    (_write_jsonl if out.suffix == ".jsonl" else _write_parquet)(rows, out)
+    if args.stats_json:
+        stats = {"batch": stats_dict(total), "sessions": {s: stats_dict(v) for s, v in per_session.items()}}
+        Path(args.stats_json).write_text(json.dumps(stats, indent=1))
+    _print_stats(per_session, total, args.merge, args.max_session_rows)
+    Console(soft_wrap=True).print(f"wrote {len(rows)} rows to {out}")
+    return 0
+
+
+def _read_rewards(path: str) -> dict[str, float]:
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or not all(isinstance(v, int | float) for v in data.values()):
+        raise ValueError(f"--rewards {path}: expected a JSON object {{session_id: number}}")
+    return {str(k): float(v) for k, v in data.items()}
+
+
+def stats_dict(s: MergeStats) -> dict[str, Any]:
+    d = asdict(s)
+    d["breaks"] = {k.value: s.breaks.get(k.value, 0) for k in BreakKind}
+    d["compression_ratio"] = s.compression_ratio
+    d["calls_per_row"] = s.calls_per_row
+    return d
+
+
+def _row_dict(row: TrajectoryRow) -> dict[str, Any]:
+    d = asdict(row)
+    d["call_indices"] = list(row.call_indices)
+    return d
+
+
+def _write_jsonl(rows: list[TrajectoryRow], out: Path) -> None:
+    with open(out, "wb") as f:
+        f.writelines(orjson.dumps(_row_dict(row)) + b"\n" for row in rows)
+
+
+def _write_parquet(rows: list[TrajectoryRow], out: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # meta is free-form: stored as a JSON string so the schema does not depend on its keys
+    recs = [_row_dict(r) | {"meta": orjson.dumps(r.meta).decode()} for r in rows]
+    schema = pa.schema(
+        [
+            ("input_ids", pa.list_(pa.int32())),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("behavior_logprobs", pa.list_(pa.float64())),
+            ("policy_version", pa.list_(pa.int32())),
+            ("session_id", pa.string()),
+            ("rollout_id", pa.string()),
+            ("group_id", pa.string()),
+            ("reward", pa.float64()),
+            ("call_indices", pa.list_(pa.int32())),
+            ("harness", pa.string()),
+            ("status", pa.string()),
+            ("meta", pa.string()),
+        ]
+    )
+    pq.write_table(pa.Table.from_pylist(recs, schema=schema), out)
+
+
+def read_rows(path: str | Path) -> list[TrajectoryRow]:
+    """Rows back from an export (JSONL or parquet)."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        dicts = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    else:
+        import pyarrow.parquet as pq
+
+        dicts = [d | {"meta": orjson.loads(d["meta"])} for d in pq.read_table(path).to_pylist()]
+    return [TrajectoryRow(**(d | {"call_indices": tuple(d["call_indices"])})) for d in dicts]
+
+
+def _print_stats(per_session: dict[str, MergeStats], total: MergeStats, merge: str, limit: int) -> None:
+    table = Table(title=f"merge={merge}")
+    cols = ["session", "calls", "rows", "call tokens", "row tokens", "ratio", *(k.value for k in BreakKind)]
+    for c in cols:
+        table.add_column(c, justify="left" if c == "session" else "right")
+
+    def line(name: str, s: MergeStats) -> list[str]:
+        return [
+            name, str(s.calls), str(s.rows), str(s.call_tokens), str(s.row_tokens),
+            f"{s.compression_ratio:.2f}", *(str(s.breaks.get(k.value, 0)) for k in BreakKind),
+        ]  # fmt: skip
+
+    for sid, s in list(per_session.items())[:limit]:
+        table.add_row(*line(sid, s))
+    if len(per_session) > limit:
+        table.add_row(f"... {len(per_session) - limit} more", *[""] * (len(cols) - 1))
+    table.add_section()
+    table.add_row(*line(f"all ({total.sessions} sessions)", total))
+    Console(width=max(160, Console().width)).print(table)
+
+
+if __name__ == "__main__":
+    from polar_pl.cli import main
+
+    sys.exit(main(["traces", *sys.argv[1:]]))

@@ -1,0 +1,91 @@
+"""`polar-pl traces export`: a real trace store in, rows and stats out (JSONL and parquet)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from traj_sessions import simulate
+from traj_tokens import GEN, NL, E, rec, system, user
+
+from polar_pl.cli import main
+from polar_pl.datamodule.traces_cli import read_rows
+from polar_pl.datamodule.trajectory import PerRequestBuilder, PrefixBuilder
+from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.store import TraceStore
+
+P1 = system(100) + user(101) + GEN
+P2 = P1 + [200, E, NL] + user(102) + GEN
+
+
+def _records() -> list[TraceRecord]:
+    a = [rec(0, P1, [200, E], session="a"), rec(1, P2, [201, E], session="a")]
+    b = [
+        TraceRecord.from_dict(r.to_dict() | {"session_id": "b"})
+        for r in simulate(
+            [("new", [100], [101], [102]), ("side", [1], [104]), ("extend", 0, [103], [104], True)]
+        )
+    ]
+    return a + b
+
+
+@pytest.fixture
+def store(tmp_path):
+    path = tmp_path / "traces.db"
+    s = TraceStore(path, synchronous="NORMAL")
+    for r in _records():
+        s.append(r).result()
+    s.close()
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+@pytest.mark.parametrize("merge", ["prefix", "per_request"])
+def test_export_writes_the_builder_rows(store, tmp_path, capsys, suffix: str, merge: str) -> None:
+    out = tmp_path / f"rows{suffix}"
+    stats = tmp_path / "stats.json"
+    rewards = tmp_path / "rewards.json"
+    rewards.write_text(json.dumps({"a": 1.0, "b": 0.25}))
+    argv = ["traces", "export", "--store", str(store), "--merge", merge, "--out", str(out)]
+    assert main([*argv, "--rewards", str(rewards), "--stats-json", str(stats)]) == 0
+    builder = PrefixBuilder() if merge == "prefix" else PerRequestBuilder()
+    recs = _records()
+    expected = builder.build(recs[:2], reward=1.0).rows + builder.build(recs[2:], reward=0.25).rows
+    assert read_rows(out) == expected
+    printed = capsys.readouterr().out
+    assert (
+        f"merge={merge}" in printed
+        and "all (2 sessions)" in printed
+        and f"wrote {len(expected)} rows" in printed
+    )
+    batch = json.loads(stats.read_text())["batch"]
+    assert batch["calls"] == 5 and batch["rows"] == len(expected)
+    if merge == "prefix":
+        assert batch["breaks"]["side_call"] == 1 and batch["compression_ratio"] > 1.0
+
+
+def test_console_script_runs(store, tmp_path) -> None:
+    out = tmp_path / "rows.jsonl"
+    cmd = [sys.executable, "-m", "polar_pl.cli", "traces", "export", "--store", str(store), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "compression" not in proc.stderr and len(read_rows(out)) == 3  # a: 1 chain; b: chain + side
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--out", "rows.csv"], "extension must be one of"),
+        (["--store", "missing.db"], "no such file"),
+    ],
+)
+def test_bad_input_is_a_clear_error(store, tmp_path, capsys, monkeypatch, extra, message) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = ["traces", "export", "--store", str(store), "--out", "rows.jsonl"]
+    for flag, value in zip(extra[::2], extra[1::2], strict=True):
+        argv[argv.index(flag) + 1] = value
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
