@@ -3,62 +3,17 @@ standing in for the gateway (what is under test here is the sandbox, not the gat
 
 from __future__ import annotations
 
-import os
 import shutil
-from pathlib import Path
 
 import pytest
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from polar_pl.sandbox.testing import docker_engine, docker_image  # noqa: F401  (real dockerd)
 from polar_pl.utils.serving import ServerThread
 
 BACKENDS = ["local", "bwrap", "docker"]
-REPO = Path(__file__).resolve().parents[2]
-
-
-# -- a real Docker engine ------------------------------------------------------------------------
-# `docker_engine`: a private dockerd started as root with its own data root and socket, stopped by
-# pid at the end; `docker_image`: the offline base image, imported once. Self-contained (meant to
-# move to tests/conftest.py as is). Skipped with the reason only when not root or dockerd cannot be
-# installed/started. POLAR_DOCKERD_ROOT (default .cache/dockerd) keeps the image between runs.
-
-
-@pytest.fixture(scope="session")
-def docker_engine():
-    from polar_pl.sandbox.dockerd import DockerDaemon, DockerUnavailable
-
-    if os.geteuid() != 0:
-        pytest.skip("docker tests need root to start a private dockerd")
-    daemon = DockerDaemon(root=os.environ.get("POLAR_DOCKERD_ROOT", REPO / ".cache" / "dockerd"))
-    try:
-        daemon.start()
-    except DockerUnavailable as e:
-        pytest.skip(f"no Docker engine: {e}")
-    yield daemon
-    import docker
-
-    from polar_pl.sandbox.docker import sweep_docker
-
-    client = docker.DockerClient(base_url=daemon.url)
-    sweep_docker(client, owner="pytest")  # whatever a failed test left behind
-    client.close()
-    daemon.stop()
-
-
-@pytest.fixture(scope="session")
-def docker_image(docker_engine) -> str:
-    import docker
-
-    from polar_pl.sandbox.image import build_image, pydeps_dir
-
-    client = docker.DockerClient(base_url=docker_engine.url, timeout=600)
-    try:
-        pydeps_dir()
-        return build_image(client)
-    finally:
-        client.close()
 
 
 # -- sandboxes -----------------------------------------------------------------------------------

@@ -110,7 +110,9 @@ def test_diff_against_baseline(sandbox, tmp_path):
     assert sandbox.exec("git log --format=%s").stdout.strip() == "task"
     # and the patch applies to a pristine copy of the repository
     sandbox.put_file(f"{sandbox.home}/p.diff", patch.encode())
-    check = sandbox.exec("git clone -q . $HOME/pristine && cd $HOME/pristine && git apply $HOME/p.diff && echo applies")
+    check = sandbox.exec(
+        "git clone -q . $HOME/pristine && cd $HOME/pristine && git apply $HOME/p.diff && echo applies"
+    )
     assert check.stdout.strip() == "applies", check.stderr
 
 
@@ -120,7 +122,9 @@ def test_gateway_only_network(sandbox, gateway_stub, other_server):
     ifaces = sandbox.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '").stdout.split()
     assert ifaces == ["lo"]
     url = sandbox.expose_gateway(gateway_stub)
-    probe = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+    probe = (
+        "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+    )
     res = sandbox.exec(["python3", "-c", probe, url + "/ping"])
     assert res.stdout.strip() == "pong", res.stderr
     res = sandbox.exec(["python3", "-c", probe, other_server + "/ping"])
@@ -175,4 +179,3 @@ def sandbox_leftovers(sb):
         return gone_check
     root = sb.root
     return lambda: Path(root).exists()
-

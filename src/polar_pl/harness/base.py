@@ -63,7 +63,9 @@ class NpmHarness:
             version = json.loads(pkg_json.read_text())["version"]
         except (OSError, ValueError, KeyError):
             return False
-        return version == self.version and (self.home_dir(prefix) / "node_modules" / ".bin" / self.bin).exists()
+        return (
+            version == self.version and (self.home_dir(prefix) / "node_modules" / ".bin" / self.bin).exists()
+        )
 
     def install(self, prefix: Path) -> None:
         if self.is_installed(prefix):

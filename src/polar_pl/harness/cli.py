@@ -33,7 +33,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     names = list(HARNESSES) if args.name == "all" else [args.name]
     if args.name != "all" and args.name not in HARNESSES:
-        print(f"harness install: unknown harness {args.name!r}; allowed: {', '.join(HARNESSES)}, all", file=sys.stderr)
+        print(
+            f"harness install: unknown harness {args.name!r}; allowed: {', '.join(HARNESSES)}, all",
+            file=sys.stderr,
+        )
         return 2
     prefix = Path(args.prefix).resolve()
     prefix.mkdir(parents=True, exist_ok=True)

@@ -51,4 +51,6 @@ class Codex(NpmHarness):
             "--skip-git-repo-check", "--output-last-message", answer, *self.extra_args, prompt,
         )  # fmt: skip
         files = {f"{codex_home}/config.toml": config_toml(session.base_url, session.model).encode()}
-        return LaunchPlan(argv=argv, env=env, files=files, log_dirs=(f"{codex_home}/sessions",), answer_file=answer)
+        return LaunchPlan(
+            argv=argv, env=env, files=files, log_dirs=(f"{codex_home}/sessions",), answer_file=answer
+        )

@@ -27,7 +27,15 @@ class GeminiCli(NpmHarness):
             "telemetry": {"enabled": False},
         }
         # -m pins the model: without it the CLI first asks a router model which one to use.
-        argv = (self.executable(paths.harness_prefix), "--yolo", "-m", session.model, *self.extra_args, "-p", prompt)
+        argv = (
+            self.executable(paths.harness_prefix),
+            "--yolo",
+            "-m",
+            session.model,
+            *self.extra_args,
+            "-p",
+            prompt,
+        )
         return LaunchPlan(
             argv=argv,
             env=env,

@@ -126,7 +126,9 @@ def run_tool(name: str, arguments: str, bash_timeout: float) -> str:
     return f"error: unknown tool {name!r}; tools are bash, write_file, str_replace"
 
 
-def run(task: str, model: str, max_turns: int, bash_timeout: float, temperature: float | None) -> tuple[int, str]:
+def run(
+    task: str, model: str, max_turns: int, bash_timeout: float, temperature: float | None
+) -> tuple[int, str]:
     from openai import OpenAI  # imported late so --help works without the package
 
     client = OpenAI(max_retries=2)  # OPENAI_BASE_URL / OPENAI_API_KEY from the environment
@@ -139,7 +141,11 @@ def run(task: str, model: str, max_turns: int, bash_timeout: float, temperature:
         entry: dict = {"role": "assistant", "content": msg.content or ""}
         if calls:
             entry["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": c.function.arguments},
+                }
                 for c in calls
             ]
         messages.append(entry)
@@ -148,7 +154,9 @@ def run(task: str, model: str, max_turns: int, bash_timeout: float, temperature:
         for c in calls:
             result = run_tool(c.function.name, c.function.arguments, bash_timeout)
             messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
-    return 3, next((m["content"] for m in reversed(messages) if m["role"] == "assistant" and m["content"]), "")
+    return 3, next(
+        (m["content"] for m in reversed(messages) if m["role"] == "assistant" and m["content"]), ""
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,11 @@ class Pi(NpmHarness):
             }
         }
         agent_dir = f"{paths.home}/.pi/agent"
-        env = QUIET_ENV | {"POLAR_API_KEY": session.token, "PI_OFFLINE": "1", "PI_CODING_AGENT_DIR": agent_dir}
+        env = QUIET_ENV | {
+            "POLAR_API_KEY": session.token,
+            "PI_OFFLINE": "1",
+            "PI_CODING_AGENT_DIR": agent_dir,
+        }
         argv = (
             self.executable(paths.harness_prefix), "--provider", "polar", "--model", session.model,
             *self.extra_args, "-p", prompt,

@@ -38,7 +38,11 @@ GIT_DIR_IN = "/tmp/.polar-baseline.git"
 def client_for(docker_host: str | None):
     import docker
 
-    return docker.DockerClient(base_url=docker_host, timeout=300) if docker_host else docker.from_env(timeout=300)
+    return (
+        docker.DockerClient(base_url=docker_host, timeout=300)
+        if docker_host
+        else docker.from_env(timeout=300)
+    )
 
 
 class DockerSandbox:
@@ -90,9 +94,13 @@ class DockerSandbox:
             Mount(RELAY_IN, str(Path(__file__).with_name("relay.py")), type="bind", read_only=True),
         ]
         if self.host_prefix:
-            mounts.append(Mount(PREFIX_IN, str(Path(self.host_prefix).resolve()), type="bind", read_only=True))
+            mounts.append(
+                Mount(PREFIX_IN, str(Path(self.host_prefix).resolve()), type="bind", read_only=True)
+            )
         if self.node:
-            mounts.append(Mount("/usr/local/bin/node", str(Path(self.node).resolve()), type="bind", read_only=True))
+            mounts.append(
+                Mount("/usr/local/bin/node", str(Path(self.node).resolve()), type="bind", read_only=True)
+            )
         if self.host_pydeps:
             mounts.append(Mount(PYDEPS_IN, self.host_pydeps, type="bind", read_only=True))
         limits = {}

@@ -33,7 +33,9 @@ def install_docker() -> None:
     env = os.environ | {"DEBIAN_FRONTEND": "noninteractive"}
     try:
         subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "docker.io"], check=True, env=env, capture_output=True)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "docker.io"], check=True, env=env, capture_output=True
+        )
     except (subprocess.CalledProcessError, FileNotFoundError) as e:
         raise DockerUnavailable(f"apt-get install docker.io failed: {e}") from e
     if not shutil.which("dockerd"):

@@ -44,7 +44,14 @@ def rootfs_tarball(cache: Path | None = None, mirror: str | None = None) -> Path
     mirror = mirror or os.environ.get("POLAR_DEBIAN_MIRROR", "http://deb.debian.org/debian")
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         root = Path(tmp) / "rootfs"
-        cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), mirror]
+        cmd = [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(PACKAGES)}",
+            SUITE,
+            str(root),
+            mirror,
+        ]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         _add_user(root)
         for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):

@@ -230,7 +230,9 @@ class LocalSandbox:
         return res.stdout.strip()
 
     def diff(self, exclude: tuple[str, ...] = ()) -> str:
-        res = self.exec(gitdiff.diff_script(self._git_dir, self.workdir, gitdiff.HARNESS_STATE_DIRS + exclude))
+        res = self.exec(
+            gitdiff.diff_script(self._git_dir, self.workdir, gitdiff.HARNESS_STATE_DIRS + exclude)
+        )
         if res.exit_code != 0:
             raise RuntimeError(f"workspace diff failed: {res.stderr.strip()}")
         return res.stdout

@@ -60,10 +60,6 @@ class Sandbox(Protocol):
         """Commit the workspace as it is now as the diff baseline; called by task preparation after
         the repository snapshot is copied in. Returns the baseline commit id."""
 
-    def baseline(self) -> str:
-        """Record the workspace as it is now as the baseline of diff() (start() records the empty
-        workspace; call again after task setup). Returns the baseline commit id."""
-
     def diff(self, exclude: tuple[str, ...] = ()) -> str:
         """Unified git diff of the workspace against its baseline commit (new files included;
         harness state folders such as .claude, .codex, .polar always excluded)."""

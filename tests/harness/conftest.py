@@ -1,0 +1,74 @@
+"""Harness test fixtures: the real engine server with a ScriptedBackend behind the real gateway
+(module scope; each test sets the script), and per-backend sandboxes that can see the harness
+prefix. The Docker engine fixtures come from tests/sandbox/conftest.py (re-exported here)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polar_pl.engine.scripted import Reply, serve_scripted
+from polar_pl.gateway.gateway import Gateway
+from polar_pl.sandbox.testing import docker_engine, docker_image  # noqa: F401  (real dockerd)
+
+REPO = Path(__file__).resolve().parents[2]
+HARNESS_PREFIX = Path(os.environ.get("POLAR_HARNESS_PREFIX", REPO / ".cache" / "harness"))
+
+
+
+class Script:
+    """The engine's answer to each chat request: `reply(chat)`, set by the test."""
+
+    def __init__(self) -> None:
+        self.reply: Callable[[dict[str, Any]], Reply | str] = lambda chat: Reply("ok")
+        self.chats: list[dict[str, Any]] = []
+
+    def __call__(self, chat: dict[str, Any]) -> Reply | str:
+        self.chats.append(chat)
+        return self.reply(chat)
+
+
+@pytest.fixture(scope="module")
+def script() -> Script:
+    return Script()
+
+
+@pytest.fixture(scope="module")
+def gateway(tiny_model_dir, script, tmp_path_factory) -> Iterator[Gateway]:
+    with serve_scripted(script, model_dir=tiny_model_dir) as engine:
+        store = tmp_path_factory.mktemp("gateway") / "traces.db"
+        with Gateway([engine.url], store, tokenizer_dir=tiny_model_dir, store_synchronous="NORMAL") as gw:
+            yield gw
+
+
+def _make(kind: str, request):
+    from polar_pl.sandbox.local import LocalSandbox
+
+    prefix = str(HARNESS_PREFIX)
+    if kind == "local":
+        return LocalSandbox(owner="pytest", harness_prefix=prefix)
+    if kind == "bwrap":
+        return LocalSandbox(isolation="bwrap", owner="pytest", harness_prefix=prefix)
+    engine = request.getfixturevalue("docker_engine")
+    image = request.getfixturevalue("docker_image")
+    from polar_pl.sandbox.docker import DockerSandbox
+
+    return DockerSandbox(image=image, docker_host=engine.url, owner="pytest", harness_prefix=prefix)
+
+
+@pytest.fixture(scope="session")
+def harness_prefix() -> Path:
+    return HARNESS_PREFIX
+
+
+@pytest.fixture
+def backend_sandbox(request):
+    """A started sandbox of the backend named by the test's `backend` parameter."""
+    sb = _make(request.getfixturevalue("backend"), request)
+    sb.start()
+    yield sb
+    sb.stop()
