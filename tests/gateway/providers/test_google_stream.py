@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from polar_pl.gateway.providers.google import adapter
+from polar_pl.gateway.providers.google_request import decode_thought_signature
 
 CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 GEMINI_STREAMS = sorted(
@@ -274,8 +275,10 @@ def test_response_with_thought_text_and_call():
            "tool_calls": [{"id": "k", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}  # fmt: skip
     out = adapter.from_chat(completion(msg, "tool_calls"), req)
     parts = check_response(out, last=True)
+    signature = parts[1].pop("thoughtSignature")
     assert parts == [{"text": "think", "thought": True}, {"text": "Sure."},
                      {"functionCall": {"name": "f", "args": {"a": 1}, "id": "k"}}]  # fmt: skip
+    assert decode_thought_signature(signature) == "think"
     assert out["candidates"][0]["finishReason"] == "STOP"
     assert out["usageMetadata"]["promptTokenCount"] == 40 and out["modelVersion"] == "gemini-x"
 
@@ -298,6 +301,38 @@ def test_round_trip_reproduces_the_engine_turn():
     messages = adapter.to_chat(follow_up, path=PATH, query={}).chat["messages"]
     assert messages[1] == {"role": "assistant", **engine}
     assert messages[2] == {"role": "tool", "tool_call_id": "call_z", "content": '{"output": "."}'}
+
+
+def test_reasoning_survives_a_history_without_thought_parts():
+    """Gemini CLI drops thought parts from its history but keeps thoughtSignature; the engine
+    must still get back the reasoning it produced for the in-loop turn (prefix identity)."""
+    req = adapter.to_chat(THINKING_BODY, path=PATH, query={})
+    engine = {"content": "", "reasoning_content": "ls first", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}]}  # fmt: skip
+    out = adapter.from_chat(completion(engine, "tool_calls"), req)
+    kept = [p for p in out["candidates"][0]["content"]["parts"] if not p.get("thought")]
+    assert kept[0]["thoughtSignature"]
+    # The Python SDK re-encodes signature bytes with the URL-safe alphabet; both must decode.
+    kept[0]["thoughtSignature"] = kept[0]["thoughtSignature"].replace("+", "-").replace("/", "_")
+    follow_up = {"contents": [*BODY["contents"], {"role": "model", "parts": kept},
+                              {"role": "user", "parts": [{"functionResponse": {"name": "bash", "response": {}}}]}]}  # fmt: skip
+    messages = adapter.to_chat(follow_up, path=PATH, query={}).chat["messages"]
+    assert messages[1] == {"role": "assistant", **engine}
+
+
+def test_stream_signs_the_first_answer_part_with_the_reasoning():
+    chunks, usage = vllm_chunks(reasoning=["a ", "plan"], content=["x", "y"])
+    raw = run_stream(BODY, chunks, usage, "stop")
+    frames = [json.loads(f[6:]) for f in raw.split("\n\n") if f]
+    signed = [
+        p
+        for f in frames
+        for p in f["candidates"][0].get("content", {}).get("parts", [])
+        if "thoughtSignature" in p
+    ]
+    assert len(signed) == 1 and signed[0]["text"] == "x"
+    assert decode_thought_signature(signed[0]["thoughtSignature"]) == "a plan"
+    assert decode_thought_signature("skip_thought_signature_validator") is None
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from polar_pl.gateway.providers.base import NormalizedRequest, RequestError
-from polar_pl.gateway.providers.google_request import parse_path, request_to_chat
+from polar_pl.gateway.providers.google_request import encode_thought_signature, parse_path, request_to_chat
 from polar_pl.gateway.providers.google_stream import (
     GoogleStream,
     error_payload,
@@ -55,6 +55,10 @@ def message_parts(message: dict[str, Any], include_thoughts: bool) -> list[dict[
         parts.append(
             function_call_part(call.get("id"), function.get("name") or "", function.get("arguments"))
         )
+    answer = next((p for p in parts if not p.get("thought")), None)
+    if reasoning and answer is not None:
+        # As Gemini does: the first answer part carries the signature (here: the reasoning itself).
+        answer["thoughtSignature"] = encode_thought_signature(reasoning)
     return parts
 
 

@@ -4,6 +4,11 @@ Small conversion functions: contents (user/model turns and their parts), systemI
 function declarations (Gemini's OpenAPI-style schema -> JSON schema), toolConfig and
 generationConfig. What has no engine equivalent is dropped and noted for the trace record.
 
+Thought signatures: Gemini CLI keeps a part's `thoughtSignature` in its history but drops thought
+text. The gateway's signature is the reasoning itself (compressed, base64), so a model turn sent
+back without its thoughts still gives the engine the reasoning it produced, and the next prompt
+stays a token prefix extension of the last one.
+
 Function-call ids: Gemini matches a functionResponse to its functionCall by name (ids are
 optional), the engine needs an id on both sides. Calls without one get an id derived from their
 position in the conversation, so the same history always yields the same ids.
@@ -11,8 +16,11 @@ position in the conversation, so the same history always yields the same ids.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
+import zlib
 from typing import Any
 
 from polar_pl.gateway.providers.base import RequestError
@@ -29,6 +37,27 @@ _SCHEMA_DROP = ("propertyOrdering",)
 
 _HANDLED_FIELDS = {"contents", "systemInstruction", "tools", "toolConfig", "generationConfig", "model"}
 _IGNORED_FIELDS = {"safetySettings", "labels", "cachedContent"}
+
+
+_SIGNATURE_MAGIC = b"polar1:"
+
+
+def encode_thought_signature(reasoning: str) -> str:
+    """thoughtSignature for the first answer part: the reasoning text, recoverable."""
+    return base64.b64encode(_SIGNATURE_MAGIC + zlib.compress(reasoning.encode("utf-8"))).decode("ascii")
+
+
+def decode_thought_signature(signature: Any) -> str | None:
+    """The reasoning in a gateway-made signature (either base64 alphabet), else None."""
+    if not isinstance(signature, str):
+        return None
+    try:
+        raw = base64.b64decode(signature.replace("-", "+").replace("_", "/") + "==", validate=False)
+        if not raw.startswith(_SIGNATURE_MAGIC):
+            return None
+        return zlib.decompress(raw[len(_SIGNATURE_MAGIC) :]).decode("utf-8")
+    except (binascii.Error, zlib.error, UnicodeDecodeError, ValueError):
+        return None
 
 
 def parse_path(path: str) -> tuple[str, bool]:
@@ -114,7 +143,10 @@ def model_turn_to_message(
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
+    signed: str | None = None
     for j, part in enumerate(parts):
+        if signed is None and not part.get("thought"):
+            signed = decode_thought_signature(part.get("thoughtSignature"))
         if isinstance(part.get("text"), str):
             (thoughts if part.get("thought") else texts).append(part["text"])
         elif "functionCall" in part:
@@ -122,8 +154,8 @@ def model_turn_to_message(
         else:
             notes.append(f"dropped {_part_kind(part)} part in {where}")
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if thoughts:
-        message["reasoning_content"] = "".join(thoughts)
+    if thoughts or signed is not None:
+        message["reasoning_content"] = "".join(thoughts) or signed
     if calls:
         message["tool_calls"] = calls
     return message

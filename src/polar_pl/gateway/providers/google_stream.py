@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from polar_pl.gateway.providers.google_request import encode_thought_signature
+
 FINISH_REASONS = {
     "stop": "STOP",
     "length": "MAX_TOKENS",
@@ -85,6 +87,8 @@ class GoogleStream:
         self.include_thoughts = include_thoughts
         self.response_id = new_response_id()
         self.calls: dict[int, dict[str, Any]] = {}  # engine index -> {"id", "name", "arguments": [...]}
+        self.reasoning: list[str] = []
+        self.signed = False  # whether the first answer part (which carries the signature) went out
         self.finish_reason: str | None = None
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
@@ -100,8 +104,10 @@ class GoogleStream:
                 continue
             delta = choice.get("delta") or {}
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            if reasoning and self.include_thoughts:
-                parts.append({"text": reasoning, "thought": True})
+            if reasoning:
+                self.reasoning.append(reasoning)
+                if self.include_thoughts:
+                    parts.append({"text": reasoning, "thought": True})
             if delta.get("content"):
                 parts.append({"text": delta["content"]})
             for call in delta.get("tool_calls") or ():
@@ -140,6 +146,13 @@ class GoogleStream:
         return function_call_part(entry["id"], entry["name"], "".join(entry["arguments"]))
 
     def _event(self, parts: list[dict[str, Any]], finish: str | None = None) -> bytes:
+        if not self.signed:
+            answer = next((p for p in parts if not p.get("thought")), None)
+            if answer is not None:
+                # Reasoning always comes before the answer, so it is complete here.
+                self.signed = True
+                if self.reasoning:
+                    answer["thoughtSignature"] = encode_thought_signature("".join(self.reasoning))
         candidate: dict[str, Any] = {"index": 0}
         if parts:
             candidate["content"] = {"role": "model", "parts": parts}
