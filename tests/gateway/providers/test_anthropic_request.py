@@ -277,3 +277,12 @@ def test_malformed_requests_raise_request_error(patch, message):
 def test_count_tokens_body_without_max_tokens_is_accepted():
     req = to_chat({"model": "m", "messages": [{"role": "user", "content": "count me"}]})
     assert "max_tokens" not in req.chat and req.stream is False
+
+
+def test_final_assistant_text_is_a_prefill_the_engine_continues():
+    body = {"model": "m", "max_tokens": 5, "messages": [
+        {"role": "user", "content": "JSON please"}, {"role": "assistant", "content": "{"}]}  # fmt: skip
+    req = to_chat(body)
+    assert req.chat["messages"][-1] == {"role": "assistant", "content": "{"}
+    assert req.chat["continue_final_message"] is True and req.chat["add_generation_prompt"] is False
+    assert "continue_final_message" not in to_chat({**body, "messages": body["messages"][:1]}).chat

@@ -73,6 +73,7 @@ def request_to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         messages.extend(message_to_chat(message, i, notes))
 
     chat: dict[str, Any] = {"messages": messages}
+    apply_prefill(chat, notes)
     tools = tools_to_chat(body.get("tools"), notes)
     if tools:
         chat["tools"] = tools
@@ -99,6 +100,15 @@ _HANDLED_FIELDS = {
     "stop_sequences",
     "output_config",
 }
+
+
+def apply_prefill(chat: dict[str, Any], notes: list[str]) -> None:
+    """A final assistant text turn is a prefill: the engine continues it instead of closing it."""
+    last = chat["messages"][-1] if chat["messages"] else {}
+    if last.get("role") == "assistant" and last.get("content") and not last.get("tool_calls"):
+        chat["continue_final_message"] = True
+        chat["add_generation_prompt"] = False
+        notes.append("continued the final assistant message (prefill)")
 
 
 def system_to_text(system: Any, notes: list[str]) -> str | None:
