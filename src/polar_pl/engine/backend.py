@@ -103,6 +103,7 @@ class GenerationBackend(Protocol):
     model_name: str
     max_model_len: int
     eos_token_ids: tuple[int, ...]
+    default_stop_token_ids: tuple[int, ...]
     policy_version: int
     stats: BackendStats
 

@@ -97,6 +97,7 @@ class ScriptedBackend:
             if i is not None
         )
         self.eos_token_ids = tuple(dict.fromkeys(eos))
+        self.default_stop_token_ids: tuple[int, ...] = ()
         self.policy_version = 0
         self.stats = BackendStats()
         self.requests: list[GenerationRequest] = []

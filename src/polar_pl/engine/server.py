@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
@@ -23,7 +24,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from polar_pl.engine import serving
-from polar_pl.engine.backend import GenerationBackend, GenerationRequest
+from polar_pl.engine.backend import GenerationBackend, GenerationRequest, SamplingParams
 from polar_pl.engine.errors import EngineError, context_length_error, error_body, error_response
 from polar_pl.engine.openai_protocol import (
     ChatCompletionRequest,
@@ -110,6 +111,12 @@ def create_app(backend: GenerationBackend, served_model_name: str | None = None)
         room = backend.max_model_len - prompt_len
         return room if requested is None else min(requested, room)
 
+    def with_default_stops(params: SamplingParams) -> SamplingParams:
+        extra = tuple(t for t in backend.default_stop_token_ids if t not in params.stop_token_ids)
+        if not extra or params.ignore_eos:
+            return params
+        return replace(params, stop_token_ids=params.stop_token_ids + extra)
+
     async def respond(req, ctx, gen, full, stream):
         if req.stream:
             # Pull the first batch before answering, so that a request the backend refuses gets a
@@ -189,7 +196,9 @@ def create_app(backend: GenerationBackend, served_model_name: str | None = None)
             )
         except RenderError as exc:
             raise EngineError(str(exc), HTTPStatus.BAD_REQUEST, param=exc.param) from exc
-        params = req.sampling_params(max_tokens_for(req.requested_max_tokens(), len(prompt_ids)))
+        params = with_default_stops(
+            req.sampling_params(max_tokens_for(req.requested_max_tokens(), len(prompt_ids)))
+        )
         request_id = _request_id("chatcmpl")
         ctx = serving.ResponseContext(
             request_id, model_name, backend.tokenizer, prompt_ids, backend.policy_version
@@ -219,7 +228,7 @@ def create_app(backend: GenerationBackend, served_model_name: str | None = None)
             raise EngineError("prompt must not be empty", param="prompt")
         if req.max_tokens == 0 or req.echo or req.suffix is not None:
             raise EngineError("echo, suffix and max_tokens=0 are not supported", param="max_tokens")
-        params = req.sampling_params(max_tokens_for(req.max_tokens, len(prompt_ids)))
+        params = with_default_stops(req.sampling_params(max_tokens_for(req.max_tokens, len(prompt_ids))))
         request_id = _request_id("cmpl")
         ctx = serving.ResponseContext(
             request_id, model_name, backend.tokenizer, prompt_ids, backend.policy_version

@@ -41,13 +41,23 @@ def _bytes(text: str) -> list[int]:
     return list(text.encode("utf-8", errors="replace"))
 
 
+SYSTEM_FINGERPRINT = "polar-pl-embedded"
+
+
+def _ranked(lp: TokenLogprob, limit: int) -> list[tuple[int, float]]:
+    """vLLM's order: the sampled token first, then the best alternatives, without duplicates."""
+    out = [(lp.token_id, lp.logprob)]
+    out += [(tid, v) for tid, v in lp.top if tid != lp.token_id]
+    return out[:limit]
+
+
 def chat_logprobs(ctx: ResponseContext, lps: tuple[TokenLogprob, ...] | list[TokenLogprob], k: int) -> dict:
     content = []
     for lp in lps:
         token = ctx.token_text(lp.token_id)
         top = [
             {"token": (t := ctx.token_text(tid)), "logprob": max(v, -9999.0), "bytes": _bytes(t)}
-            for tid, v in lp.top[:k]
+            for tid, v in _ranked(lp, k)
         ]
         content.append(
             {"token": token, "logprob": max(lp.logprob, -9999.0), "bytes": _bytes(token), "top_logprobs": top}
@@ -65,8 +75,9 @@ def completion_logprobs(
         offset += len(token)
         out["tokens"].append(token)
         out["token_logprobs"].append(max(lp.logprob, -9999.0))
-        top = {ctx.token_text(lp.token_id): max(lp.logprob, -9999.0)}
-        for tid, v in lp.top[:k]:
+        # k+1 entries, sampled first, as the OpenAI completions API defines (and vLLM does)
+        top: dict[str, float] = {}
+        for tid, v in _ranked(lp, k + 1):
             top.setdefault(ctx.token_text(tid), max(v, -9999.0))
         out["top_logprobs"].append(top)
     return out
@@ -78,7 +89,14 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
+
+
+def stream_usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    """The final stream chunk's usage: vLLM drops the None details there."""
+    full = usage(prompt_tokens, completion_tokens)
+    return {k: v for k, v in full.items() if v is not None}
 
 
 @dataclass(slots=True)
@@ -156,6 +174,7 @@ def chat_response(req: ChatCompletionRequest, ctx: ResponseContext, choices: lis
                 "finish_reason": finish,
                 "stop_reason": c.stop_reason,
                 "token_ids": c.token_ids if req.return_token_ids else None,
+                "routed_experts": None,
             }
         )
     completion_tokens = sum(len(c.token_ids) for c in choices)
@@ -166,11 +185,14 @@ def chat_response(req: ChatCompletionRequest, ctx: ResponseContext, choices: lis
         "model": ctx.model,
         "choices": out_choices,
         "service_tier": None,
-        "system_fingerprint": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": usage(len(ctx.prompt_ids), completion_tokens),
         "prompt_logprobs": None,
         "prompt_token_ids": ctx.prompt_ids if req.return_token_ids else None,
+        "prompt_text": None,
         "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
         "policy_version": _oldest_version(choices, ctx.policy_version),
     }
 
@@ -212,6 +234,7 @@ async def chat_stream(
         )
         if req.return_token_ids:
             first["prompt_token_ids"] = ctx.prompt_ids
+        first["prompt_text"] = None
         yield sse(first)
 
     async for batch in deltas:
@@ -247,7 +270,8 @@ async def chat_stream(
                 "created": ctx.created,
                 "model": ctx.model,
                 "choices": [],
-                "usage": usage(len(ctx.prompt_ids), sum(counts)),
+                "usage": stream_usage(len(ctx.prompt_ids), sum(counts)),
+                "system_fingerprint": SYSTEM_FINGERPRINT,
             }
         )
     yield "data: [DONE]\n\n"
@@ -270,6 +294,7 @@ def completion_response(
                 "token_ids": c.token_ids if req.return_token_ids else None,
                 "prompt_logprobs": None,
                 "prompt_token_ids": ctx.prompt_ids if req.return_token_ids else None,
+                "routed_experts": None,
             }
         )
     completion_tokens = sum(len(c.token_ids) for c in choices)
@@ -280,9 +305,11 @@ def completion_response(
         "model": ctx.model,
         "choices": out_choices,
         "service_tier": None,
-        "system_fingerprint": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": usage(len(ctx.prompt_ids), completion_tokens),
         "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
         "policy_version": _oldest_version(choices, ctx.policy_version),
     }
 
@@ -330,7 +357,8 @@ async def completion_stream(
                 "created": ctx.created,
                 "model": ctx.model,
                 "choices": [],
-                "usage": usage(len(ctx.prompt_ids), sum(counts)),
+                "usage": stream_usage(len(ctx.prompt_ids), sum(counts)),
+                "system_fingerprint": SYSTEM_FINGERPRINT,
             }
         )
     yield "data: [DONE]\n\n"

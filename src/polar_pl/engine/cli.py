@@ -1,0 +1,44 @@
+"""`polar-pl engine`: serve the embedded engine (transformers, CPU or GPU) over HTTP."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", required=True, help="HF model directory (config.json, safetensors, tokenizer)"
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--served-model-name", default=None, help="model name requests use (default: --model)"
+    )
+    parser.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    parser.add_argument("--dtype", default=None, help="float32 / bfloat16 / auto (default: float32 on CPU)")
+    parser.add_argument("--max-batch-size", type=int, default=64, help="sequences stepped together")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--log-level", default="info")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import uvicorn
+
+    from polar_pl.engine.server import create_app
+    from polar_pl.engine.transformers_backend import TransformersBackend
+
+    if not (Path(args.model) / "config.json").exists():
+        print(f"polar-pl engine: no config.json in {args.model}")
+        return 2
+    backend = TransformersBackend(
+        args.model,
+        model_name=args.served_model_name or args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        max_batch_size=args.max_batch_size,
+    )
+    uvicorn.run(create_app(backend), host=args.host, port=args.port, log_level=args.log_level)
+    return 0

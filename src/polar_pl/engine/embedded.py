@@ -1,0 +1,154 @@
+"""EmbeddedEngine: the transformers engine of this package behind the `Engine` handle.
+
+mode="thread": model and server live in this process (uvicorn on a thread); weight updates from
+a state dict are a direct in-memory copy, no serialization.
+mode="subprocess": `polar-pl engine` in a child process (isolates the GIL from the trainer);
+state-dict updates go through a safetensors directory and POST /update_weights_from_disk.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import httpx
+import torch
+from safetensors.torch import save_file
+
+from polar_pl.engine.process import ServerProcess, healthy
+from polar_pl.utils.serving import ServerThread, free_port
+
+
+class EmbeddedEngine:
+    """See module docstring. Construct cheaply; `start()` loads the model."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        served_model_name: str = "tiny",
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        mode: Literal["thread", "subprocess"] = "thread",
+        device: str | None = None,
+        max_batch_size: int = 64,
+        max_model_len: int | None = None,
+        startup_timeout: float = 300.0,
+    ):
+        if mode not in ("thread", "subprocess"):
+            raise ValueError(f"engine.mode must be 'thread' or 'subprocess', got {mode!r}")
+        self.model_dir = Path(model_dir)
+        self.served_model_name = served_model_name
+        self.host = host
+        self.port = port
+        self.mode = mode
+        self.device = device
+        self.max_batch_size = max_batch_size
+        self.max_model_len = max_model_len
+        self.startup_timeout = startup_timeout
+        self.backend = None  # TransformersBackend, thread mode only
+        self._thread: ServerThread | None = None
+        self._proc: ServerProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
+    def model(self) -> str:
+        return self.served_model_name
+
+    def start(self) -> EmbeddedEngine:
+        if not (self.model_dir / "config.json").exists():
+            raise FileNotFoundError(f"engine.model_dir: no config.json in {self.model_dir}")
+        self.port = self.port or free_port(self.host)
+        if self.mode == "thread":
+            from polar_pl.engine.server import create_app
+            from polar_pl.engine.transformers_backend import TransformersBackend
+
+            self.backend = TransformersBackend(
+                self.model_dir,
+                model_name=self.served_model_name,
+                device=self.device,
+                max_batch_size=self.max_batch_size,
+                max_model_len=self.max_model_len,
+            )
+            self._thread = ServerThread(create_app(self.backend), host=self.host, port=self.port)
+            self._thread.start(timeout=self.startup_timeout)
+        else:
+            cmd = [
+                sys.executable,
+                "-m",
+                "polar_pl.cli",
+                "engine",
+                "--model",
+                str(self.model_dir),
+                "--host",
+                self.host,
+                "--port",
+                str(self.port),
+                "--served-model-name",
+                self.served_model_name,
+                "--max-batch-size",
+                str(self.max_batch_size),
+            ]
+            if self.device:
+                cmd += ["--device", self.device]
+            if self.max_model_len:
+                cmd += ["--max-model-len", str(self.max_model_len)]
+            self._proc = ServerProcess(cmd, self.url, name="embedded-engine")
+            self._proc.start(self.startup_timeout)
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._thread.stop()
+            self._thread = None
+        if self._proc is not None:
+            self._proc.stop()
+            self._proc = None
+
+    def health(self) -> bool:
+        return healthy(self.url)
+
+    def policy_version(self) -> int:
+        if self.backend is not None:
+            return self.backend.policy_version
+        return int(httpx.get(f"{self.url}/policy_version", timeout=10).json()["policy_version"])
+
+    def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        if self.backend is not None:
+            return self.backend.update_weights_from_state_dict(state_dict)
+        with tempfile.TemporaryDirectory(prefix="polar-weights-") as tmp:
+            save_state_dict(state_dict, Path(tmp))
+            return self.update_weights_from_disk(tmp)
+
+    def update_weights_from_disk(self, path: str) -> int:
+        if self.backend is not None:
+            return self.backend.update_weights_from_disk(path)
+        r = httpx.post(f"{self.url}/update_weights_from_disk", json={"path": str(path)}, timeout=600)
+        r.raise_for_status()
+        return int(r.json()["policy_version"])
+
+    def __enter__(self) -> EmbeddedEngine:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def save_state_dict(state_dict: Mapping[str, torch.Tensor], out_dir: Path) -> Path:
+    """Write HF-named tensors as one safetensors file (tied tensors are cloned: safetensors refuses
+    shared storage)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
+    path = out_dir / "model.safetensors"
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return path

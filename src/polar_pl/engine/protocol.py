@@ -1,0 +1,55 @@
+"""The engine handle the rest of the system holds: where the engine serves, whether it is healthy,
+which policy version it runs, and how to push new weights to it.
+
+Two implementations, chosen in Hydra with `_target_` (conf/engine/*.yaml):
+- `polar_pl.engine.embedded.EmbeddedEngine`: the transformers engine of this package, in-process
+  (a server thread) or as a subprocess;
+- `polar_pl.engine.vllm.VLLMEngine`: vLLM's OpenAI server, launched from a vLLM environment or
+  connected to by URL.
+
+Both serve the same HTTP contract (DESIGN.md, "Engine contract"), so the gateway only needs
+`base_url` and `model`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An inference engine serving the engine contract over HTTP."""
+
+    @property
+    def url(self) -> str:
+        """Root URL (`http://host:port`); valid after start()."""
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI SDK base URL (`url + "/v1"`); valid after start()."""
+
+    @property
+    def model(self) -> str:
+        """The model name requests must carry."""
+
+    def start(self) -> Engine:
+        """Called once by the owner (train.py, a test) before any request; blocks until healthy."""
+
+    def stop(self) -> None:
+        """Called once at teardown (in `finally`); idempotent, never raises for a dead engine."""
+
+    def health(self) -> bool:
+        """Called by supervisors: True when GET /health answers 200."""
+
+    def policy_version(self) -> int:
+        """The weights version answers are sampled with now (0 = the initial checkpoint)."""
+
+    def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        """Called by the trainer after an optimizer step with HF-named tensors; returns the new
+        policy version. Requests admitted afterwards sample with the new weights."""
+
+    def update_weights_from_disk(self, path: str) -> int:
+        """Called with a directory of *.safetensors (HF names); returns the new policy version."""

@@ -1,0 +1,307 @@
+"""Continuous batching for the transformers backend: one thread steps every active sequence
+together, with a shared left-padded KV cache.
+
+Each loop iteration:
+1. applies a pending weight update (between steps, so no forward pass sees half-loaded weights);
+2. admits waiting requests: prefill (chunked) each prompt once, sample its first token, copy
+   its KV n times for n choices, and merge it into the running batch;
+3. runs ONE forward pass over all active sequences (B, 1) with the padded cache, samples a token
+   per sequence and hands each request its deltas;
+4. drops finished or aborted sequences from the batch.
+
+Shapes: the cache holds, per layer, keys/values (B, H_kv, T, D) where T is the longest context in
+the batch; shorter rows are left-padded and masked by `mask` (B, T) (1 = real token). A row's next
+position id is its real length, so padding never shifts RoPE positions.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from polar_pl.engine.backend import BackendStats, GenerationRequest, SeqDelta
+from polar_pl.engine.detok import SequenceOutput
+from polar_pl.engine.sampling import make_generator, sample_batch
+
+Sink = Callable[[list[SeqDelta] | BaseException | None], None]
+
+
+@dataclass(slots=True)
+class _Seq:
+    out: SequenceOutput
+    generator: torch.Generator | None
+    length: int  # real tokens in the cache + the pending last token
+    last_token: int
+
+
+@dataclass(slots=True)
+class _Req:
+    request: GenerationRequest
+    sink: Sink
+    seqs: list[_Seq] = field(default_factory=list)
+    aborted: bool = False
+    closed: bool = False  # the end-of-request sentinel was sent
+
+
+class Scheduler:
+    """Owns the model while running. Thread-safe entry points: submit, abort, run_exclusive, stop."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        eos_token_ids: tuple[int, ...],
+        stats: BackendStats,
+        *,
+        max_batch_size: int = 64,
+        prefill_chunk: int = 2048,
+        version: Callable[[], int],
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.stats = stats
+        self.max_batch_size = max_batch_size
+        self.prefill_chunk = prefill_chunk
+        self.version = version
+        self.device = next(model.parameters()).device
+        self._cond = threading.Condition()
+        self._waiting: list[_Req] = []
+        self._exclusive: list[tuple[Callable[[], object], list]] = []
+        self._running: list[_Req] = []
+        self._seqs: list[tuple[_Req, _Seq]] = []  # batch rows, in cache order
+        self._cache: DynamicCache | None = None
+        self._mask: torch.Tensor | None = None  # (B, T)
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
+
+    # -- thread-safe API ---------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    def submit(self, request: GenerationRequest, sink: Sink) -> None:
+        with self._cond:
+            self._waiting.append(_Req(request, sink))
+            self._cond.notify_all()
+
+    def abort(self, request_id: str) -> None:
+        with self._cond:
+            for req in self._waiting + self._running:
+                if req.request.request_id == request_id:
+                    req.aborted = True
+            self._cond.notify_all()
+
+    def run_exclusive(self, fn: Callable[[], object]) -> object:
+        """Run fn on the scheduler thread between two steps (weight updates); returns its result."""
+        if not self._thread.is_alive():
+            return fn()
+        slot: list = []
+        done = threading.Event()
+        with self._cond:
+            self._exclusive.append((lambda: slot.append(_call(fn)) or done.set(), slot))
+            self._cond.notify_all()
+        done.wait()
+        result = slot[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    # -- scheduler thread --------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stop or self._waiting or self._exclusive or self._seqs):
+                    self._cond.wait()
+                if self._stop:
+                    break
+                exclusive, self._exclusive = self._exclusive, []
+                room = self.max_batch_size - len(self._seqs)
+                admit = []
+                # A request wider than the whole batch still runs, alone.
+                while self._waiting and (
+                    room >= self._waiting[0].request.params.n or room == self.max_batch_size
+                ):
+                    req = self._waiting.pop(0)
+                    room -= req.request.params.n
+                    admit.append(req)
+            for fn, _ in exclusive:
+                fn()
+            try:
+                with torch.inference_mode():
+                    for req in admit:
+                        self._admit(req)
+                    if self._seqs:
+                        self._decode_step()
+            except Exception as exc:  # noqa: BLE001 -- a failed step fails its requests, not the engine
+                self._fail_all(exc)
+            self._retire()
+        self._fail_all(RuntimeError("engine stopped"))
+
+    def _admit(self, req: _Req) -> None:
+        self.stats.requests += 1
+        self._running.append(req)
+        if req.aborted:
+            return
+        prompt = list(req.request.prompt_ids)
+        params = req.request.params
+        cache = DynamicCache()
+        logits = None
+        for start in range(0, len(prompt), self.prefill_chunk):
+            chunk = torch.tensor([prompt[start : start + self.prefill_chunk]], device=self.device)
+            logits = self.model(input_ids=chunk, past_key_values=cache, use_cache=True).logits[:, -1]
+        n = params.n
+        seqs = [
+            _Seq(SequenceOutput(self.tokenizer, params, self.eos_token_ids, i), None, len(prompt) + 1, -1)
+            for i in range(n)
+        ]
+        for i, s in enumerate(seqs):
+            s.generator = make_generator(params, i, self.device)
+        tokens, lps = sample_batch(logits.expand(n, -1), [params] * n, [s.generator for s in seqs])
+        self.stats.steps += 1
+        self.stats.tokens_generated += n
+        for s, tok, lp in zip(seqs, tokens, lps, strict=True):
+            s.last_token = tok
+            s.out.append(tok, lp)
+        req.seqs = seqs
+        self._emit(req)
+        live = [s for s in seqs if not s.out.finished]
+        if live:
+            kv = [
+                (layer.keys.expand(len(live), -1, -1, -1), layer.values.expand(len(live), -1, -1, -1))
+                for layer in cache.layers
+            ]
+            self._merge(req, live, kv, len(prompt))
+
+    def _merge(
+        self, req: _Req, seqs: list[_Seq], kv: list[tuple[torch.Tensor, torch.Tensor]], t_new: int
+    ) -> None:
+        """Append rows to the batch cache, left-padding whichever side is shorter."""
+        b_new = len(seqs)
+        new_mask = torch.ones(b_new, t_new, dtype=torch.long, device=self.device)
+        if self._cache is None:
+            layers = [(k.contiguous(), v.contiguous()) for k, v in kv]
+            mask = new_mask
+        else:
+            t_old = self._mask.shape[1]
+            t = max(t_old, t_new)
+            layers = []
+            for layer, (k_new, v_new) in zip(self._cache.layers, kv, strict=True):
+                layers.append(
+                    (
+                        torch.cat([_left_pad(layer.keys, t), _left_pad(k_new, t)], dim=0),
+                        torch.cat([_left_pad(layer.values, t), _left_pad(v_new, t)], dim=0),
+                    )
+                )
+            mask = torch.cat([_left_pad(self._mask, t), _left_pad(new_mask, t)], dim=0)
+        self._cache = DynamicCache(ddp_cache_data=layers)
+        self._mask = mask
+        self._seqs.extend((req, s) for s in seqs)
+
+    def _decode_step(self) -> None:
+        rows = self._seqs
+        b = len(rows)
+        input_ids = torch.tensor([[s.last_token] for _, s in rows], device=self.device)  # (B, 1)
+        positions = torch.tensor([[s.length - 1] for _, s in rows], device=self.device)  # (B, 1)
+        mask = torch.cat([self._mask, torch.ones(b, 1, dtype=self._mask.dtype, device=self.device)], dim=1)
+        logits = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self._cache,
+            use_cache=True,
+        ).logits[:, -1]  # (B, V)
+        self._mask = mask
+        tokens, lps = sample_batch(
+            logits, [r.request.params for r, _ in rows], [s.generator for _, s in rows]
+        )
+        self.stats.steps += 1
+        self.stats.tokens_generated += b
+        self.stats.max_batch_size = max(self.stats.max_batch_size, b)
+        if b > 1:
+            self.stats.multi_seq_steps += 1
+        touched: dict[int, _Req] = {}
+        for (req, s), tok, lp in zip(rows, tokens, lps, strict=True):
+            if req.aborted:
+                s.out.abort()
+            else:
+                s.last_token = tok
+                s.length += 1
+                s.out.append(tok, lp)
+            touched[id(req)] = req
+        for req in touched.values():
+            self._emit(req)
+
+    def _emit(self, req: _Req) -> None:
+        if req.closed:
+            return
+        version = self.version()
+        deltas = [d for s in req.seqs if (d := s.out.take_delta(version)) is not None]
+        if deltas:
+            req.sink(deltas)
+        if all(s.out.finished for s in req.seqs):
+            req.closed = True
+            req.sink(None)
+
+    def _retire(self) -> None:
+        """Close aborted requests, drop finished rows from the batch cache and trim padding that
+        no remaining row needs."""
+        for req in self._running:
+            if req.aborted:
+                for s in req.seqs:
+                    s.out.abort()
+                self._emit(req)
+        self._running = [r for r in self._running if not r.closed]
+        keep = [i for i, (_, s) in enumerate(self._seqs) if not s.out.finished]
+        if len(keep) == len(self._seqs):
+            return
+        if not keep:
+            self._seqs, self._cache, self._mask = [], None, None
+            return
+        idx = torch.tensor(keep, device=self.device)
+        mask = self._mask.index_select(0, idx)
+        first_real = int((mask.cumsum(dim=1) == 0).sum(dim=1).min())  # padding shared by all rows
+        layers = [
+            (
+                layer.keys.index_select(0, idx)[:, :, first_real:],
+                layer.values.index_select(0, idx)[:, :, first_real:],
+            )
+            for layer in self._cache.layers
+        ]
+        self._cache = DynamicCache(ddp_cache_data=layers)
+        self._mask = mask[:, first_real:]
+        self._seqs = [self._seqs[i] for i in keep]
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._cond:
+            reqs, self._waiting = self._running + self._waiting, []
+        for req in reqs:
+            req.sink(exc)
+        self._running, self._seqs, self._cache, self._mask = [], [], None, None
+
+
+def _left_pad(x: torch.Tensor, t: int) -> torch.Tensor:
+    """Left-pad dim 2 (cache: (B, H, T, D)) or dim 1 (mask: (B, T)) with zeros up to length t."""
+    dim = 2 if x.dim() == 4 else 1
+    missing = t - x.shape[dim]
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([torch.zeros(shape, dtype=x.dtype, device=x.device), x], dim=dim)
+
+
+def _call(fn: Callable[[], object]) -> object:
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 -- handed back to the caller's thread and raised there
+        return exc

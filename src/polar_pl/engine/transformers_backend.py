@@ -1,0 +1,140 @@
+"""TransformersBackend: the real model (transformers, CPU or GPU) behind the engine server.
+
+Generation runs on the scheduler thread (`engine/scheduler.py`), which batches every active
+sequence into one forward pass per step. Weight updates run on that same thread between steps and
+bump the policy version; tokens sampled afterwards carry the new version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from polar_pl.engine.backend import BackendStats, GenerationRequest, SeqDelta
+from polar_pl.engine.scheduler import Scheduler
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class TransformersBackend:
+    """GenerationBackend over a HF causal LM directory.
+
+    dtype: None = float32 on CPU (what vLLM's CPU build is checked against), the checkpoint's dtype
+    on GPU.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        model_name: str | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | str | None = None,
+        max_model_len: int | None = None,
+        max_batch_size: int = 64,
+        prefill_chunk: int = 2048,
+    ):
+        self.model_dir = Path(model_dir)
+        self.model_name = model_name or str(model_dir)
+        self.device = torch.device(device) if device is not None else default_device()
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        if dtype is None:
+            dtype = torch.float32 if self.device.type == "cpu" else "auto"
+        elif isinstance(dtype, str) and dtype != "auto":
+            dtype = getattr(torch, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=dtype).to(self.device)
+        self.model.eval()
+        config_len = getattr(self.model.config, "max_position_embeddings", None) or 32768
+        self.max_model_len = min(max_model_len or config_len, config_len)
+        eos = self.tokenizer.eos_token_id
+        self.eos_token_ids = (eos,) if eos is not None else ()
+        # vLLM stops on the generation config's other EOS ids too, reporting them as stop tokens.
+        self.default_stop_token_ids = tuple(i for i in _generation_eos(self.model_dir) if i != eos)
+        self.policy_version = 0
+        self.stats = BackendStats()
+        self._version_lock = threading.Lock()
+        self._scheduler = Scheduler(
+            self.model,
+            self.tokenizer,
+            self.eos_token_ids,
+            self.stats,
+            max_batch_size=max_batch_size,
+            prefill_chunk=prefill_chunk,
+            version=lambda: self.policy_version,
+        )
+        self._started = False
+
+    def start(self) -> None:
+        if not self._started:
+            self._scheduler.start()
+            self._started = True
+
+    def close(self) -> None:
+        if self._started:
+            self._scheduler.stop()
+            self._started = False
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[list[SeqDelta]]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        self._scheduler.submit(request, lambda item: loop.call_soon_threadsafe(queue.put_nowait, item))
+        done = False
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    done = True
+                    return
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                yield item
+        finally:
+            if not done:
+                self._scheduler.abort(request.request_id)
+
+    def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        return self._scheduler.run_exclusive(lambda: self._load(state_dict))
+
+    def update_weights_from_disk(self, path: str) -> int:
+        files = sorted(Path(path).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files in {path}")
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return self.update_weights_from_state_dict(state)
+
+    def _load(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        # state_dict names tied weights under both names (lm_head.weight and embed_tokens.weight).
+        params = self.model.state_dict(keep_vars=True)
+        unknown = [k for k in state_dict if k not in params]
+        if unknown:
+            raise KeyError(f"weights not in the model: {unknown[:5]}")
+        with torch.no_grad():
+            for name, tensor in state_dict.items():
+                target = params[name]
+                if target.shape != tensor.shape:
+                    raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(target.shape)}")
+                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+        with self._version_lock:
+            self.policy_version += 1
+            return self.policy_version
+
+
+def _generation_eos(model_dir: Path) -> tuple[int, ...]:
+    try:
+        eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
+    except OSError:
+        return ()
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list | tuple) else (eos,)

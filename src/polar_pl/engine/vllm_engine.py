@@ -1,0 +1,173 @@
+"""VLLMEngine: vLLM's OpenAI server behind the `Engine` handle, launched or connected to.
+
+Launch: `python -m vllm.entrypoints.openai.api_server` from a separate vLLM environment
+($POLAR_VLLM_PYTHON, default /work/main/.venv-vllm/bin/python: vLLM pins its own transformers),
+with the hermes tool parser and dev mode on. Connect: pass `url=` and nothing is launched.
+
+Weights and versions use what vLLM 0.32 serves with VLLM_SERVER_DEV_MODE=1:
+- from disk: `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}`
+  (in-place reload through the model loader, CPU and GPU), then
+  `POST /update_weight_version {"new_version": "<v>"}`;
+- version: `GET /weight_info` -> {"weight_version": "<v>"} (vLLM reports no version per answer,
+  so the gateway tags records with this handle's version);
+- from a state dict: written to a temporary safetensors directory, then as from disk. The NCCL /
+  IPC routes (init_weight_transfer_engine, start/update/finish_weight_update) are the GPU path and
+  belong to the weight-sync work.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+import torch
+
+from polar_pl.engine.embedded import save_state_dict
+from polar_pl.engine.process import ServerProcess, healthy
+from polar_pl.utils.serving import free_port
+
+DEFAULT_VLLM_PYTHON = "/work/main/.venv-vllm/bin/python"
+
+
+def vllm_python() -> str:
+    return os.environ.get("POLAR_VLLM_PYTHON", DEFAULT_VLLM_PYTHON)
+
+
+class VLLMEngine:
+    """See module docstring."""
+
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        *,
+        url: str | None = None,
+        served_model_name: str = "tiny",
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        python: str | None = None,
+        dtype: str = "float32",
+        max_model_len: int | None = 32768,
+        enforce_eager: bool = True,
+        extra_args: list[str] | tuple[str, ...] = (),
+        env: Mapping[str, str] | None = None,
+        startup_timeout: float = 600.0,
+    ):
+        if model_dir is None and url is None:
+            raise ValueError("VLLMEngine needs engine.model_dir (to launch) or engine.url (to connect)")
+        self.model_dir = Path(model_dir) if model_dir is not None else None
+        self._url = url.rstrip("/") if url else None
+        self.served_model_name = served_model_name
+        self.host = host
+        self.port = port
+        self.python = python or vllm_python()
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.enforce_eager = enforce_eager
+        self.extra_args = list(extra_args)
+        self.env = dict(env or {})
+        self.startup_timeout = startup_timeout
+        self._proc: ServerProcess | None = None
+        self._version = 0
+
+    @property
+    def url(self) -> str:
+        return self._url or f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
+    def model(self) -> str:
+        return self.served_model_name
+
+    def command(self) -> list[str]:
+        cmd = [
+            self.python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir),
+            "--served-model-name", self.served_model_name,
+            "--host", self.host, "--port", str(self.port),
+            "--dtype", self.dtype,
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        ]  # fmt: skip
+        if self.max_model_len:
+            cmd += ["--max-model-len", str(self.max_model_len)]
+        if self.enforce_eager:  # skips torch.compile warm-up: minutes on a small CPU
+            cmd.append("--enforce-eager")
+        return cmd + self.extra_args
+
+    def start(self) -> VLLMEngine:
+        if self._url is not None:
+            if not healthy(self._url, timeout=10):
+                raise RuntimeError(f"no healthy vLLM server at {self._url}")
+            self._version = self._read_version()
+            return self
+        if not Path(self.python).exists():
+            raise FileNotFoundError(f"vLLM python not found: {self.python} (set $POLAR_VLLM_PYTHON)")
+        if not (self.model_dir / "config.json").exists():
+            raise FileNotFoundError(f"engine.model_dir: no config.json in {self.model_dir}")
+        self.port = self.port or free_port(self.host)
+        cache_root = Path(tempfile.gettempdir()) / "polar-vllm-cache"
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", str(cache_root)),
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            **self.env,
+        }
+        # The vLLM venv must not import this project's packages through an inherited PYTHONPATH.
+        env.pop("PYTHONPATH", None)
+        self._proc = ServerProcess(self.command(), self.url, env=env, name="vllm")
+        self._proc.start(self.startup_timeout)
+        return self
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.stop()
+            self._proc = None
+
+    def health(self) -> bool:
+        return healthy(self.url)
+
+    def policy_version(self) -> int:
+        return self._version
+
+    def _read_version(self) -> int:
+        try:
+            r = httpx.get(f"{self.url}/weight_info", timeout=10)
+            return int(r.json()["weight_version"]) if r.status_code == 200 else 0
+        except (httpx.HTTPError, KeyError, TypeError, ValueError):
+            return 0
+
+    def update_weights_from_disk(self, path: str) -> int:
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}, "timeout": 600}
+        r = httpx.post(f"{self.url}/collective_rpc", json=rpc, timeout=660)
+        if r.status_code != 200:
+            raise RuntimeError(f"vLLM reload_weights failed ({r.status_code}): {r.text[:500]}")
+        version = self._version + 1
+        r = httpx.post(f"{self.url}/update_weight_version", json={"new_version": str(version)}, timeout=60)
+        if r.status_code != 200:
+            raise RuntimeError(f"vLLM update_weight_version failed ({r.status_code}): {r.text[:500]}")
+        self._version = version
+        return version
+
+    def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        with tempfile.TemporaryDirectory(prefix="polar-weights-") as tmp:
+            save_state_dict(state_dict, Path(tmp))
+            return self.update_weights_from_disk(tmp)
+
+    def __enter__(self) -> VLLMEngine:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def python_has_vllm(python: str | None = None) -> bool:
+    return Path(python or vllm_python()).exists() and sys.platform.startswith("linux")
