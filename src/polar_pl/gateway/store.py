@@ -115,8 +115,10 @@ class TraceStore:
         rows, waiters = [], []
         for rec, fut in batch:
             try:
-                data = orjson.dumps(rec.to_dict())
-            except TypeError as exc:  # a record that cannot be serialized fails alone
+                # orjson serializes the dataclass directly: same JSON as to_dict(), without
+                # asdict()'s deep copy of the (possibly 100 KB) raw request
+                data = orjson.dumps(rec)
+            except orjson.JSONEncodeError as exc:  # a record that cannot be serialized fails alone
                 fut.set_exception(exc)
                 continue
             rows.append((rec.session_id, rec.call_index, rec.timestamp, rec.status, data))
