@@ -1,0 +1,2 @@
+class CalcError(Exception):
+    """Any problem with an expression: syntax, unknown names, arithmetic."""
