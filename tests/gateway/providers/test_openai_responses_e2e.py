@@ -201,3 +201,55 @@ def test_captured_cli_requests_replay_through_the_gateway(stack, path):
     assert len(calls) == sum(i.get("type") == "function_call" for i in items)
     function_tools = [t["name"] for t in raw.get("tools", []) if t["type"] == "function"]
     assert [t["function"]["name"] for t in record.normalized_request.get("tools", [])] == function_tools
+
+
+# --- real CLIs speaking the Responses API -------------------------------------------------------
+
+# harness -> (its shell tool, the argument holding the command, extra arguments it requires)
+CLI_SHELL = {
+    "codex": ("exec_command", "cmd", {}),
+    "pi": ("bash", "command", {}),
+    "opencode": ("bash", "command", {"description": "Write the result file"}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CLI_SHELL))
+def test_cli_over_responses_runs_a_tool_task(name, tiny_model_dir, tmp_path):
+    """Pi and OpenCode only accept the full item grammar; Codex speaks nothing but Responses."""
+    from polar_pl.harness import build_harness
+    from polar_pl.harness.protocol import GatewaySession
+    from polar_pl.harness.run import run_harness
+    from polar_pl.sandbox.local import LocalSandbox
+
+    prefix = Path(__file__).resolve().parents[3] / ".cache" / "harness"
+    harness = build_harness(name, provider="openai_responses")
+    if not harness.is_installed(prefix):
+        pytest.skip(f"{name} is not installed: polar-pl harness install {name} --prefix {prefix}")
+    tool, arg, extra = CLI_SHELL[name]
+
+    def reply(chat: dict[str, Any]) -> Reply:
+        if any(m["role"] == "tool" for m in chat["messages"]):
+            return Reply("The file is written.")
+        if tool in {t["function"]["name"] for t in chat.get("tools") or []}:
+            return Reply(tool_calls=[ToolCall(tool, {arg: "printf hi > result.txt", **extra})])
+        return Reply("Write a file")  # side calls (titles)
+
+    with (
+        serve_scripted(reply, model_dir=tiny_model_dir) as engine,
+        Gateway([engine.url], tmp_path / "traces.db", health_interval=30.0) as gw,
+    ):
+        handle = gw.create_session(harness=name)
+        session = GatewaySession(base_url=handle.base_url, token=handle.token, model="polar-tiny")
+        sandbox = LocalSandbox(owner="pytest", harness_prefix=str(prefix))
+        sandbox.start()
+        try:
+            result = run_harness(harness, sandbox, session, "Write hi into result.txt.", timeout=240)
+            detail = f"stdout:\n{result.stdout[-2000:]}\nstderr:\n{result.stderr[-2000:]}"
+            assert result.exit_code == 0 and not result.timed_out, detail
+            assert sandbox.get_file("result.txt") == b"hi"
+        finally:
+            sandbox.stop()
+        main = [r for r in gw.records(handle.session_id) if r.call_kind == "main"]
+    assert len(main) >= 2 and all(r.provider == "openai_responses" and r.status == "ok" for r in main)
+    assert any(m["role"] == "tool" for m in main[-1].normalized_request["messages"])
