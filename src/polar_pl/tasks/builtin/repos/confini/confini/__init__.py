@@ -1,0 +1,10 @@
+"""confini: INI-style configuration files."""
+
+from confini.config import Config, ConfigError
+from confini.parser import parse
+
+__all__ = ["Config", "ConfigError", "parse", "loads"]
+
+
+def loads(text):
+    return Config(parse(text))
