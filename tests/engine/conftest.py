@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,7 @@ def memorize(src: Path, out: Path, messages, tools, reply: str, steps: int = 400
         out_.loss.backward()
         opt.step()
         pred = out_.logits[0, len(prompt) - 1 : -1].argmax(-1)
-        margin = out_.logits[0, len(prompt) - 1 : -1].softmax(-1).max(-1).values.min()
+        margin = out_.logits[0, len(prompt) - 1 : -1].detach().softmax(-1).max(-1).values.min()
         if bool((pred == ids[0, len(prompt) :]).all()) and float(margin) > 0.6:
             print(f"memorized in {step + 1} steps")
             break
@@ -71,6 +72,21 @@ def memorize(src: Path, out: Path, messages, tools, reply: str, steps: int = 400
     model.eval()
     model.save_pretrained(out)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCase:
+    """The request the tool model was trained on, and what it answers."""
+
+    messages: list = field(default_factory=lambda: TOOL_MESSAGES)
+    tools: list = field(default_factory=lambda: TOOLS)
+    args: dict = field(default_factory=lambda: TOOL_ARGS)
+    reply: str = TOOL_REPLY
+
+
+@pytest.fixture(scope="session")
+def tool_case() -> ToolCase:
+    return ToolCase()
 
 
 @pytest.fixture(scope="session")
@@ -82,7 +98,9 @@ def tool_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    with EmbeddedEngine(tiny_model_dir, served_model_name="tiny", max_batch_size=16) as eng:
+    with EmbeddedEngine(
+        tiny_model_dir, served_model_name="tiny", max_batch_size=16, max_model_len=4096
+    ) as eng:
         yield eng
 
 

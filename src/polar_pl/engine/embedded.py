@@ -12,7 +12,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
 import httpx
 import torch
@@ -65,7 +65,7 @@ class EmbeddedEngine:
     def model(self) -> str:
         return self.served_model_name
 
-    def start(self) -> EmbeddedEngine:
+    def start(self) -> Self:
         if not (self.model_dir / "config.json").exists():
             raise FileNotFoundError(f"engine.model_dir: no config.json in {self.model_dir}")
         self.port = self.port or free_port(self.host)
@@ -137,7 +137,7 @@ class EmbeddedEngine:
         r.raise_for_status()
         return int(r.json()["policy_version"])
 
-    def __enter__(self) -> EmbeddedEngine:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -157,8 +157,10 @@ class Scheduler:
         cache = DynamicCache()
         logits = None
         for start in range(0, len(prompt), self.prefill_chunk):
+            if req.aborted or self._stop:  # a long prefill gives way to an abort between chunks
+                return
             chunk = torch.tensor([prompt[start : start + self.prefill_chunk]], device=self.device)
-            logits = self.model(input_ids=chunk, past_key_values=cache, use_cache=True).logits[:, -1]
+            logits = self.model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         n = params.n
         seqs = [
             _Seq(SequenceOutput(self.tokenizer, params, self.eos_token_ids, i), None, len(prompt) + 1, -1)
@@ -217,8 +219,9 @@ class Scheduler:
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=self._cache,
+            cache=self._cache,
             use_cache=True,
+            logits_to_keep=1,
         ).logits[:, -1]  # (B, V)
         self._mask = mask
         tokens, lps = sample_batch(

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Self
 
 import httpx
 import torch
@@ -100,7 +101,7 @@ class VLLMEngine:
             cmd.append("--enforce-eager")
         return cmd + self.extra_args
 
-    def start(self) -> VLLMEngine:
+    def start(self) -> Self:
         if self._url is not None:
             if not healthy(self._url, timeout=10):
                 raise RuntimeError(f"no healthy vLLM server at {self._url}")
@@ -162,7 +163,7 @@ class VLLMEngine:
             save_state_dict(state_dict, Path(tmp))
             return self.update_weights_from_disk(tmp)
 
-    def __enter__(self) -> VLLMEngine:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
