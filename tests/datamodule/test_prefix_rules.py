@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from traj_tokens import GEN, NL, E, rec, system, tool_result, user
 
-from polar_pl.datamodule.trajectory import PerRequestBuilder, PrefixBuilder
+from polar_pl.datamodule.trajectory import PerRequestBuilder, PrefixBuilder, TrajectoryBuilder, build_batch
 
 P1 = system(100) + user(101, 102) + GEN
 R1 = [200, 201, E]
@@ -192,3 +192,19 @@ def test_records_are_merged_in_call_index_order() -> None:
     p2 = P1 + R1 + [NL] + user(103) + GEN
     res = build([rec(1, p2, [202, E]), rec(0, P1, R1)])
     assert [r.call_indices for r in res.rows] == [(0, 1)]
+
+
+def test_batch_stats_sum_sessions_and_flatten_to_metrics() -> None:
+    p2 = P1 + R1 + [NL] + user(103) + GEN
+    records = [rec(0, P1, R1, session="a"), rec(1, p2, [202, E], session="a")]
+    records += [rec(0, P1, R1, session="b"), rec(1, P1[:-3] + user(9) + GEN, [203, E], session="b")]
+    res = build_batch(PrefixBuilder(), records, rewards={"a": 1.0, "b": -1.0})
+    assert [(r.session_id, r.reward) for r in res.rows] == [("a", 1.0), ("b", -1.0), ("b", -1.0)]
+    s = res.stats
+    assert (s.sessions, s.calls, s.rows, s.breaks) == (2, 4, 3, {"new_conversation": 1})
+    m = s.to_metrics()
+    assert m["merge/rows"] == 3 and m["merge/breaks/new_conversation"] == 1 and m["merge/breaks/drift"] == 0
+    assert m["merge/compression_ratio"] == pytest.approx(s.call_tokens / s.row_tokens)
+    assert isinstance(PrefixBuilder(), TrajectoryBuilder) and isinstance(
+        PerRequestBuilder(), TrajectoryBuilder
+    )

@@ -11,7 +11,7 @@ from traj_sessions import simulate
 from traj_tokens import GEN, NL, E, rec, system, user
 
 from polar_pl.cli import main
-from polar_pl.datamodule.traces_cli import read_rows
+from polar_pl.datamodule.traces_cli import plain_renders, read_rows
 from polar_pl.datamodule.trajectory import PerRequestBuilder, PrefixBuilder
 from polar_pl.gateway.records import TraceRecord
 from polar_pl.gateway.store import TraceStore
@@ -89,3 +89,27 @@ def test_bad_input_is_a_clear_error(store, tmp_path, capsys, monkeypatch, extra,
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_compare_rendered_shows_the_drift_token_faithful_prompts_removed(tmp_path, capsys) -> None:
+    spliced = P2  # the gateway spliced the sampled [200, E] back in ...
+    rendered = P1 + [250, E, NL] + user(102) + GEN  # ... where a plain render re-tokenized it
+    records = [rec(0, P1, [200, E]), rec(1, spliced, [201, E], rendered=rendered)]
+    assert PrefixBuilder().build(records).stats.breaks == {}
+    assert PrefixBuilder().build(plain_renders(records)).stats.breaks == {"drift": 1}
+    path = tmp_path / "traces.db"
+    s = TraceStore(path, synchronous="NORMAL")
+    for r in records:
+        s.append(r).result()
+    s.close()
+    argv = [
+        "traces",
+        "export",
+        "--store",
+        str(path),
+        "--out",
+        str(tmp_path / "r.jsonl"),
+        "--compare-rendered",
+    ]
+    assert main(argv) == 0
+    assert "plain re-renders (token-faithful off)" in capsys.readouterr().out

@@ -15,7 +15,7 @@ import argparse
 import json
 import sqlite3
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from rich.table import Table
 
 from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.datamodule.trajectory import BreakKind, MergeStats, TrajectoryBuilder
+from polar_pl.gateway.records import TraceRecord
 
 CONF_MERGE = Path(__file__).resolve().parents[3] / "conf" / "merge"
 FORMATS = (".jsonl", ".parquet")
@@ -57,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ex.add_argument("--rewards", default=None, help="JSON file: {session_id: reward}")
     ex.add_argument("--stats-json", default=None, help="also write the stats as JSON here")
     ex.add_argument("--max-session-rows", type=int, default=50, help="per-session lines printed (0: none)")
+    ex.add_argument(
+        "--compare-rendered",
+        action="store_true",
+        help="also print the stats had the plain re-renders been used (token-faithful off): drift made visible",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,7 +86,7 @@ def _export(args: argparse.Namespace) -> int:
 
     from polar_pl.gateway.store import read_records
 
-    by_session: dict[str, list] = {}
+    by_session: dict[str, list[TraceRecord]] = {}
     for rec in read_records(store):
         if args.session is None or rec.session_id in args.session:
             by_session.setdefault(rec.session_id, []).append(rec)
@@ -97,7 +103,11 @@ def _export(args: argparse.Namespace) -> int:
     if args.stats_json:
         stats = {"batch": stats_dict(total), "sessions": {s: stats_dict(v) for s, v in per_session.items()}}
         Path(args.stats_json).write_text(json.dumps(stats, indent=1))
-    _print_stats(per_session, total, args.merge, args.max_session_rows)
+    _print_stats(per_session, total, f"merge={args.merge}", args.max_session_rows)
+    if args.compare_rendered:
+        plain = {sid: builder.build(plain_renders(recs)).stats for sid, recs in by_session.items()}
+        title = f"merge={args.merge}, plain re-renders (token-faithful off)"
+        _print_stats(plain, sum(plain.values(), MergeStats()), title, args.max_session_rows)
     Console(soft_wrap=True).print(f"wrote {len(rows)} rows to {out}")
     return 0
 
@@ -165,8 +175,19 @@ def read_rows(path: str | Path) -> list[TrajectoryRow]:
     return [TrajectoryRow(**(d | {"call_indices": tuple(d["call_indices"])})) for d in dicts]
 
 
-def _print_stats(per_session: dict[str, MergeStats], total: MergeStats, merge: str, limit: int) -> None:
-    table = Table(title=f"merge={merge}")
+def plain_renders(records: list[TraceRecord]) -> list[TraceRecord]:
+    """The records as they would read with token-faithful prompts off: where the gateway spliced
+    sampled ids in, the prompt is the plain re-render it kept in `rendered_prompt_ids`."""
+    return [
+        replace(r, prompt_ids=list(r.rendered_prompt_ids), rendered_prompt_ids=None)
+        if r.rendered_prompt_ids is not None
+        else r
+        for r in records
+    ]
+
+
+def _print_stats(per_session: dict[str, MergeStats], total: MergeStats, title: str, limit: int) -> None:
+    table = Table(title=title)
     cols = ["session", "calls", "rows", "call tokens", "row tokens", "ratio", *(k.value for k in BreakKind)]
     for c in cols:
         table.add_column(c, justify="left" if c == "session" else "right")
