@@ -1,1 +1,1 @@
-"""polar_pl.module."""
+"""GRPO: pure advantage / loss math, the LightningModule, and weight push to the engine."""

@@ -1,0 +1,208 @@
+"""RolloutDataModule: owns the engine, the gateway and the stage pools, and yields training batches.
+
+`setup` starts (or connects to) the engine, starts the gateway in-process in front of it, and
+starts the rollout service; `train_dataloader` yields one collated batch of complete GRPO groups
+per optimisation step while the pools keep producing the next ones; `teardown` stops everything,
+also after an exception or Ctrl-C. `state_dict` / `load_state_dict` carry the task cursor and the
+policy version across a resume.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from torch.utils.data import DataLoader, IterableDataset
+
+from polar_pl.datamodule.collate import TrainBatch, collate
+from polar_pl.datamodule.pools import PoolSizes
+from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
+from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.datamodule.service import Group, RolloutService
+from polar_pl.gateway.gateway import Gateway
+
+
+class RolloutDataModule(L.LightningDataModule):
+    """Rollouts in, batches out.
+
+    engine: an engine handle (polar_pl.engine.protocol.Engine).
+    sandbox: a zero-argument factory returning a fresh Sandbox (Hydra `_partial_: true`).
+    tasks: an indexable task source; evaluator: scores attempts; builder: the merge strategy.
+    groups_per_step: GRPO groups per batch; group_size: attempts per task (G).
+    max_staleness: rows whose oldest sampled token is more than this many policy versions behind
+        the engine are dropped (and counted); None keeps everything.
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: Any,
+        sandbox: Callable[[], Any],
+        harness: Any,
+        tasks: Sequence[Any],
+        evaluator: Any,
+        builder: Any,
+        steps: int,
+        group_size: int = 4,
+        groups_per_step: int = 2,
+        pools: dict[str, Any] | PoolSizes | None = None,
+        max_groups_in_flight: int | None = None,
+        group_deadline_s: float | None = None,
+        max_staleness: int | None = 1,
+        options: RolloutOptions | dict[str, Any] | None = None,
+        collate_mode: str = "pack",
+        token_budget: int | None = None,
+        store_path: str | None = None,
+        gateway_options: dict[str, Any] | None = None,
+        progress: bool = True,
+    ) -> None:
+        super().__init__()
+        self.engine, self.sandbox, self.harness = engine, sandbox, harness
+        self.tasks, self.evaluator, self.builder = tasks, evaluator, builder
+        self.steps, self.group_size, self.groups_per_step = steps, group_size, groups_per_step
+        self.sizes = pools if isinstance(pools, PoolSizes) else PoolSizes(**(pools or {}))
+        self.max_groups_in_flight = max_groups_in_flight or 2 * groups_per_step
+        self.group_deadline_s, self.max_staleness = group_deadline_s, max_staleness
+        self.options = options if isinstance(options, RolloutOptions) else RolloutOptions(**(options or {}))
+        self.collate_mode, self.token_budget = collate_mode, token_budget
+        self.store_path, self.gateway_options = store_path, dict(gateway_options or {})
+        self.progress = progress
+        self.gateway: Gateway | None = None
+        self.service: RolloutService | None = None
+        self._resume: dict[str, Any] = {}
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self.counters: Counter[str] = Counter()
+        self.last_metrics: dict[str, float] = {}
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        if self.service is not None:
+            return
+        try:
+            self.engine.start()
+            store = self.store_path or self._tmp_store()
+            self.gateway = Gateway([self.engine.url], store, **self.gateway_options).start()
+            stages = HarnessRolloutStages(
+                self.gateway, self.sandbox, self.harness, self.evaluator, self.builder, self.options
+            )
+            self.service = RolloutService(
+                stages,
+                self.tasks,
+                group_size=self.group_size,
+                sizes=self.sizes,
+                max_groups_in_flight=self.max_groups_in_flight,
+                group_deadline_s=self.group_deadline_s,
+                **self._resume.get("service", {}),
+            ).start()
+        except BaseException:
+            self.teardown()
+            raise
+
+    def teardown(self, stage: str | None = None) -> None:
+        """Stop pools (every sandbox and session cleaned), then gateway, then engine. Idempotent."""
+        for stop in (self._stop_service, self._stop_gateway, self.engine.stop):
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 — keep tearing down the rest
+                pass
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def _stop_service(self) -> None:
+        if self.service is not None:
+            self.service.stop()
+            self.service = None
+
+    def _stop_gateway(self) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
+            self.gateway = None
+
+    def _tmp_store(self) -> str:
+        self._tmp = tempfile.TemporaryDirectory(prefix="polar-traces-")
+        return str(Path(self._tmp.name) / "traces.db")
+
+    # ---- data -----------------------------------------------------------------------------
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_Batches(self), batch_size=None, num_workers=0)
+
+    def next_batch(self, timeout: float | None = None) -> TrainBatch:
+        """Take groups_per_step released groups, drop stale rows, collate."""
+        assert self.service is not None, "setup() first"
+        t0 = time.monotonic()
+        groups = self.service.next_groups(self.groups_per_step, timeout=timeout)
+        wait_s = time.monotonic() - t0
+        rows = self._fresh_rows(groups)
+        batch = collate(rows, mode=self.collate_mode, token_budget=self.token_budget,
+                        pad_id=getattr(self.engine, "pad_token_id", 0))
+        self.last_metrics = self._metrics(groups, rows, batch, wait_s)
+        return batch
+
+    def _fresh_rows(self, groups: list[Group]) -> list[TrajectoryRow]:
+        current = self.engine.policy_version()
+        rows: list[TrajectoryRow] = []
+        for g in groups:
+            self.counters["groups"] += 1
+            self.counters["groups_incomplete"] += int(not g.complete)
+            for r in g.results:
+                self.counters[f"sessions_{r.status}"] += 1
+                for row in r.rows:
+                    versions = [v for v, m in zip(row.policy_version, row.loss_mask) if m]
+                    if self.max_staleness is not None and versions and current - min(versions) > self.max_staleness:
+                        self.counters["rows_stale_dropped"] += 1
+                        continue
+                    rows.append(row)
+        return rows
+
+    def _metrics(self, groups: list[Group], rows: list[TrajectoryRow], batch: TrainBatch, wait_s: float):
+        results = [r for g in groups for r in g.results]
+        rewards = [r.reward for r in results]
+        m: dict[str, float] = {
+            "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+            "rollout/pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
+            "rollout/sessions": len(results),
+            "rollout/rows": len(rows),
+            "rollout/trainable_tokens": sum(r.num_trainable for r in rows),
+            "rollout/wait_s": wait_s,
+            "rollout/padding_waste": batch.padding_waste,
+        }
+        if len(rewards) > 1:
+            mean = m["rollout/reward_mean"]
+            m["rollout/reward_std"] = (sum((x - mean) ** 2 for x in rewards) / (len(rewards) - 1)) ** 0.5
+        merged: Counter[str] = Counter()
+        for r in results:
+            merged.update(r.info.get("merge", {}))
+        m.update({k: float(v) for k, v in merged.items()})
+        m.update({f"datamodule/{k}": float(v) for k, v in self.counters.items()})
+        if self.service is not None:
+            m.update(self.service.metrics())
+        return m
+
+    # ---- resume ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"policy_version": int(self.engine.policy_version())}
+        if self.service is not None:
+            state["service"] = self.service.state_dict()
+        elif "service" in self._resume:
+            state["service"] = self._resume["service"]
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resume = dict(state_dict)
+
+
+class _Batches(IterableDataset):
+    """One batch per training step, `steps` of them (the trainer's max_steps bounds the run)."""
+
+    def __init__(self, dm: RolloutDataModule) -> None:
+        self.dm = dm
+
+    def __iter__(self) -> Iterator[TrainBatch]:
+        for _ in range(self.dm.steps):
+            yield self.dm.next_batch()

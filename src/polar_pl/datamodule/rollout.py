@@ -1,0 +1,158 @@
+"""The real work of each stage for one task attempt: sandbox, harness, gateway session, evaluator,
+trajectory builder. Plugged into `StagePools` by the RolloutDataModule (and the SFT generator).
+
+INIT     start a sandbox, put the task's repository in it, commit the baseline.
+RUNNING  register a gateway session, start pre-warming the evaluation sandbox, run the harness
+         until it exits or the deadline passes (the sandbox kills the whole process tree).
+POSTRUN  evaluate the patch and answer in the pre-warmed sandbox (never the agent's), read the
+         session's trace records, build trajectory rows with the reward.
+cleanup  stop the sandbox, release the evaluator handle, end the gateway session.
+
+Blocking work (docker, subprocesses, HTTP) runs in worker threads via `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from polar_pl.datamodule.pools import FAILED, OK, TIMEOUT, RolloutJob, RolloutResult
+from polar_pl.datamodule.trajectory.base import TrajectoryBuilder
+from polar_pl.gateway.gateway import Gateway
+from polar_pl.harness.protocol import GatewaySession, Harness
+from polar_pl.harness.run import run_harness
+from polar_pl.sandbox.protocol import Sandbox
+from polar_pl.tasks.evaluator import Evaluator
+from polar_pl.tasks.workspace import prepare_workspace
+
+TIMEOUT_POLICIES = ("train_zero", "mask")
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutOptions:
+    """model: the name harnesses ask for. timeout_policy: a timed-out attempt's rows are trained
+    with reward 0 (`train_zero`) or dropped (`mask`). failed_rows: keep rows of crashed harness runs
+    (reward 0) or drop them."""
+
+    model: str = "polar-tiny"
+    timeout_policy: str = "train_zero"
+    keep_failed_rows: bool = False
+    setup_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.timeout_policy not in TIMEOUT_POLICIES:
+            raise ValueError(
+                f"datamodule.timeout_policy={self.timeout_policy!r}: allowed values are {TIMEOUT_POLICIES}"
+            )
+
+
+class HarnessRolloutStages:
+    """`RolloutStages` for one harness, one sandbox backend, one evaluator and one merge builder."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        sandbox_factory: Callable[[], Sandbox],
+        harness: Harness,
+        evaluator: Evaluator,
+        builder: TrajectoryBuilder,
+        options: RolloutOptions = RolloutOptions(),
+    ) -> None:
+        self.gateway, self.sandbox_factory, self.harness = gateway, sandbox_factory, harness
+        self.evaluator, self.builder, self.options = evaluator, builder, options
+
+    async def init(self, job: RolloutJob) -> None:
+        def start() -> None:
+            sandbox = self.sandbox_factory()
+            job.state["sandbox"] = sandbox  # set before start(): cleanup must see a half-started one
+            sandbox.start()
+            prepare_workspace(job.task, sandbox, setup_timeout=self.options.setup_timeout_s)
+
+        await asyncio.to_thread(start)
+
+    async def run(self, job: RolloutJob) -> None:
+        task = job.task
+        session = self.gateway.create_session(
+            task_id=task.instance_id, group_id=job.group_id, rollout_id=job.rollout_id, harness=self.harness.name
+        )
+        job.state["session"] = session
+        job.state["eval"] = self.evaluator.prewarm(task)  # fresh sandbox, overlaps the agent's run
+        timeout = max(1.0, job.deadline - time.monotonic()) if job.deadline else None
+        result = await asyncio.to_thread(
+            run_harness,
+            self.harness,
+            job.state["sandbox"],
+            GatewaySession(session.base_url, session.token, self.options.model),
+            task.prompt,
+            timeout=timeout,
+            baseline=False,  # prepare_workspace committed the baseline
+        )
+        job.state["harness"] = result
+        if result.timed_out:
+            job.status, job.error = TIMEOUT, f"harness timed out after {result.duration_s:.0f}s"
+
+    async def postrun(self, job: RolloutJob) -> RolloutResult:
+        task, hres = job.task, job.state.get("harness")
+        info: dict[str, Any] = {"harness": self.harness.name}
+        reward = 0.0
+        if hres is not None:
+            info.update(exit_code=hres.exit_code, patch_bytes=len(hres.patch), answer=hres.answer)
+        if job.status == OK and hres is not None:
+            ev = await asyncio.to_thread(self.evaluator.evaluate, job.state.pop("eval"), hres.patch, hres.answer)
+            reward = ev.reward
+            info.update(eval_status=ev.status, eval_reason=ev.reason, tests=ev.counts())
+            if ev.status == "error":
+                job.fail("postrun", f"evaluator: {ev.reason}")
+        session = job.state.get("session")
+        records = await asyncio.to_thread(self.gateway.records, session.session_id) if session else []
+        built = self.builder.build(records, reward=reward, status=job.status, harness=self.harness.name)
+        rows = built.rows
+        if (job.status == TIMEOUT and self.options.timeout_policy == "mask") or (
+            job.status == FAILED and not self.options.keep_failed_rows
+        ):
+            rows = []
+        info.update(calls=len(records), merge=built.stats.to_metrics("merge"))
+        return RolloutResult(
+            rollout_id=job.rollout_id,
+            group_id=job.group_id,
+            task_id=task.instance_id,
+            status=job.status,
+            reward=reward,
+            rows=tuple(_with_ids(rows, job)),
+            error=job.error,
+            failed_stage=job.failed_stage,
+            timings=dict(job.timings),
+            info=info,
+        )
+
+    async def cleanup(self, job: RolloutJob) -> None:
+        def stop() -> None:
+            errors = []
+            if (handle := job.state.pop("eval", None)) is not None:
+                _collect(errors, self.evaluator.discard, handle)
+            if (sandbox := job.state.pop("sandbox", None)) is not None:
+                _collect(errors, sandbox.stop)
+            if (session := job.state.pop("session", None)) is not None:
+                _collect(errors, self.gateway.delete_session, session.session_id)
+            if errors:
+                raise RuntimeError("; ".join(errors))
+
+        await asyncio.to_thread(stop)
+
+
+def _collect(errors: list[str], fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001 — every resource gets its chance to be released
+        errors.append(f"{getattr(fn, '__qualname__', fn)}: {type(exc).__name__}: {exc}")
+
+
+def _with_ids(rows, job: RolloutJob):
+    """Rows carry the pool's rollout / group ids (the builder only knows the session's)."""
+    from dataclasses import replace
+
+    for row in rows:
+        yield replace(row, rollout_id=job.rollout_id, group_id=job.group_id)
