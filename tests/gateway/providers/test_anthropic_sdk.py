@@ -215,3 +215,14 @@ def test_recorded_cli_request_replays_through_the_gateway(gateway, script, recor
     assert trace.status == "ok" and message["usage"]["input_tokens"] == len(trace.prompt_ids)
     n_system = sum(1 for m in body["messages"] if m["role"] == "system")
     assert [m["role"] for m in trace.normalized_request["messages"]].count("system") == n_system + 1
+
+
+def test_stop_sequence_reported_on_the_stream(gateway, script):
+    script.default = lambda chat: Reply("Hello END world")
+    s = gateway.create_session()
+    with _client(s.base_url).messages.stream(
+        model="m", max_tokens=50, stop_sequences=["END"], messages=[{"role": "user", "content": "x"}]
+    ) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "END")
+    assert final.content[0].text == "Hello "
