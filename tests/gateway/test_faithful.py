@@ -185,3 +185,61 @@ def test_token_in_path_matches_the_engine_chat_path(engine, script, tok, reply: 
     strip = lambda calls: [c["function"] for c in calls or []]
     assert strip(a.get("tool_calls")) == strip(b.get("tool_calls"))
     assert via_tokens.usage == via_chat.usage
+
+
+def _turn(
+    http, tok, chat: dict[str, Any], records: list[TraceRecord], faithful: bool
+) -> tuple[TraceRecord, dict[str, Any]]:
+    """One harness turn against the real engine server (chat path, or token-faithful token-in
+    path): the trace record and the assistant message the harness receives."""
+    cap, rendered = CallCapture(), None
+    if faithful:
+        fp = faithful_prompt(tok, chat, records)
+        rendered = fp.rendered_if_different
+        translate = CompletionToChat(chat)
+        with http.stream("POST", "/v1/completions", json=completion_body(chat, fp.prompt_ids)) as r:
+            for chunk in _sse(r):
+                for c in translate.feed(chunk):
+                    cap.add(c)
+    else:
+        fields = {"stream": True, "logprobs": True, "top_logprobs": 0, "return_token_ids": True}
+        with http.stream("POST", "/v1/chat/completions", json=chat | fields) as r:
+            for chunk in _sse(r):
+                cap.add(chunk)
+    message = {k: v for k, v in cap.completion()["choices"][0]["message"].items() if v is not None}
+    return TraceRecord(
+        session_id="s", call_index=len(records), timestamp=0.0, provider="openai_chat", raw_request={},
+        raw_response="", normalized_request=chat, prompt_ids=cap.prompt_ids, response_ids=cap.response_ids,
+        response_logprobs=cap.logprobs, finish_reason=cap.finish_reason, policy_version=0, latency_s=0.0,
+        rendered_prompt_ids=rendered,
+    ), message  # fmt: skip
+
+
+@pytest.mark.parametrize("faithful", [False, True])
+def test_multi_turn_session_through_the_engine(engine, script, tok, faithful: bool) -> None:
+    """Three turns, the harness echoing what the engine answered: the plain chat path drifts when
+    the template drops the first turn's thinking; the token-faithful path merges into one row."""
+    script.queue.extend(
+        [
+            Reply(tool_calls=[ToolCall("ls", {"path": "src"})], reasoning="I should look."),
+            Reply("One file: a.py."),
+            Reply("Done."),
+        ]
+    )
+    follow_ups = [
+        {"role": "tool", "tool_call_id": "x", "content": "a.py"},
+        {"role": "user", "content": "Delete it."},
+    ]
+    messages, records = list(M1), []
+    with httpx.Client(base_url=engine.url, timeout=60) as http:
+        for i in range(3):
+            chat = {"model": engine.model, "messages": list(messages), "tools": TOOLS, "max_tokens": 64}
+            rec, echo = _turn(http, tok, chat, records, faithful)
+            records.append(rec)
+            if i < 2:
+                messages += [echo, follow_ups[i]]
+    stats = PrefixBuilder().build(records).stats
+    if faithful:
+        assert stats.breaks == {} and stats.rows == 1 and stats.spliced_calls >= 1
+    else:
+        assert stats.breaks == {"drift": 1}
