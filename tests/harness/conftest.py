@@ -13,11 +13,15 @@ import pytest
 
 from polar_pl.engine.scripted import Reply, serve_scripted
 from polar_pl.gateway.gateway import Gateway
-from polar_pl.sandbox.testing import docker_engine, docker_image  # noqa: F401  (real dockerd)
+from polar_pl.sandbox.testing import (  # noqa: F401  (a real dockerd; the leftover check)
+    OWNER,
+    docker_engine,
+    docker_image,
+    no_sandbox_leftovers,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS_PREFIX = Path(os.environ.get("POLAR_HARNESS_PREFIX", REPO / ".cache" / "harness"))
-
 
 
 class Script:
@@ -50,14 +54,14 @@ def _make(kind: str, request):
 
     prefix = str(HARNESS_PREFIX)
     if kind == "local":
-        return LocalSandbox(owner="pytest", harness_prefix=prefix)
+        return LocalSandbox(owner=OWNER, harness_prefix=prefix)
     if kind == "bwrap":
-        return LocalSandbox(isolation="bwrap", owner="pytest", harness_prefix=prefix)
+        return LocalSandbox(isolation="bwrap", owner=OWNER, harness_prefix=prefix)
     engine = request.getfixturevalue("docker_engine")
     image = request.getfixturevalue("docker_image")
     from polar_pl.sandbox.docker import DockerSandbox
 
-    return DockerSandbox(image=image, docker_host=engine.url, owner="pytest", harness_prefix=prefix)
+    return DockerSandbox(image=image, docker_host=engine.url, owner=OWNER, harness_prefix=prefix)
 
 
 @pytest.fixture(scope="session")

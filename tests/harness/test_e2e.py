@@ -56,9 +56,15 @@ def _main_calls(records) -> list:
     return [r for r in records if r.call_kind == "main"]
 
 
+# Every harness in both backends; under bubblewrap (no network but the relayed gateway) the
+# Python agent, the native-binary CLI and one Node CLI.
+CASES = [(n, b) for b in ("local", "docker") for n in SHELL_TOOL] + [
+    (n, "bwrap") for n in ("mini", "claude_code", "pi")
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["local", "docker"])
-@pytest.mark.parametrize("name", list(SHELL_TOOL))
+@pytest.mark.parametrize(("name", "backend"), CASES)
 def test_two_turn_tool_task(name, backend, backend_sandbox, gateway, script, harness_prefix):
     harness = build_harness(name)
     if not harness.is_installed(harness_prefix):
@@ -68,7 +74,9 @@ def test_two_turn_tool_task(name, backend, backend_sandbox, gateway, script, har
     handle = gateway.create_session(task_id=f"e2e-{name}", harness=name)
     session = GatewaySession(base_url=handle.base_url, token=handle.token, model="polar-tiny")
 
-    result = run_harness(harness, backend_sandbox, session, "Write the greeting into result.txt.", timeout=240)
+    result = run_harness(
+        harness, backend_sandbox, session, "Write the greeting into result.txt.", timeout=240
+    )
 
     detail = f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
     assert result.exit_code == 0 and not result.timed_out, detail

@@ -10,7 +10,12 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from polar_pl.sandbox.testing import docker_engine, docker_image  # noqa: F401  (real dockerd)
+from polar_pl.sandbox.testing import (  # noqa: F401  (a real dockerd; the leftover check)
+    OWNER,
+    docker_engine,
+    docker_image,
+    no_sandbox_leftovers,
+)
 from polar_pl.utils.serving import ServerThread
 
 BACKENDS = ["local", "bwrap", "docker"]
@@ -23,16 +28,16 @@ def _factory(kind: str, request, **limits):
     from polar_pl.sandbox.local import LocalSandbox
 
     if kind == "local":
-        return lambda: LocalSandbox(owner="pytest", **limits)
+        return lambda: LocalSandbox(owner=OWNER, **limits)
     if kind == "bwrap":
         if not shutil.which("bwrap"):
             pytest.skip("bubblewrap is not installed (apt-get install bubblewrap)")
-        return lambda: LocalSandbox(isolation="bwrap", owner="pytest", **limits)
+        return lambda: LocalSandbox(isolation="bwrap", owner=OWNER, **limits)
     engine = request.getfixturevalue("docker_engine")
     image = request.getfixturevalue("docker_image")
     from polar_pl.sandbox.docker import DockerSandbox
 
-    return lambda: DockerSandbox(image=image, docker_host=engine.url, owner="pytest", **limits)
+    return lambda: DockerSandbox(image=image, docker_host=engine.url, owner=OWNER, **limits)
 
 
 @pytest.fixture(params=BACKENDS)

@@ -123,15 +123,15 @@ class Cgroup:
                     time.sleep(0.02)
 
 
-def sweep() -> int:
-    """Remove leftover polar_pl cgroups (after a crash); returns how many were removed."""
+def sweep(owner: str | None = None) -> int:
+    """Remove leftover polar_pl cgroups of `owner` (all when None) after a crash; returns the count."""
     n = 0
     parents = [ROOT / PARENT] if _is_v2() else [ROOT / c / PARENT for c in ("memory", "pids", "cpu")]
     for parent in parents:
         if not parent.is_dir():
             continue
         for d in parent.iterdir():
-            if d.is_dir():
+            if d.is_dir() and (owner is None or d.name.startswith(f"{owner}.")):
                 for pid in (d / "cgroup.procs").read_text().split():
                     try:
                         os.kill(int(pid), signal.SIGKILL)

@@ -1,6 +1,6 @@
 """Pytest fixtures for a real Docker engine, importable by any conftest:
 
-    from polar_pl.sandbox.testing import docker_engine, docker_image  # noqa: F401
+    from polar_pl.sandbox.testing import docker_engine, docker_image, no_sandbox_leftovers  # noqa: F401
 
 `docker_engine`: a private dockerd started as root with its own data root, exec root, pidfile and
 socket (dockerd.py), stopped by pid at the end of the session after removing the test containers;
@@ -15,6 +15,37 @@ import os
 from pathlib import Path
 
 import pytest
+
+# Owner label of every sandbox a test session makes: per process, so parallel sessions never
+# sweep each other's sandboxes.
+OWNER = f"pytest-{os.getpid()}"
+
+
+def leftovers(owner: str = OWNER, client=None) -> list[str]:
+    """What sandboxes of `owner` left behind: workspaces, relay folders, cgroups, containers."""
+    import tempfile
+
+    from polar_pl.sandbox import cgroups
+    from polar_pl.sandbox.docker import LABEL, OWNER_LABEL, RUN_PREFIX
+    from polar_pl.sandbox.local import TMP_PREFIX
+
+    tmp = Path(tempfile.gettempdir())
+    found = [str(p) for prefix in (TMP_PREFIX, RUN_PREFIX) for p in tmp.glob(f"{prefix}{owner}-*")]
+    for parent in (cgroups.ROOT / cgroups.PARENT, cgroups.ROOT / "pids" / cgroups.PARENT):
+        if parent.is_dir():
+            found += [str(d) for d in parent.iterdir() if d.is_dir() and d.name.startswith(f"{owner}.")]
+    if client is not None:
+        labels = [f"{LABEL}=1", f"{OWNER_LABEL}={owner}"]
+        found += [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": labels})]
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_sandbox_leftovers():
+    """Fails the session's teardown if any sandbox of this session was not cleaned up."""
+    yield
+    left = leftovers()
+    assert not left, f"sandboxes left behind: {left}"
 
 
 @pytest.fixture(scope="session")
@@ -34,9 +65,11 @@ def docker_engine():
     from polar_pl.sandbox.docker import sweep_docker
 
     client = docker.DockerClient(base_url=daemon.url)
-    sweep_docker(client, owner="pytest")  # whatever a failed test left behind
+    left = leftovers(OWNER, client)
+    sweep_docker(client, owner=OWNER)  # whatever a failed test left behind
     client.close()
     daemon.stop()
+    assert not left, f"containers left behind: {left}"
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,93 @@
+"""`polar-pl sandbox build-image` and `polar-pl sandbox cleanup`.
+
+build-image: build the offline base image (debootstrap rootfs, cached under .cache/sandbox) and the
+mini agent's pydeps folder, and import the image into a Docker engine: the one at --docker-host /
+DOCKER_HOST, or a private dockerd (--dockerd-root) started for the import and stopped after.
+cleanup: remove leftover sandboxes after a crash: labelled containers, temporary workspaces,
+relay folders and cgroups (of one --owner, or all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    b = sub.add_parser("build-image", help="build the offline Docker base image (python3, git)")
+    b.add_argument("--tag", default=None, help="image tag (default polar-pl/sandbox:bookworm)")
+    b.add_argument("--docker-host", default=os.environ.get("DOCKER_HOST"), help="engine socket URL")
+    b.add_argument(
+        "--dockerd-root", default=".cache/dockerd", help="private dockerd root when no engine given"
+    )
+    b.add_argument("--force", action="store_true", help="re-import even if the tag exists")
+    c = sub.add_parser("cleanup", help="remove leftover sandboxes (containers, workspaces, cgroups)")
+    c.add_argument("--owner", default=None, help="only sandboxes of this owner (default: all)")
+    c.add_argument("--docker-host", default=os.environ.get("DOCKER_HOST"), help="engine socket URL")
+    c.add_argument("--dockerd-root", default=None, help="also clean the private dockerd at this root")
+
+
+def run(args: argparse.Namespace) -> int:
+    return _build(args) if args.action == "build-image" else _cleanup(args)
+
+
+def _engine(docker_host: str | None, dockerd_root: str | None):
+    """(client, daemon-we-started or None)."""
+    import docker
+
+    from polar_pl.sandbox.dockerd import DockerDaemon
+
+    if docker_host:
+        return docker.DockerClient(base_url=docker_host, timeout=600), None
+    daemon = DockerDaemon(root=dockerd_root or ".cache/dockerd").start()
+    return docker.DockerClient(base_url=daemon.url, timeout=600), daemon
+
+
+def _build(args: argparse.Namespace) -> int:
+    from polar_pl.sandbox.dockerd import DockerUnavailable
+    from polar_pl.sandbox.image import DEFAULT_TAG, build_image, pydeps_dir, rootfs_tarball
+
+    t0 = time.monotonic()
+    try:
+        tarball = rootfs_tarball()
+        print(f"rootfs: {tarball} ({tarball.stat().st_size / 2**20:.0f} MiB)")
+        print(f"pydeps: {pydeps_dir()}")
+        client, daemon = _engine(args.docker_host, args.dockerd_root)
+    except (DockerUnavailable, RuntimeError, OSError) as e:
+        print(f"sandbox build-image: {e}", file=sys.stderr)
+        return 1
+    try:
+        tag = build_image(client, args.tag or DEFAULT_TAG, force=args.force)
+        print(f"image: {tag} ({time.monotonic() - t0:.1f}s)")
+    finally:
+        client.close()
+        if daemon is not None:
+            daemon.stop()
+    return 0
+
+
+def _cleanup(args: argparse.Namespace) -> int:
+    from polar_pl.sandbox import cgroups
+    from polar_pl.sandbox.docker import sweep_docker
+    from polar_pl.sandbox.dockerd import DockerUnavailable
+    from polar_pl.sandbox.local import sweep_local
+
+    print(f"local workspaces removed: {sweep_local(args.owner)}")
+    if cgroups.available():
+        print(f"cgroups removed: {cgroups.sweep(args.owner)}")
+    if args.docker_host or args.dockerd_root:
+        try:
+            client, daemon = _engine(args.docker_host, args.dockerd_root)
+        except DockerUnavailable as e:
+            print(f"docker: skipped ({e})", file=sys.stderr)
+            return 0
+        try:
+            print(f"containers removed: {sweep_docker(client, args.owner)}")
+        finally:
+            client.close()
+            if daemon is not None:
+                daemon.stop()
+    return 0

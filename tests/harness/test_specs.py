@@ -1,0 +1,195 @@
+"""Harness specs and configs: Hydra composition with provider overrides, the impossible pairs,
+pinned versions, the config each CLI gets, the install command, and a harness timeout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+
+from polar_pl.harness import HARNESSES, build_harness
+from polar_pl.harness.protocol import GatewaySession, Harness, LaunchPlan, SandboxPaths
+from polar_pl.harness.run import run_harness
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+SESSION = GatewaySession(base_url="http://127.0.0.1:9/s/tok-123", token="tok-123", model="m-1")
+PATHS = SandboxPaths(workdir="/w", home="/h", harness_prefix="/p", python=("python3",))
+
+SUPPORTED = {
+    "mini": ["openai_chat"],
+    "claude_code": ["anthropic"],
+    "codex": ["openai_responses"],
+    "qwen_code": ["openai_chat", "anthropic", "openai_responses"],
+    "pi": ["openai_chat", "openai_responses", "anthropic", "google"],
+    "gemini_cli": ["google"],
+    "opencode": ["openai_chat", "anthropic", "openai_responses"],
+}
+ALL = ("anthropic", "openai_chat", "openai_responses", "google")
+
+
+def _harness(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    return instantiate(cfg.harness)
+
+
+@pytest.mark.parametrize("name", list(SUPPORTED))
+def test_each_harness_composes_with_its_default_provider(name):
+    h = _harness(f"harness={name}")
+    assert isinstance(h, Harness) and h.name == name
+    assert h.provider == SUPPORTED[name][0]
+
+
+@pytest.mark.parametrize(
+    ("name", "provider"), [(n, p) for n, ps in SUPPORTED.items() for p in ALL if p in ps]
+)
+def test_supported_provider_pairs(name, provider):
+    assert _harness(f"harness={name}", f"provider={provider}").provider == provider
+
+
+@pytest.mark.parametrize(
+    ("name", "provider"), [(n, p) for n, ps in SUPPORTED.items() for p in ALL if p not in ps]
+)
+def test_impossible_pairs_name_both(name, provider):
+    with pytest.raises((ValueError, InstantiationException)) as err:
+        _harness(f"harness={name}", f"provider={provider}")
+    assert f"harness={name}" in str(err.value) and f"provider={provider}" in str(err.value)
+
+
+def test_unknown_names_are_value_errors():
+    with pytest.raises(ValueError, match="allowed values"):
+        build_harness("cursor")
+    with pytest.raises(ValueError, match="allowed values"):
+        build_harness("pi", provider="bedrock")
+
+
+@pytest.mark.parametrize("name", [n for n in HARNESSES if n != "mini"])
+def test_yaml_pins_match_the_specs(name):
+    h = _harness(f"harness={name}")
+    assert h.version == type(h).pinned and h.version[0].isdigit()
+
+
+def test_codex_config_points_at_the_session():
+    plan = build_harness("codex").plan(SESSION, "do it", PATHS)
+    cfg = tomllib.loads(plan.files["/h/.codex/config.toml"].decode())
+    assert cfg["model"] == "m-1" and cfg["model_provider"] == "polar"
+    provider = cfg["model_providers"]["polar"]
+    assert provider["base_url"] == "http://127.0.0.1:9/s/tok-123/v1" and provider["wire_api"] == "responses"
+    assert plan.env["POLAR_API_KEY"] == "tok-123" and plan.env["CODEX_HOME"] == "/h/.codex"
+    assert cfg["analytics"]["enabled"] is False
+    assert plan.argv[0] == "/p/codex/node_modules/.bin/codex" and plan.argv[-1] == "do it"
+
+
+@pytest.mark.parametrize(
+    ("provider", "api", "base"),
+    [
+        ("openai_chat", "openai-completions", "http://127.0.0.1:9/s/tok-123/v1"),
+        ("openai_responses", "openai-responses", "http://127.0.0.1:9/s/tok-123/v1"),
+        ("anthropic", "anthropic-messages", "http://127.0.0.1:9/s/tok-123"),
+        ("google", "google-generative-ai", "http://127.0.0.1:9/s/tok-123"),
+    ],
+)
+def test_pi_models_json_per_provider(provider, api, base):
+    plan = build_harness("pi", provider=provider).plan(SESSION, "t", PATHS)
+    polar = json.loads(plan.files["/h/.pi/agent/models.json"])["providers"]["polar"]
+    assert (polar["api"], polar["baseUrl"], polar["models"][0]["id"]) == (api, base, "m-1")
+    assert plan.env["POLAR_API_KEY"] == "tok-123" and plan.env["PI_OFFLINE"] == "1"
+
+
+def test_claude_code_and_gemini_env():
+    claude = build_harness("claude_code").plan(SESSION, "t", PATHS).env
+    assert claude["ANTHROPIC_BASE_URL"] == SESSION.base_url and claude["ANTHROPIC_API_KEY"] == "tok-123"
+    assert claude["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1" and claude["DISABLE_AUTOUPDATER"] == "1"
+    gemini = build_harness("gemini_cli").plan(SESSION, "t", PATHS)
+    assert (
+        gemini.env["GOOGLE_GEMINI_BASE_URL"] == SESSION.base_url and gemini.env["GEMINI_API_KEY"] == "tok-123"
+    )
+    settings = json.loads(gemini.files["/h/.gemini/settings.json"])
+    assert settings["privacy"]["usageStatisticsEnabled"] is False
+    assert "-m" in gemini.argv  # a pinned model skips the router call
+
+
+@pytest.mark.parametrize("provider", SUPPORTED["opencode"])
+def test_opencode_config_per_provider(provider):
+    plan = build_harness("opencode", provider=provider).plan(SESSION, "t", PATHS)
+    cfg = json.loads(plan.files[plan.env["OPENCODE_CONFIG"]])
+    polar = cfg["provider"]["polar"]
+    assert polar["options"]["baseURL"] == "http://127.0.0.1:9/s/tok-123/v1"
+    assert cfg["model"] == "polar/m-1" and cfg["autoupdate"] is False
+    assert polar["npm"].startswith("@ai-sdk/")
+
+
+def test_qwen_auth_type_follows_provider():
+    plan = build_harness("qwen_code", provider="anthropic").plan(SESSION, "t", PATHS)
+    assert plan.argv[plan.argv.index("--auth-type") + 1] == "anthropic"
+    assert plan.env["ANTHROPIC_BASE_URL"] == SESSION.base_url
+    plan = build_harness("qwen_code").plan(SESSION, "t", PATHS)
+    assert plan.env["OPENAI_BASE_URL"] == SESSION.base_url + "/v1"
+
+
+def test_a_harness_without_prefix_is_a_clear_error():
+    with pytest.raises(ValueError, match="harness prefix"):
+        build_harness("pi").plan(SESSION, "t", SandboxPaths(workdir="/w", home="/h", harness_prefix=None))
+
+
+def test_install_cli_is_idempotent_and_fast(harness_prefix):
+    if not all(build_harness(n).is_installed(harness_prefix) for n in HARNESSES):
+        pytest.skip("harnesses not installed (polar-pl harness install all)")
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "polar_pl.cli", "harness", "install", "all", "--prefix", str(harness_prefix)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert time.monotonic() - t0 < 15
+    assert out.stdout.count("already installed") == len(HARNESSES)
+
+
+def test_install_cli_rejects_unknown_names(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "polar_pl.cli", "harness", "install", "cursor", "--prefix", str(tmp_path)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 2 and "unknown harness 'cursor'" in out.stderr and "Traceback" not in out.stderr
+
+
+class Sleeper:
+    """A bring-your-own harness that never finishes (for the timeout path)."""
+
+    name = "sleeper"
+    provider = "openai_chat"
+
+    def is_installed(self, prefix):
+        return True
+
+    def install(self, prefix):
+        pass
+
+    def plan(self, session, prompt, paths):
+        script = f"{paths.home}/agent.sh"
+        return LaunchPlan(
+            argv=("bash", script),
+            files={script: b"echo started; (sleep 3131 &) ; sleep 3132\n"},
+            log_dirs=(paths.home,),
+        )
+
+    def answer(self, stdout, answer_file_text):
+        return None
+
+
+def test_run_harness_timeout_kills_and_still_collects(tmp_path):
+    from polar_pl.sandbox.local import LocalSandbox
+    from polar_pl.sandbox.testing import OWNER
+
+    with LocalSandbox(owner=OWNER) as sb:
+        t0 = time.monotonic()
+        res = run_harness(Sleeper(), sb, SESSION, "never ends", timeout=1.0)
+        assert res.timed_out and not res.ok and time.monotonic() - t0 < 15
+        assert res.stdout == "started\n" and "agent.sh" in res.log and res.patch == ""
