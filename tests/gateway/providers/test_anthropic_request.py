@@ -134,18 +134,33 @@ def test_title_request_json_format_becomes_response_format():
 
 
 def test_tool_use_and_multi_part_error_result():
-    body = {"model": "m", "max_tokens": 10, "messages": [
-        {"role": "user", "content": "go"},
-        {"role": "assistant", "content": [
-            {"type": "text", "text": "Running both."},
-            {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}},
-            {"type": "tool_use", "id": "t2", "name": "Read", "input": {"path": "ü.txt"}}]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "t1", "content": [
-                {"type": "text", "text": "a.txt"}, {"type": "text", "text": "b.txt"}]},
-            {"type": "tool_result", "tool_use_id": "t2", "is_error": True, "content": "no such file"},
-            {"type": "text", "text": "<system-reminder>keep going</system-reminder>"}]},
-    ]}  # fmt: skip
+    body = {
+        "model": "m",
+        "max_tokens": 10,
+        "messages": [
+            {"role": "user", "content": "go"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Running both."},
+                    {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}},
+                    {"type": "tool_use", "id": "t2", "name": "Read", "input": {"path": "ü.txt"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": [{"type": "text", "text": "a.txt"}, {"type": "text", "text": "b.txt"}],
+                    },
+                    {"type": "tool_result", "tool_use_id": "t2", "is_error": True, "content": "no such file"},
+                    {"type": "text", "text": "<system-reminder>keep going</system-reminder>"},
+                ],
+            },
+        ],
+    }
     messages = to_chat(body).chat["messages"]
     assert messages[1] == {
         "role": "assistant",
@@ -162,14 +177,31 @@ def test_tool_use_and_multi_part_error_result():
 
 def test_thinking_blocks_become_reasoning_content_even_when_text_was_omitted():
     sig = encode_signature("private plan")
-    body = {"model": "m", "max_tokens": 10, "messages": [
-        {"role": "user", "content": "go"},
-        {"role": "assistant", "content": [{"type": "thinking", "thinking": "", "signature": sig},
-                                          {"type": "text", "text": "done"}]},
-        {"role": "assistant", "content": [{"type": "redacted_thinking", "data": encode_signature("hidden")},
-                                          {"type": "thinking", "thinking": "shown", "signature": "sig-from-elsewhere"}]},
-        {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "opaque-real-anthropic-data"}]},
-    ]}  # fmt: skip
+    body = {
+        "model": "m",
+        "max_tokens": 10,
+        "messages": [
+            {"role": "user", "content": "go"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "", "signature": sig},
+                    {"type": "text", "text": "done"},
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "redacted_thinking", "data": encode_signature("hidden")},
+                    {"type": "thinking", "thinking": "shown", "signature": "sig-from-elsewhere"},
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": [{"type": "redacted_thinking", "data": "opaque-real-anthropic-data"}],
+            },
+        ],
+    }
     req = to_chat(body)
     a1, a2, a3 = req.chat["messages"][1:]
     assert a1 == {"role": "assistant", "content": "done", "reasoning_content": "private plan"}
@@ -180,12 +212,24 @@ def test_thinking_blocks_become_reasoning_content_even_when_text_was_omitted():
 
 
 def test_images_become_image_url_parts():
-    body = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "what is this"},
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
-        {"type": "image", "source": {"type": "url", "url": "https://example.invalid/cat.jpg"}},
-        {"type": "image", "source": {"type": "file", "file_id": "file_1"}},
-    ]}]}  # fmt: skip
+    body = {
+        "model": "m",
+        "max_tokens": 10,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is this"},
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+                    },
+                    {"type": "image", "source": {"type": "url", "url": "https://example.invalid/cat.jpg"}},
+                    {"type": "image", "source": {"type": "file", "file_id": "file_1"}},
+                ],
+            }
+        ],
+    }
     req = to_chat(body)
     assert req.chat["messages"][0]["content"] == [
         {"type": "text", "text": "what is this"},
@@ -197,8 +241,13 @@ def test_images_become_image_url_parts():
 
 def test_server_tools_dropped_and_noted_tool_choice_and_sampling():
     body = {
-        "model": "m", "max_tokens": 50, "temperature": 0.7, "top_p": 0.9, "top_k": 20,
-        "stop_sequences": ["</answer>"], "metadata": {"user_id": "u"},
+        "model": "m",
+        "max_tokens": 50,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "stop_sequences": ["</answer>"],
+        "metadata": {"user_id": "u"},
         "messages": [{"role": "user", "content": "hi"}],
         "tools": [
             {"name": "get_weather", "description": "Weather", "input_schema": {"type": "object"}},
@@ -207,7 +256,7 @@ def test_server_tools_dropped_and_noted_tool_choice_and_sampling():
             {"type": "custom", "name": "calc", "input_schema": {"type": "object", "properties": {}}},
         ],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
-    }  # fmt: skip
+    }
     req = to_chat(body)
     chat = req.chat
     assert [t["function"]["name"] for t in chat["tools"]] == ["get_weather", "calc"]
@@ -232,12 +281,20 @@ def test_server_tools_dropped_and_noted_tool_choice_and_sampling():
 
 @pytest.mark.parametrize(
     "choice, expected",
-    [({"type": "auto"}, "auto"), ({"type": "none"}, "none"),
-     ({"type": "tool", "name": "f"}, {"type": "function", "function": {"name": "f"}})],
-)  # fmt: skip
+    [
+        ({"type": "auto"}, "auto"),
+        ({"type": "none"}, "none"),
+        ({"type": "tool", "name": "f"}, {"type": "function", "function": {"name": "f"}}),
+    ],
+)
 def test_tool_choice(choice, expected):
-    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
-            "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": choice}  # fmt: skip
+    body = {
+        "model": "m",
+        "max_tokens": 5,
+        "messages": [{"role": "user", "content": "x"}],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+        "tool_choice": choice,
+    }
     assert to_chat(body).chat["tool_choice"] == expected
 
 
@@ -280,8 +337,11 @@ def test_count_tokens_body_without_max_tokens_is_accepted():
 
 
 def test_final_assistant_text_is_a_prefill_the_engine_continues():
-    body = {"model": "m", "max_tokens": 5, "messages": [
-        {"role": "user", "content": "JSON please"}, {"role": "assistant", "content": "{"}]}  # fmt: skip
+    body = {
+        "model": "m",
+        "max_tokens": 5,
+        "messages": [{"role": "user", "content": "JSON please"}, {"role": "assistant", "content": "{"}],
+    }
     req = to_chat(body)
     assert req.chat["messages"][-1] == {"role": "assistant", "content": "{"}
     assert req.chat["continue_final_message"] is True and req.chat["add_generation_prompt"] is False

@@ -16,11 +16,19 @@ def completion(message: dict, finish: str = "stop", stop_reason=None, prompt_tok
         "id": "chatcmpl-9",
         "object": "chat.completion",
         "model": "tiny",
-        "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish,
-                     "stop_reason": stop_reason, "logprobs": None, "token_ids": [5, 6, 7]}],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", **message},
+                "finish_reason": finish,
+                "stop_reason": stop_reason,
+                "logprobs": None,
+                "token_ids": [5, 6, 7],
+            }
+        ],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 3, "total_tokens": prompt_tokens + 3},
         "prompt_token_ids": list(range(prompt_tokens)),
-    }  # fmt: skip
+    }
 
 
 def test_message_with_thinking_text_and_tool_use():
@@ -30,12 +38,15 @@ def test_message_with_thinking_text_and_tool_use():
             "content": "I'll write it.",
             "reasoning_content": "need a file",
             "tool_calls": [
-                {"id": "call_1", "type": "function",
-                 "function": {"name": "Bash", "arguments": '{"command": "echo hi > f.txt"}'}},
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "Bash", "arguments": '{"command": "echo hi > f.txt"}'},
+                },
             ],
         },
         finish="tool_calls",
-    )  # fmt: skip
+    )
     out = adapter.from_chat(engine, req)
     assert out["type"] == "message" and out["role"] == "assistant" and out["model"] == "claude-x"
     assert out["id"].startswith("msg_")
@@ -54,9 +65,13 @@ def test_message_with_thinking_text_and_tool_use():
 
 @pytest.mark.parametrize(
     "finish, stop_reason, expected",
-    [("stop", None, ("end_turn", None)), ("length", None, ("max_tokens", None)),
-     ("stop", "STOP!", ("stop_sequence", "STOP!")), ("content_filter", None, ("refusal", None))],
-)  # fmt: skip
+    [
+        ("stop", None, ("end_turn", None)),
+        ("length", None, ("max_tokens", None)),
+        ("stop", "STOP!", ("stop_sequence", "STOP!")),
+        ("content_filter", None, ("refusal", None)),
+    ],
+)
 def test_stop_reason_map(finish, stop_reason, expected):
     req = adapter.to_chat({**BODY, "stop_sequences": ["STOP!"]}, path="/v1/messages", query={})
     out = adapter.from_chat(completion({"content": "x"}, finish=finish, stop_reason=stop_reason), req)
@@ -86,10 +101,13 @@ def test_round_trip_reproduces_the_engine_turn():
         "content": "Writing.",
         "reasoning_content": "plan: echo",
         "tool_calls": [
-            {"id": "call_7", "type": "function",
-             "function": {"name": "Bash", "arguments": '{"command": "echo hello > f.txt", "timeout": 5}'}},
+            {
+                "id": "call_7",
+                "type": "function",
+                "function": {"name": "Bash", "arguments": '{"command": "echo hello > f.txt", "timeout": 5}'},
+            },
         ],
-    }  # fmt: skip
+    }
     out = adapter.from_chat(completion(engine_message, finish="tool_calls"), req)
     # The harness sends the answer back with the tool result (thinking text omitted, as Claude
     # Code does with display "omitted": only the signature comes back).
@@ -109,9 +127,17 @@ def test_round_trip_reproduces_the_engine_turn():
 
 @pytest.mark.parametrize(
     "status, kind",
-    [(400, "invalid_request_error"), (401, "authentication_error"), (404, "not_found_error"),
-     (429, "rate_limit_error"), (500, "api_error"), (502, "api_error"), (504, "api_error"),
-     (529, "overloaded_error"), (422, "invalid_request_error")],
-)  # fmt: skip
+    [
+        (400, "invalid_request_error"),
+        (401, "authentication_error"),
+        (404, "not_found_error"),
+        (429, "rate_limit_error"),
+        (500, "api_error"),
+        (502, "api_error"),
+        (504, "api_error"),
+        (529, "overloaded_error"),
+        (422, "invalid_request_error"),
+    ],
+)
 def test_error_body(status, kind):
     assert adapter.error_body(status, "why") == {"type": "error", "error": {"type": kind, "message": "why"}}

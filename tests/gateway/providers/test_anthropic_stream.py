@@ -177,18 +177,41 @@ def _frames(*events: tuple[str, dict[str, Any]]) -> str:
 
 
 GOOD = [
-    ("message_start", {"type": "message_start", "message": {
-        "id": "m", "type": "message", "role": "assistant", "model": "x", "content": [],
-        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 0}}}),
-    ("content_block_start", {"type": "content_block_start", "index": 0,
-                             "content_block": {"type": "text", "text": ""}}),
-    ("content_block_delta", {"type": "content_block_delta", "index": 0,
-                             "delta": {"type": "text_delta", "text": "hi"}}),
+    (
+        "message_start",
+        {
+            "type": "message_start",
+            "message": {
+                "id": "m",
+                "type": "message",
+                "role": "assistant",
+                "model": "x",
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 3, "output_tokens": 0},
+            },
+        },
+    ),
+    (
+        "content_block_start",
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    ),
+    (
+        "content_block_delta",
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
+    ),
     ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-    ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                       "usage": {"output_tokens": 1}}),
+    (
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": 1},
+        },
+    ),
     ("message_stop", {"type": "message_stop"}),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
@@ -198,13 +221,25 @@ GOOD = [
         (GOOD[1:], "first event"),
         ([*GOOD[:2], (GOOD[2][0], {**GOOD[2][1], "index": 1}), *GOOD[3:]], "closed block"),
         ([*GOOD[:3], *GOOD[4:]], "block open"),
-        ([*GOOD[:2], (GOOD[2][0], {**GOOD[2][1], "delta": {"type": "input_json_delta", "partial_json": "{"}}),
-          *GOOD[3:]], "inside a text block"),
-        ([*GOOD[:4], (GOOD[4][0], {**GOOD[4][1], "delta": {"stop_reason": "stop", "stop_sequence": None}}),
-          GOOD[5]], "stop_reason"),
+        (
+            [
+                *GOOD[:2],
+                (GOOD[2][0], {**GOOD[2][1], "delta": {"type": "input_json_delta", "partial_json": "{"}}),
+                *GOOD[3:],
+            ],
+            "inside a text block",
+        ),
+        (
+            [
+                *GOOD[:4],
+                (GOOD[4][0], {**GOOD[4][1], "delta": {"stop_reason": "stop", "stop_sequence": None}}),
+                GOOD[5],
+            ],
+            "stop_reason",
+        ),
         ([*GOOD[:2], GOOD[1], *GOOD[2:]], "another is open"),
     ],
-)  # fmt: skip
+)
 def test_checker_rejects_broken_streams(broken, why):
     assert check_stream(_frames(*GOOD))["content"][0]["text"] == "hi"
     with pytest.raises(GrammarError, match=why):
@@ -231,9 +266,21 @@ def vllm_chunks(
     def chunk(delta: dict[str, Any], **choice: Any) -> dict[str, Any]:
         nonlocal n
         n += 1
-        return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "tiny",
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None,
-                             "token_ids": [n], **choice}]}  # fmt: skip
+        return {
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "model": "tiny",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": None,
+                    "token_ids": [n],
+                    **choice,
+                }
+            ],
+        }
 
     first = chunk({"role": "assistant", "content": ""})
     first["prompt_token_ids"] = list(range(prompt_len))
@@ -289,9 +336,11 @@ def test_thinking_then_text_then_tool_call_split_across_many_pieces():
     args = '{"command": "echo hello > f.txt", "description": "write f"}'
     pieces = [args[i : i + 3] for i in range(0, len(args), 3)]
     chunks, usage = vllm_chunks(
-        reasoning=["I should ", "write the file."], content=["Writing it."], tools=[("call_a", "Bash", pieces)],
+        reasoning=["I should ", "write the file."],
+        content=["Writing it."],
+        tools=[("call_a", "Bash", pieces)],
         finish="tool_calls",
-    )  # fmt: skip
+    )
     message = check_stream(run_stream(BODY, chunks, usage, "tool_calls"))
     thinking, text, tool = message["content"]
     assert thinking["type"] == "thinking" and thinking["thinking"] == "I should write the file."
@@ -332,9 +381,12 @@ def test_deltas_are_forwarded_as_they_arrive():
 
 @pytest.mark.parametrize(
     "finish, stop_reason, expected",
-    [("length", None, ("max_tokens", None)), ("stop", "END", ("stop_sequence", "END")),
-     ("stop", 151645, ("end_turn", None))],
-)  # fmt: skip
+    [
+        ("length", None, ("max_tokens", None)),
+        ("stop", "END", ("stop_sequence", "END")),
+        ("stop", 151645, ("end_turn", None)),
+    ],
+)
 def test_stop_reasons(finish, stop_reason, expected):
     body = {**BODY, "stop_sequences": ["END"]}
     chunks, usage = vllm_chunks(content=["x"], finish=finish, stop_reason=stop_reason)

@@ -102,17 +102,27 @@ def test_router_classifier_asks_for_json():
 
 
 def test_calls_without_ids_are_matched_by_name_with_stable_ids():
-    body = {"contents": [
-        {"role": "user", "parts": [{"text": "do both"}]},
-        {"role": "model", "parts": [
-            {"text": "thinking it over", "thought": True},
-            {"text": "Doing both."},
-            {"functionCall": {"name": "read", "args": {"path": "a"}}},
-            {"functionCall": {"name": "bash", "args": {"command": "ls"}}}]},
-        {"role": "user", "parts": [
-            {"functionResponse": {"name": "bash", "response": {"output": "a b"}}},
-            {"functionResponse": {"name": "read", "response": {"content": "A"}}}]},
-    ]}  # fmt: skip
+    body = {
+        "contents": [
+            {"role": "user", "parts": [{"text": "do both"}]},
+            {
+                "role": "model",
+                "parts": [
+                    {"text": "thinking it over", "thought": True},
+                    {"text": "Doing both."},
+                    {"functionCall": {"name": "read", "args": {"path": "a"}}},
+                    {"functionCall": {"name": "bash", "args": {"command": "ls"}}},
+                ],
+            },
+            {
+                "role": "user",
+                "parts": [
+                    {"functionResponse": {"name": "bash", "response": {"output": "a b"}}},
+                    {"functionResponse": {"name": "read", "response": {"content": "A"}}},
+                ],
+            },
+        ]
+    }
     first = to_chat(body).chat["messages"]
     again = to_chat(body).chat["messages"]
     assert first == again, "ids must be derived, not random"
@@ -132,12 +142,19 @@ def test_orphan_function_response_is_noted():
 
 
 def test_inline_images_and_dropped_parts():
-    body = {"contents": [{"role": "user", "parts": [
-        {"text": "look"},
-        {"inlineData": {"mimeType": "image/jpeg", "data": "/9j/4AAQ"}},
-        {"inlineData": {"mimeType": "application/pdf", "data": "JVBER"}},
-        {"executableCode": {"language": "PYTHON", "code": "print(1)"}},
-    ]}]}  # fmt: skip
+    body = {
+        "contents": [
+            {
+                "role": "user",
+                "parts": [
+                    {"text": "look"},
+                    {"inlineData": {"mimeType": "image/jpeg", "data": "/9j/4AAQ"}},
+                    {"inlineData": {"mimeType": "application/pdf", "data": "JVBER"}},
+                    {"executableCode": {"language": "PYTHON", "code": "print(1)"}},
+                ],
+            }
+        ]
+    }
     req = to_chat(body)
     assert req.chat["messages"][0]["content"] == [
         {"type": "text", "text": "look"},
@@ -148,30 +165,56 @@ def test_inline_images_and_dropped_parts():
 
 
 def test_gemini_schema_types_become_json_schema():
-    schema = {"type": "OBJECT", "propertyOrdering": ["a", "type"], "required": ["a"], "properties": {
-        "a": {"type": "ARRAY", "items": {"type": "STRING", "enum": ["x", "y"]}},
-        "type": {"type": "INTEGER", "nullable": True, "description": "a property named type"},
-        "u": {"anyOf": [{"type": "NUMBER"}, {"type": "BOOLEAN"}]},
-    }}  # fmt: skip
-    assert schema_to_json_schema(schema) == {"type": "object", "required": ["a"], "properties": {
-        "a": {"type": "array", "items": {"type": "string", "enum": ["x", "y"]}},
-        "type": {"type": ["integer", "null"], "description": "a property named type"},
-        "u": {"anyOf": [{"type": "number"}, {"type": "boolean"}]},
-    }}  # fmt: skip
+    schema = {
+        "type": "OBJECT",
+        "propertyOrdering": ["a", "type"],
+        "required": ["a"],
+        "properties": {
+            "a": {"type": "ARRAY", "items": {"type": "STRING", "enum": ["x", "y"]}},
+            "type": {"type": "INTEGER", "nullable": True, "description": "a property named type"},
+            "u": {"anyOf": [{"type": "NUMBER"}, {"type": "BOOLEAN"}]},
+        },
+    }
+    assert schema_to_json_schema(schema) == {
+        "type": "object",
+        "required": ["a"],
+        "properties": {
+            "a": {"type": "array", "items": {"type": "string", "enum": ["x", "y"]}},
+            "type": {"type": ["integer", "null"], "description": "a property named type"},
+            "u": {"anyOf": [{"type": "number"}, {"type": "boolean"}]},
+        },
+    }
 
 
 def test_tools_tool_config_and_generation_config():
     body = {
         "contents": [{"parts": [{"text": "hi"}]}],
         "systemInstruction": {"parts": [{"text": "be brief"}, {"text": "be right"}]},
-        "tools": [{"functionDeclarations": [
-            {"name": "f", "description": "F", "parameters": {"type": "OBJECT", "properties": {"n": {"type": "NUMBER"}}}},
-            {"name": "g"}]}, {"googleSearch": {}}],
+        "tools": [
+            {
+                "functionDeclarations": [
+                    {
+                        "name": "f",
+                        "description": "F",
+                        "parameters": {"type": "OBJECT", "properties": {"n": {"type": "NUMBER"}}},
+                    },
+                    {"name": "g"},
+                ]
+            },
+            {"googleSearch": {}},
+        ],
         "toolConfig": {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["g"]}},
-        "generationConfig": {"maxOutputTokens": 99, "temperature": 0.2, "topP": 0.8, "topK": 3,
-                             "stopSequences": ["###"], "seed": 7, "candidateCount": 2},
+        "generationConfig": {
+            "maxOutputTokens": 99,
+            "temperature": 0.2,
+            "topP": 0.8,
+            "topK": 3,
+            "stopSequences": ["###"],
+            "seed": 7,
+            "candidateCount": 2,
+        },
         "safetySettings": [],
-    }  # fmt: skip
+    }
     req = to_chat(body)
     chat = req.chat
     assert chat["messages"][:2] == [
@@ -179,13 +222,24 @@ def test_tools_tool_config_and_generation_config():
         {"role": "user", "content": "hi"},
     ]
     assert chat["tools"] == [
-        {"type": "function", "function": {"name": "f", "description": "F",
-                                          "parameters": {"type": "object", "properties": {"n": {"type": "number"}}}}},
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "description": "F",
+                "parameters": {"type": "object", "properties": {"n": {"type": "number"}}},
+            },
+        },
         {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "properties": {}}}},
-    ]  # fmt: skip
+    ]
     assert chat["tool_choice"] == {"type": "function", "function": {"name": "g"}}
     assert {k: chat[k] for k in ("max_tokens", "temperature", "top_p", "stop", "seed")} == {
-        "max_tokens": 99, "temperature": 0.2, "top_p": 0.8, "stop": ["###"], "seed": 7}  # fmt: skip
+        "max_tokens": 99,
+        "temperature": 0.2,
+        "top_p": 0.8,
+        "stop": ["###"],
+        "seed": 7,
+    }
     notes = " | ".join(req.notes)
     for expected in ("dropped tool googleSearch", "dropped topK=3", "candidateCount=2", "safetySettings"):
         assert expected in notes
@@ -193,9 +247,11 @@ def test_tools_tool_config_and_generation_config():
 
 @pytest.mark.parametrize("mode, expected", [("AUTO", "auto"), ("ANY", "required"), ("NONE", "none")])
 def test_function_calling_modes(mode, expected):
-    body = {"contents": [{"role": "user", "parts": [{"text": "x"}]}],
-            "tools": [{"functionDeclarations": [{"name": "f"}]}],
-            "toolConfig": {"functionCallingConfig": {"mode": mode}}}  # fmt: skip
+    body = {
+        "contents": [{"role": "user", "parts": [{"text": "x"}]}],
+        "tools": [{"functionDeclarations": [{"name": "f"}]}],
+        "toolConfig": {"functionCallingConfig": {"mode": mode}},
+    }
     assert to_chat(body).chat["tool_choice"] == expected
 
 
@@ -206,13 +262,28 @@ def test_function_calling_modes(mode, expected):
         ({"contents": [{"role": "user"}]}, PATH, "parts"),
         ({"contents": [{"role": "robot", "parts": [{"text": "x"}]}]}, PATH, "role"),
         ({"contents": [{"role": "model", "parts": [{"functionCall": {"args": {}}}]}]}, PATH, "name"),
-        ({"contents": [{"role": "model", "parts": [{"functionCall": {"name": "f", "args": [1]}}]}]}, PATH, "args"),
-        ({"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"temperature": "hot"}}, PATH, "temperature"),
-        ({"contents": [{"parts": [{"text": "x"}]}], "toolConfig": {"functionCallingConfig": {"mode": "SOMETIMES"}},
-          "tools": [{"functionDeclarations": [{"name": "f"}]}]}, PATH, "mode"),
+        (
+            {"contents": [{"role": "model", "parts": [{"functionCall": {"name": "f", "args": [1]}}]}]},
+            PATH,
+            "args",
+        ),
+        (
+            {"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"temperature": "hot"}},
+            PATH,
+            "temperature",
+        ),
+        (
+            {
+                "contents": [{"parts": [{"text": "x"}]}],
+                "toolConfig": {"functionCallingConfig": {"mode": "SOMETIMES"}},
+                "tools": [{"functionDeclarations": [{"name": "f"}]}],
+            },
+            PATH,
+            "mode",
+        ),
         ({"contents": [{"parts": [{"text": "x"}]}]}, "/v1beta/models/g:embedContent", "unsupported path"),
     ],
-)  # fmt: skip
+)
 def test_malformed_requests_raise_request_error(body, path, message):
     with pytest.raises(RequestError, match=message):
         to_chat(body, path)

@@ -76,8 +76,12 @@ def test_function_call_round_trip_stays_prefix_mergeable(gateway, script):
         types.Content(role="user", parts=[types.Part.from_text(text="create f.txt containing hello")])
     ]
     chunks = list(client.models.generate_content_stream(model="gemini-x", contents=contents, config=config))
-    calls = [p.function_call for c in chunks for p in (c.candidates[0].content.parts if c.candidates[0].content else [])
-             if p.function_call]  # fmt: skip
+    calls = [
+        p.function_call
+        for c in chunks
+        for p in (c.candidates[0].content.parts if c.candidates[0].content else [])
+        if p.function_call
+    ]
     (call,) = calls
     assert (call.name, call.args) == ("run_shell_command", {"command": "echo hello > f.txt"})
     model_turn = types.Content(role="model", parts=[types.Part(function_call=call)])
@@ -99,8 +103,10 @@ def test_function_call_round_trip_stays_prefix_mergeable(gateway, script):
 def test_json_mode_like_the_router_classifier(gateway, script):
     script.queue.append('{"complexity_reasoning": "simple", "complexity_score": 5}')
     s = gateway.create_session()
-    schema = {"type": "object", "properties": {"complexity_reasoning": {"type": "string"},
-                                               "complexity_score": {"type": "integer"}}}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"complexity_reasoning": {"type": "string"}, "complexity_score": {"type": "integer"}},
+    }
     client = _client(s.base_url)
     r = client.models.generate_content(
         model="gemini-x-lite",

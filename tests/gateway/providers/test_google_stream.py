@@ -165,9 +165,21 @@ def vllm_chunks(*, reasoning=(), content=(), tools=(), finish="stop", prompt_len
     def chunk(delta, **choice):
         nonlocal n
         n += 1
-        return {"id": "c", "object": "chat.completion.chunk", "model": "tiny",
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None,
-                             "token_ids": [n], **choice}]}  # fmt: skip
+        return {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "model": "tiny",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": None,
+                    "token_ids": [n],
+                    **choice,
+                }
+            ],
+        }
 
     first = chunk({"role": "assistant", "content": ""})
     first["prompt_token_ids"] = list(range(prompt_len))
@@ -200,8 +212,11 @@ def test_text_stream_forwards_each_piece():
     raw = run_stream(BODY, chunks, usage, "stop")
     result = check_stream(raw)
     assert result["text"] == "Hello" and result["finishReason"] == "STOP"
-    assert result["usage"] == {"promptTokenCount": 11, "candidatesTokenCount": usage["completion_tokens"],
-                               "totalTokenCount": 11 + usage["completion_tokens"]}  # fmt: skip
+    assert result["usage"] == {
+        "promptTokenCount": 11,
+        "candidatesTokenCount": usage["completion_tokens"],
+        "totalTokenCount": 11 + usage["completion_tokens"],
+    }
     assert raw.count("data: ") == 3  # two text frames, one closing frame
     assert json.loads(raw.split("\n\n")[0][6:])["modelVersion"] == "gemini-x"
 
@@ -230,15 +245,18 @@ def test_one_tool_call_split_across_many_pieces_is_sent_whole():
 
 def test_two_tool_calls_first_sent_when_second_starts():
     a, b = '{"path": "a"}', '{"command": "ls", "timeout": 3}'
-    chunks, usage = vllm_chunks(tools=[("x", "read", [a[:3], a[3:]]), ("y", "bash", [b[:5], b[5:9], b[9:]])],
-                                finish="tool_calls")  # fmt: skip
+    chunks, usage = vllm_chunks(
+        tools=[("x", "read", [a[:3], a[3:]]), ("y", "bash", [b[:5], b[5:9], b[9:]])], finish="tool_calls"
+    )
     translator = adapter.stream(adapter.to_chat(BODY, path=STREAM_PATH, query={"alt": "sse"}))
     outs = [translator.feed(c) for c in chunks]
     second_head = 1 + 1 + 2  # role chunk, first call head, its two pieces
     assert b'"name":"read"' in outs[second_head], "first call goes out as soon as the second begins"
     raw = (b"".join(outs) + translator.finish("tool_calls", usage)).decode()
     assert [(c["name"], c["args"]) for c in check_stream(raw)["calls"]] == [
-        ("read", {"path": "a"}), ("bash", {"command": "ls", "timeout": 3})]  # fmt: skip
+        ("read", {"path": "a"}),
+        ("bash", {"command": "ls", "timeout": 3}),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -262,22 +280,39 @@ def test_engine_failure_mid_stream_is_an_error_frame():
 
 
 def completion(message, finish="stop", prompt_tokens=40):
-    return {"id": "c", "object": "chat.completion", "model": "tiny",
-            "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish,
-                         "logprobs": None, "token_ids": [1, 2]}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 2, "total_tokens": prompt_tokens + 2},
-            "prompt_token_ids": list(range(prompt_tokens))}  # fmt: skip
+    return {
+        "id": "c",
+        "object": "chat.completion",
+        "model": "tiny",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", **message},
+                "finish_reason": finish,
+                "logprobs": None,
+                "token_ids": [1, 2],
+            }
+        ],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 2, "total_tokens": prompt_tokens + 2},
+        "prompt_token_ids": list(range(prompt_tokens)),
+    }
 
 
 def test_response_with_thought_text_and_call():
     req = adapter.to_chat(THINKING_BODY, path=PATH, query={})
-    msg = {"content": "Sure.", "reasoning_content": "think",
-           "tool_calls": [{"id": "k", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}  # fmt: skip
+    msg = {
+        "content": "Sure.",
+        "reasoning_content": "think",
+        "tool_calls": [{"id": "k", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}],
+    }
     out = adapter.from_chat(completion(msg, "tool_calls"), req)
     parts = check_response(out, last=True)
     signature = parts[1].pop("thoughtSignature")
-    assert parts == [{"text": "think", "thought": True}, {"text": "Sure."},
-                     {"functionCall": {"name": "f", "args": {"a": 1}, "id": "k"}}]  # fmt: skip
+    assert parts == [
+        {"text": "think", "thought": True},
+        {"text": "Sure."},
+        {"functionCall": {"name": "f", "args": {"a": 1}, "id": "k"}},
+    ]
     assert decode_thought_signature(signature) == "think"
     assert out["candidates"][0]["finishReason"] == "STOP"
     assert out["usageMetadata"]["promptTokenCount"] == 40 and out["modelVersion"] == "gemini-x"
@@ -290,14 +325,29 @@ def test_round_trip_reproduces_the_engine_turn():
     """A functionCall the gateway answered, sent back with its functionResponse, must become the
     same assistant turn (id, name, argument text) the engine produced."""
     req = adapter.to_chat(BODY, path=PATH, query={})
-    engine = {"content": "", "tool_calls": [
-        {"id": "call_z", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls -a", "n": 2}'}}]}  # fmt: skip
+    engine = {
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_z",
+                "type": "function",
+                "function": {"name": "bash", "arguments": '{"command": "ls -a", "n": 2}'},
+            }
+        ],
+    }
     out = adapter.from_chat(completion(engine, "tool_calls"), req)
-    follow_up = {"contents": [
-        *BODY["contents"],
-        out["candidates"][0]["content"],
-        {"role": "user", "parts": [{"functionResponse": {"id": "call_z", "name": "bash", "response": {"output": "."}}}]},
-    ]}  # fmt: skip
+    follow_up = {
+        "contents": [
+            *BODY["contents"],
+            out["candidates"][0]["content"],
+            {
+                "role": "user",
+                "parts": [
+                    {"functionResponse": {"id": "call_z", "name": "bash", "response": {"output": "."}}}
+                ],
+            },
+        ]
+    }
     messages = adapter.to_chat(follow_up, path=PATH, query={}).chat["messages"]
     assert messages[1] == {"role": "assistant", **engine}
     assert messages[2] == {"role": "tool", "tool_call_id": "call_z", "content": '{"output": "."}'}
@@ -307,15 +357,25 @@ def test_reasoning_survives_a_history_without_thought_parts():
     """Gemini CLI drops thought parts from its history but keeps thoughtSignature; the engine
     must still get back the reasoning it produced for the in-loop turn (prefix identity)."""
     req = adapter.to_chat(THINKING_BODY, path=PATH, query={})
-    engine = {"content": "", "reasoning_content": "ls first", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}]}  # fmt: skip
+    engine = {
+        "content": "",
+        "reasoning_content": "ls first",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+        ],
+    }
     out = adapter.from_chat(completion(engine, "tool_calls"), req)
     kept = [p for p in out["candidates"][0]["content"]["parts"] if not p.get("thought")]
     assert kept[0]["thoughtSignature"]
     # The Python SDK re-encodes signature bytes with the URL-safe alphabet; both must decode.
     kept[0]["thoughtSignature"] = kept[0]["thoughtSignature"].replace("+", "-").replace("/", "_")
-    follow_up = {"contents": [*BODY["contents"], {"role": "model", "parts": kept},
-                              {"role": "user", "parts": [{"functionResponse": {"name": "bash", "response": {}}}]}]}  # fmt: skip
+    follow_up = {
+        "contents": [
+            *BODY["contents"],
+            {"role": "model", "parts": kept},
+            {"role": "user", "parts": [{"functionResponse": {"name": "bash", "response": {}}}]},
+        ]
+    }
     messages = adapter.to_chat(follow_up, path=PATH, query={}).chat["messages"]
     assert messages[1] == {"role": "assistant", **engine}
 
@@ -337,8 +397,16 @@ def test_stream_signs_the_first_answer_part_with_the_reasoning():
 
 @pytest.mark.parametrize(
     "status, name",
-    [(400, "INVALID_ARGUMENT"), (401, "UNAUTHENTICATED"), (404, "NOT_FOUND"), (429, "RESOURCE_EXHAUSTED"),
-     (500, "INTERNAL"), (502, "UNAVAILABLE"), (503, "UNAVAILABLE"), (504, "DEADLINE_EXCEEDED")],
-)  # fmt: skip
+    [
+        (400, "INVALID_ARGUMENT"),
+        (401, "UNAUTHENTICATED"),
+        (404, "NOT_FOUND"),
+        (429, "RESOURCE_EXHAUSTED"),
+        (500, "INTERNAL"),
+        (502, "UNAVAILABLE"),
+        (503, "UNAVAILABLE"),
+        (504, "DEADLINE_EXCEEDED"),
+    ],
+)
 def test_error_body(status, name):
     assert adapter.error_body(status, "m") == {"error": {"code": status, "message": "m", "status": name}}
