@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,16 +77,25 @@ class RolloutDataModule(L.LightningDataModule):
         self._resume: dict[str, Any] = {}
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.counters: Counter[str] = Counter()
+        self._issued: deque[list[int]] = deque()
         self.last_metrics: dict[str, float] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
-        if self.service is not None:
+        if self.gateway is not None:
             return
         try:
             self.engine.start()
             store = self.store_path or self._tmp_store()
             self.gateway = Gateway([self.engine.url], store, **self.gateway_options).start()
+        except BaseException:
+            self.teardown()
+            raise
+
+    def _start_service(self) -> RolloutService:
+        """Started on first use, after Lightning restored `load_state_dict` on a resume."""
+        if self.service is None:
+            assert self.gateway is not None, "setup() first"
             stages = HarnessRolloutStages(
                 self.gateway, self.sandbox, self.harness, self.evaluator, self.builder, self.options
             )
@@ -99,9 +108,7 @@ class RolloutDataModule(L.LightningDataModule):
                 group_deadline_s=self.group_deadline_s,
                 **self._resume.get("service", {}),
             ).start()
-        except BaseException:
-            self.teardown()
-            raise
+        return self.service
 
     def teardown(self, stage: str | None = None) -> None:
         """Stop pools (every sandbox and session cleaned), then gateway, then engine. Idempotent."""
@@ -133,10 +140,12 @@ class RolloutDataModule(L.LightningDataModule):
         return DataLoader(_Batches(self), batch_size=None, num_workers=0)
 
     def next_batch(self, timeout: float | None = None) -> TrainBatch:
-        """Take groups_per_step released groups, drop stale rows, collate."""
-        assert self.service is not None, "setup() first"
+        """Take groups_per_step released groups, drop stale rows, collate. The groups count as
+        consumed (for resume) only when `commit_batch` says the step trained on them."""
+        service = self._start_service()
         t0 = time.monotonic()
-        groups = self.service.next_groups(self.groups_per_step, timeout=timeout)
+        groups = service.next_groups(self.groups_per_step, timeout=timeout, consume=False)
+        self._issued.append([g.seq for g in groups])
         wait_s = time.monotonic() - t0
         rows = self._fresh_rows(groups)
         batch = collate(rows, mode=self.collate_mode, token_budget=self.token_budget,
@@ -184,6 +193,11 @@ class RolloutDataModule(L.LightningDataModule):
             m.update(self.service.metrics())
         return m
 
+    def commit_batch(self) -> None:
+        """Called after a training step used the oldest issued batch (see `CommitBatches`)."""
+        if self._issued and self.service is not None:
+            self.service.mark_consumed(self._issued.popleft())
+
     # ---- resume ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"policy_version": int(self.engine.policy_version())}
@@ -206,3 +220,12 @@ class _Batches(IterableDataset):
     def __iter__(self) -> Iterator[TrainBatch]:
         for _ in range(self.dm.steps):
             yield self.dm.next_batch()
+
+
+class CommitBatches(L.Callback):
+    """Marks a batch's groups consumed once its step has trained (before checkpointing)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        dm = trainer.datamodule
+        if isinstance(dm, RolloutDataModule):
+            dm.commit_batch()

@@ -72,6 +72,7 @@ class RolloutService:
         self.group_deadline_s = group_deadline_s
         self.next_seq = start_seq
         self.consumed: set[int] = set(skip_seqs)
+        self._taken: set[int] = set(skip_seqs)  # handed out (consumed or not): never fed again
         self.id_prefix = id_prefix or uuid.uuid4().hex[:6]
         self.late_results = 0
         self._demand = 0
@@ -91,8 +92,12 @@ class RolloutService:
         self._main.add_done_callback(self._on_main_done)
         return self
 
-    def next_groups(self, n: int, timeout: float | None = None) -> list[Group]:
-        """Block until n groups are released (complete or past their deadline); oldest first."""
+    def next_groups(self, n: int, timeout: float | None = None, *, consume: bool = True) -> list[Group]:
+        """Block until n groups are released (complete or past their deadline); oldest first.
+
+        consume=False leaves marking them consumed (the resume cursor) to `mark_consumed`, for a
+        caller that trains on them later (Lightning fetches a batch ahead of the step).
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._demand = n  # the feeder may run ahead of at least one request's worth
@@ -105,9 +110,16 @@ class RolloutService:
                 self._cond.wait(timeout=left if left is not None else 1.0)
             self._ready.sort(key=lambda g: g.seq)
             out, self._ready = self._ready[:n], self._ready[n:]
-            self.consumed.update(g.seq for g in out)
+            self._taken.update(g.seq for g in out)
+            if consume:
+                self.consumed.update(g.seq for g in out)
             self._cond.notify_all()
         return out
+
+    def mark_consumed(self, seqs: Sequence[int]) -> None:
+        """Record that training used these groups (they are skipped after a resume)."""
+        with self._cond:
+            self.consumed.update(seqs)
 
     def metrics(self) -> dict[str, float]:
         if self.pools is None:
@@ -168,7 +180,7 @@ class RolloutService:
 
     def _in_flight(self, pending: dict[str, _Pending]) -> int:
         with self._cond:
-            return len(pending) + len(self._ready)
+            return len(pending) + len(self._ready) + len(self._taken - self.consumed)
 
     async def _feed(self, pending: dict[str, _Pending]) -> None:
         while True:
@@ -176,7 +188,7 @@ class RolloutService:
                 await asyncio.sleep(0.01)
             seq = self.next_seq
             self.next_seq += 1
-            if seq in self.consumed:
+            if seq in self._taken:
                 continue
             task = self.tasks[seq % len(self.tasks)]
             group_id = f"{self.id_prefix}-g{seq}"

@@ -1,0 +1,64 @@
+"""What `python train.py` does with a composed config: build every part from its group, train,
+and tear everything down in `finally` (engine, gateway, pools, sandboxes, loggers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+
+from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
+
+
+def build_parts(cfg: DictConfig) -> dict[str, Any]:
+    """Instantiate harness, sandbox factory, tasks, evaluator, merge builder, engine, datamodule."""
+    harness = instantiate(cfg.harness)
+    sandbox = instantiate(cfg.sandbox)
+    source = instantiate(cfg.task)
+    tasks = source.tasks()
+    evaluator = source.make_evaluator(sandbox)
+    builder = instantiate(cfg.merge)
+    engine = instantiate(cfg.engine)
+    datamodule: RolloutDataModule = instantiate(cfg.datamodule)(
+        engine=engine, sandbox=sandbox, harness=harness, tasks=tasks, evaluator=evaluator, builder=builder
+    )
+    return {"harness": harness, "tasks": tasks, "evaluator": evaluator, "engine": engine, "datamodule": datamodule}
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Fit GRPO on rollouts; returns the final logged metrics."""
+    L.seed_everything(cfg.seed, workers=True)
+    out_dir = Path(cfg.trainer.default_root_dir)
+    parts = build_parts(cfg)
+    dm: RolloutDataModule = parts["datamodule"]
+    loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.get("logger") else []
+    try:
+        module = instantiate(cfg.module)
+        module.bind_engine(parts["engine"])
+        checkpoints = ModelCheckpoint(dirpath=out_dir / "checkpoints", every_n_train_steps=cfg.checkpoint_every,
+                                      save_last=True, save_top_k=-1)
+        trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=[CommitBatches(), checkpoints])
+        for lg in loggers:
+            lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("ckpt_path"))
+        return {k: float(v) for k, v in trainer.logged_metrics.items()}
+    finally:
+        dm.teardown()
+        close = getattr(parts["evaluator"], "close", None)
+        if close is not None:
+            close()
+        for lg in loggers:
+            finalize = getattr(lg, "finalize", None)
+            if finalize is not None:
+                finalize("success")
+        try:
+            import wandb
+
+            if wandb.run is not None:
+                wandb.finish()
+        except ImportError:
+            pass
