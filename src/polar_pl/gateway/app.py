@@ -1,9 +1,9 @@
-"""The gateway's FastAPI app: admin routes, probes, and one catch-all route for harness traffic.
+"""The gateway's FastAPI app: admin routes and health here; harness traffic in harness_routes.py.
 
-Harness traffic is routed by hand rather than by one FastAPI route per provider path: CLIs reach
-the same API under `/v1/...`, `/...` and `/s/<token>/...`, and the provider is decided from the
-path, then the headers, then the body (detect.py). Thin handlers; the model-call path is in
-proxy.py.
+Harness traffic (every path outside /admin and /health) skips FastAPI's routing and middleware:
+`GatewayFastAPI.__call__` hands it to the raw-ASGI handler, the hot path measured in
+bench/gateway.py. CLIs reach the same API under `/v1/...`, `/...` and `/s/<token>/...`, so that
+handler routes by hand (detect.py).
 """
 
 from __future__ import annotations
@@ -18,26 +18,19 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from polar_pl.gateway.detect import (
-    detect_provider,
-    find_token,
-    is_count_tokens,
-    provider_from_headers,
-    provider_from_path,
-    split_session_path,
-)
+from polar_pl.gateway.detect import provider_from_headers, provider_from_path, split_session_path
 from polar_pl.gateway.errors import error_response
-from polar_pl.gateway.providers import RequestError, UnknownProvider, get_adapter
+from polar_pl.gateway.harness_routes import HarnessRoutes
 from polar_pl.gateway.proxy import Proxy
 from polar_pl.gateway.replicas import ReplicaPool
 from polar_pl.gateway.sessions import SessionRegistry
 from polar_pl.gateway.sidecalls import DEFAULT_SIDE_RULES, SideCallRule
 from polar_pl.gateway.store import TraceStore
 from polar_pl.gateway.tokencount import TokenCounter
-from polar_pl.gateway.upstream import UpstreamError, make_client
-from polar_pl.gateway.volatile import strip_volatile
+from polar_pl.gateway.upstream import make_client
 
 log = logging.getLogger(__name__)
+ADMIN_PATHS = ("/admin/", "/health")
 
 
 class GatewayRuntime:
@@ -65,6 +58,18 @@ class GatewayRuntime:
         self.store.close()
 
 
+class GatewayFastAPI(FastAPI):
+    """FastAPI for the admin side; harness paths go straight to `self.harness` (raw ASGI)."""
+
+    harness: HarnessRoutes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and not scope["path"].startswith(ADMIN_PATHS):
+            await self.harness(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
 def _session_json(info, base: str) -> dict[str, Any]:
     d = asdict(info)
     d.pop("token")
@@ -89,8 +94,10 @@ def create_app(upstreams: list[str], store_path: str | Path, *, admin_token: str
         finally:
             await rt.aclose()  # uvicorn has drained in-flight requests; flush the store last
 
-    app = FastAPI(title="polar_pl gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = GatewayFastAPI(title="polar_pl gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
+                         openapi_url=None)
     app.state.runtime = rt
+    app.harness = HarnessRoutes(rt)
 
     def base_of(request: Request) -> str:
         return rt.public_url or str(request.base_url).rstrip("/")
@@ -169,76 +176,5 @@ def create_app(upstreams: list[str], store_path: str | Path, *, admin_token: str
         reps = [{"url": r.url, "healthy": r.healthy, "inflight": r.inflight, "sessions": len(r.sessions)}
                 for r in rt.pool.replicas]
         return JSONResponse({"status": "ok", "replicas": reps})
-
-    @app.api_route("/{full_path:path}", methods=["GET", "POST", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"])
-    async def harness(request: Request, full_path: str) -> Response:
-        path_token, sub = split_session_path(request.url.path)
-        method = request.method
-        if method == "HEAD":  # Claude Code's reachability probes (HEAD / and HEAD /api/hello)
-            return Response(status_code=200)
-        if method == "GET" and sub.rstrip("/").endswith("/models"):
-            return await list_models(request, sub)
-        provider = provider_from_path(sub) or provider_from_headers(request.headers)
-        if method != "POST":
-            return error_response(provider, 404, f"no route for {method} {sub}")
-        body = await request.body()
-        if provider is None:
-            try:
-                provider = detect_provider(sub, request.headers, orjson.loads(body))
-            except orjson.JSONDecodeError:
-                provider = None
-        query = dict(request.query_params)
-        session = rt.sessions.by_token(find_token(path_token, request.headers, query))
-        if session is None:  # nothing is recorded under an unknown token
-            return error_response(provider, 401, "invalid or missing session token (API key)")
-        if provider is None:
-            return error_response(None, 404, f"no provider API at POST {sub}")
-        try:
-            adapter = get_adapter(provider)
-        except UnknownProvider as exc:
-            return error_response(provider, 501, str(exc))
-        if is_count_tokens(sub) or ":countTokens" in sub:
-            return await count_tokens(session, provider, adapter, sub, query, body)
-        return await rt.proxy.model_call(session=session, provider=provider, adapter=adapter,
-                                         path=sub, query=query, body=body)
-
-    async def count_tokens(session, provider, adapter, path, query, body) -> Response:
-        try:
-            raw = orjson.loads(body)
-            if not isinstance(raw, dict):
-                raise RequestError("request body must be a JSON object")
-            if provider == "google" and isinstance(raw.get("generateContentRequest"), dict):
-                raw = raw["generateContentRequest"]
-            raw = {"max_tokens": 1, **raw} if provider == "anthropic" else raw
-            norm = adapter.to_chat(raw, path=path, query=query)
-        except (RequestError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            return error_response(provider, 400, f"invalid request: {exc}")
-        chat = dict(norm.chat)
-        strip_volatile(chat)
-        rep = rt.pool.pick(session.session_id)
-        try:
-            n = await rt.counter.count(chat, rep.url, await rt.pool.model_for(rep))
-        except UpstreamError as exc:
-            return error_response(provider, 502, f"token count failed: {exc.message}")
-        except ValueError as exc:  # the template cannot render these messages
-            return error_response(provider, 400, f"token count failed: {exc}")
-        return JSONResponse({"totalTokens": n} if provider == "google" else {"input_tokens": n})
-
-    async def list_models(request: Request, sub: str) -> Response:
-        rep = next((r for r in rt.pool.replicas if r.healthy), rt.pool.replicas[0])
-        provider = "google" if "/v1beta/" in sub else provider_from_headers(request.headers)
-        try:
-            name = await rt.pool.model_for(rep)
-        except UpstreamError as exc:
-            return error_response(provider, 502, exc.message)
-        if provider == "google":
-            return JSONResponse({"models": [{"name": f"models/{name}", "displayName": name,
-                                             "supportedGenerationMethods": ["generateContent", "countTokens"]}]})
-        if provider == "anthropic":
-            return JSONResponse({"data": [{"type": "model", "id": name, "display_name": name,
-                                           "created_at": "1970-01-01T00:00:00Z"}],
-                                 "has_more": False, "first_id": name, "last_id": name})
-        return JSONResponse({"object": "list",
-                             "data": [{"id": name, "object": "model", "created": 0, "owned_by": "polar_pl"}]})
 
     return app

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from polar_pl.gateway.capture import CallCapture
 from polar_pl.gateway.errors import error_response, upstream_status
@@ -129,7 +129,7 @@ class Proxy:
         call.replica.served += 1
         if call.norm.stream:
             media = call.norm.extra.get("media_type", "text/event-stream")
-            return CapturingStreamingResponse(self._relay(call, stream), media_type=media, headers=SSE_HEADERS)
+            return RelayResponse(self._relay(call, stream), media, SSE_HEADERS)
         return await self._collect(call, stream)
 
     async def _fail(self, call: Call, status: int, message: str) -> Response:
@@ -156,7 +156,8 @@ class Proxy:
         return Response(body, media_type="application/json")
 
     async def _relay(self, call: Call, stream: ChatStream) -> AsyncIterator[bytes]:
-        """Streaming harness: forward each translated engine chunk as it arrives."""
+        """Streaming harness: forward the translated engine chunks as they arrive (what arrived in
+        one network read goes out in one write)."""
         cap = CallCapture(stream.policy_version)
         translator = call.adapter.stream(call.norm)
         sent: list[bytes] = []
@@ -166,10 +167,14 @@ class Proxy:
             if out:
                 sent.append(out)
                 yield out
-            async for chunk in stream:
-                cap.add(chunk)
-                out = translator.feed(chunk)
-                if out:
+            async for batch in stream.batches():
+                parts = []
+                for chunk in batch:
+                    cap.add(chunk)
+                    if piece := translator.feed(chunk):
+                        parts.append(piece)
+                if parts:
+                    out = parts[0] if len(parts) == 1 else b"".join(parts)
                     sent.append(out)
                     yield out
             tail = translator.finish(cap.finish_reason, cap.usage_or_counted())
@@ -199,12 +204,42 @@ class Proxy:
                                               "client disconnected mid-stream"))
 
 
-class CapturingStreamingResponse(StreamingResponse):
-    """A StreamingResponse that always closes its generator, so a disconnect that lands while the
-    generator is parked at a `yield` still runs its cleanup (abort + aborted record) right away."""
+class RelayResponse(Response):
+    """Streams an async byte iterator with plain ASGI sends (no per-response task group).
+
+    A watcher waits for the client's `http.disconnect`; when it comes first, the streaming task is
+    cancelled, which runs the relay's cleanup at once (engine request aborted, partial response
+    recorded as "aborted"). The generator is always closed, whatever ends the response.
+    """
+
+    def __init__(self, body: AsyncIterator[bytes], media_type: str, headers: dict[str, str]):
+        self.body_iterator = body
+        self.status_code = 200
+        self.media_type = media_type
+        self.background = None
+        self.init_headers(headers)
 
     async def __call__(self, scope, receive, send) -> None:
+        task = asyncio.current_task()
+        disconnected = False
+
+        async def watch() -> None:
+            nonlocal disconnected
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            disconnected = True
+            task.cancel()
+
+        watcher = asyncio.ensure_future(watch())
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for part in self.body_iterator:
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not disconnected:
+                raise
+            task.uncancel()  # the client is gone: a normal end for this response
         finally:
+            watcher.cancel()
             await self.body_iterator.aclose()

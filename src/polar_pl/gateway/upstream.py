@@ -57,10 +57,44 @@ def parse_sse_line(line: bytes) -> dict[str, Any] | None | bool:
     return chunk
 
 
+class SSEParser:
+    """Incremental SSE parser: raw bytes in (any split), complete events' chunk dicts out.
+
+    Working on whole network reads (not line by line) keeps the per-chunk cost low, and lets the
+    relay forward everything that arrived together in one write.
+    """
+
+    __slots__ = ("_buf", "done")
+
+    def __init__(self):
+        self._buf = b""
+        self.done = False
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        buf = self._buf + data if self._buf else data
+        out = []
+        start = 0
+        while (end := buf.find(b"\n", start)) >= 0:
+            line = buf[start:end]
+            start = end + 1
+            if line.startswith(b"data:"):
+                chunk = parse_sse_line(line)
+                if chunk is False:
+                    self.done = True
+                    break
+                if chunk is not None:
+                    out.append(chunk)
+        self._buf = buf[start:]
+        return out
+
+
 class ChatStream(Protocol):
     """An open engine stream. Iterate for chunk dicts; `close()` aborts the engine request."""
 
     policy_version: int | None
+
+    def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
+        """The chunks as they arrive: one list per network read."""
 
     def __aiter__(self) -> AsyncIterator[dict[str, Any]]: ...
 
@@ -108,26 +142,33 @@ def _json_as_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 # ---- aiohttp ------------------------------------------------------------------------------
 
-class _AiohttpStream:
+class _StreamBase:
+    async def __aiter__(self):
+        async for batch in self.batches():
+            for chunk in batch:
+                yield chunk
+
+
+class _AiohttpStream(_StreamBase):
     def __init__(self, resp):
         self._resp = resp
         self.policy_version = _policy(resp.headers)
 
-    async def __aiter__(self):
+    async def batches(self):
         import aiohttp
 
         resp = self._resp
         try:
             if not resp.headers.get("content-type", "").startswith("text/event-stream"):
-                for chunk in _json_as_chunks(orjson.loads(await resp.read())):
-                    yield chunk
+                yield _json_as_chunks(orjson.loads(await resp.read()))
                 return
-            async for line in resp.content:
-                chunk = parse_sse_line(line)
-                if chunk is False:
+            parser = SSEParser()
+            async for data in resp.content.iter_any():
+                chunks = parser.feed(data)
+                if chunks:
+                    yield chunks
+                if parser.done:
                     return
-                if chunk is not None:
-                    yield chunk
             raise UpstreamError("stream", "engine closed the stream before [DONE]")
         except TimeoutError as exc:  # before ClientConnectionError: aiohttp's timeouts are both
             raise UpstreamError("timeout", "engine stream timed out") from exc
@@ -205,26 +246,26 @@ class AiohttpClient:
 
 # ---- httpx --------------------------------------------------------------------------------
 
-class _HttpxStream:
+class _HttpxStream(_StreamBase):
     def __init__(self, resp):
         self._resp = resp
         self.policy_version = _policy(resp.headers)
 
-    async def __aiter__(self):
+    async def batches(self):
         import httpx
 
         resp = self._resp
         try:
             if not resp.headers.get("content-type", "").startswith("text/event-stream"):
-                for chunk in _json_as_chunks(orjson.loads(await resp.aread())):
-                    yield chunk
+                yield _json_as_chunks(orjson.loads(await resp.aread()))
                 return
-            async for line in resp.aiter_lines():
-                chunk = parse_sse_line(line.encode())
-                if chunk is False:
+            parser = SSEParser()
+            async for data in resp.aiter_raw():
+                chunks = parser.feed(data)
+                if chunks:
+                    yield chunks
+                if parser.done:
                     return
-                if chunk is not None:
-                    yield chunk
             raise UpstreamError("stream", "engine closed the stream before [DONE]")
         except httpx.TimeoutException as exc:
             raise UpstreamError("timeout", "engine stream timed out") from exc

@@ -1,0 +1,361 @@
+"""Gateway overhead: added latency and CPU per streamed request, versus the upstream called
+directly and versus LiteLLM's proxy in front of the same upstream.
+
+    python bench/gateway.py                        # gateway (aiohttp and httpx upstream clients), direct
+    python bench/gateway.py --litellm .cache/litellm-venv/bin/litellm   # + LiteLLM's proxy
+
+Every target runs in its own process: a fast mock engine (32 SSE chunks per answer with token
+ids, logprobs and a usage chunk, like vLLM with return_token_ids), the gateway (`polar-pl gateway`,
+real trace store, translation and capture included) or LiteLLM, and this load generator. At each
+concurrency level (1, 64, 256 sessions) every session sends streaming chat requests back to back
+for --seconds. Reported: requests/s, errors, latency p50/p99 (request sent -> last byte), the
+latency added over the direct upstream, and the target process's CPU time per request (from
+/proc, user+system, children included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+CHUNKS = 32
+PROMPT_IDS = list(range(1000, 1100))
+
+
+# ---- the mock engine (runs in its own process) --------------------------------------------
+
+def _mock_stream_bytes() -> bytes:
+    def raw(data: bytes) -> bytes:  # one HTTP/1.1 chunk
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    def chunk(obj) -> bytes:
+        return raw(b"data: " + orjson.dumps(obj) + b"\n\n")
+
+    out = [chunk({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
+                  "prompt_token_ids": PROMPT_IDS,
+                  "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})]
+    for i in range(CHUNKS):
+        out.append(chunk({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
+                          "choices": [{"index": 0, "delta": {"content": f" tok{i}"}, "token_ids": [2000 + i],
+                                       "logprobs": {"content": [{"token": f" tok{i}", "logprob": -0.25,
+                                                                 "bytes": None, "top_logprobs": []}]},
+                                       "finish_reason": "stop" if i == CHUNKS - 1 else None}]}))
+    out.append(chunk({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "tiny", "choices": [],
+                      "usage": {"prompt_tokens": len(PROMPT_IDS), "completion_tokens": CHUNKS,
+                                "total_tokens": len(PROMPT_IDS) + CHUNKS}}))
+    out.append(raw(b"data: [DONE]\n\n"))
+    out.append(b"0\r\n\r\n")
+    return out
+
+
+async def _mock_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, chunks: list[bytes]) -> None:
+    head_sse = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+                b"x-policy-version: 3\r\n\r\n")
+    models = orjson.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            line, *headers = head.decode("latin-1").split("\r\n")
+            method, path, _ = line.split(" ", 2)
+            length = next((int(h.split(":", 1)[1]) for h in headers if h.lower().startswith("content-length:")), 0)
+            if length:
+                await reader.readexactly(length)
+            if method == "GET":
+                body = models if path.startswith("/v1/models") else b'{"status":"ok"}'
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                             % (len(body), body))
+                continue
+            writer.write(head_sse)
+            for c in chunks:  # one write per SSE event, flushed: a real token-by-token stream
+                writer.write(c)
+                await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+def serve_mock(port: int) -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    chunks = _mock_stream_bytes()
+
+    async def main():
+        server = await asyncio.start_server(lambda r, w: _mock_conn(r, w, chunks), "127.0.0.1", port, backlog=2048)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+# ---- processes ------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 120.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"{url} did not come up")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """user+system CPU of pid and its descendants, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    stats: dict[int, float] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(parts[1]), []).append(int(d))
+        stats[int(d)] = (int(parts[11]) + int(parts[12])) / tick
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += stats.get(p, 0.0)
+        todo.extend(children.get(p, []))
+    return total
+
+
+@dataclass
+class Target:
+    name: str
+    url: str  # full chat completions URL pattern; {token} is replaced per session
+    pid: int | None
+    tokens: list[str]
+    model: str = "tiny"
+    api_key_header: bool = False
+
+
+def start(cmd: list[str], env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def gateway_target(mock_url: str, client: str, sessions: int, store: Path,
+                   sync: str) -> tuple[Target, subprocess.Popen]:
+    import httpx
+
+    port = free_port()
+    proc = start([sys.executable, "-m", "polar_pl.cli", "gateway", "--upstream", mock_url, "--port", str(port),
+                  "--store", str(store), "--model", "tiny", "--client", client, "--log-level", "error",
+                  "--store-sync", sync],
+                 {"POLAR_ADMIN_TOKEN": "bench"})
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/health")
+    tokens = []
+    for _ in range(sessions):
+        r = httpx.post(f"{url}/admin/sessions", json={"harness": "bench"}, headers={"authorization": "Bearer bench"})
+        tokens.append(r.json()["token"])
+    name = f"gateway ({client})" if sync == "NORMAL" else f"gateway ({client},{sync})"
+    return Target(name, f"{url}/s/{{token}}/v1/chat/completions", proc.pid, tokens), proc
+
+
+def litellm_target(litellm: str, mock_url: str, tmp: Path) -> tuple[Target, subprocess.Popen]:
+    port = free_port()
+    cfg = tmp / "litellm.yaml"
+    cfg.write_text(
+        "model_list:\n  - model_name: tiny\n    litellm_params:\n      model: openai/tiny\n"
+        f"      api_base: {mock_url}/v1\n      api_key: x\n"
+        "litellm_settings:\n  drop_params: true\n  telemetry: false\n"
+    )
+    proc = start([litellm, "--config", str(cfg), "--port", str(port), "--num_workers", "1"],
+                 {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"})
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/health/liveliness", timeout=300)
+    return Target("litellm proxy", f"{url}/v1/chat/completions", proc.pid, ["x"]), proc
+
+
+# ---- load -----------------------------------------------------------------------------------
+
+BODY = orjson.dumps({"model": "tiny", "stream": True, "stream_options": {"include_usage": True},
+                     "messages": [{"role": "system", "content": "You are a benchmark."},
+                                  {"role": "user", "content": "Count to thirty-two."}]})
+
+
+@dataclass
+class Result:
+    target: str
+    sessions: int
+    requests: int
+    errors: int
+    seconds: float
+    lat_ms: list[float]
+    cpu_s: float
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+    def pct(self, q: float) -> float:
+        if not self.lat_ms:
+            return float("nan")
+        s = sorted(self.lat_ms)
+        return s[min(len(s) - 1, int(q * len(s)))]
+
+    @property
+    def cpu_ms_per_req(self) -> float:
+        return 1000 * self.cpu_s / max(1, self.requests)
+
+
+async def run_level(target: Target, sessions: int, seconds: float) -> Result:
+    import aiohttp
+
+    lat: list[float] = []
+    errors = 0
+    conn = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
+        async def one(url: str) -> None:
+            nonlocal errors
+            t0 = time.perf_counter()
+            try:
+                async with http.post(url, data=BODY, headers={"content-type": "application/json",
+                                                              "authorization": "Bearer x"}) as resp:
+                    tail = b""
+                    async for data in resp.content.iter_any():
+                        tail = (tail + data)[-64:]
+                    if resp.status != 200 or b"[DONE]" not in tail:
+                        errors += 1
+                        return
+            except (aiohttp.ClientError, TimeoutError):
+                errors += 1
+                return
+            lat.append(1000 * (time.perf_counter() - t0))
+
+        async def worker(i: int, deadline: float) -> None:
+            url = target.url.format(token=target.tokens[i % len(target.tokens)])
+            while time.perf_counter() < deadline:
+                await one(url)
+
+        await asyncio.gather(*(one(target.url.format(token=target.tokens[i % len(target.tokens)]))
+                               for i in range(min(sessions, 32))))  # warm connections
+        lat.clear()
+        errors = 0
+        cpu0 = tree_cpu_seconds(target.pid) if target.pid else 0.0
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(i, t0 + seconds) for i in range(sessions)))
+        elapsed = time.perf_counter() - t0
+        cpu = (tree_cpu_seconds(target.pid) - cpu0) if target.pid else 0.0
+    return Result(target.name, sessions, len(lat), errors, elapsed, lat, cpu)
+
+
+def table(results: list[Result]) -> str:
+    direct = {r.sessions: r for r in results if r.target == "direct"}
+    gw = {r.sessions: r for r in results if r.target == "gateway (aiohttp)"}
+    head = (f"| {'target':<18} | sessions | req/s | errors | p50 ms | p99 ms | added p50 ms | added p99 ms "
+            f"| CPU ms/req | CPU vs gateway | added p50 vs gateway |")
+    lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
+    for r in results:
+        d = direct.get(r.sessions)
+        add50 = r.pct(0.5) - d.pct(0.5) if d and r is not d else 0.0
+        add99 = r.pct(0.99) - d.pct(0.99) if d and r is not d else 0.0
+        g = gw.get(r.sessions)
+        cpu_ratio = f"{r.cpu_ms_per_req / g.cpu_ms_per_req:.1f}x" if g and r.target != "direct" else "-"
+        g_add = (g.pct(0.5) - d.pct(0.5)) if g and d else None
+        lat_ratio = f"{add50 / g_add:.1f}x" if g_add and g_add > 0 and r.target != "direct" else "-"
+        lines.append(f"| {r.target:<18} | {r.sessions:>8} | {r.rps:>5.0f} | {r.errors:>6} | {r.pct(0.5):>6.1f} "
+                     f"| {r.pct(0.99):>6.1f} | {add50:>12.2f} | {add99:>12.2f} | {r.cpu_ms_per_req:>10.2f} "
+                     f"| {cpu_ratio:>14} | {lat_ratio:>20} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sessions", default="1,64,256")
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--clients", default="aiohttp,httpx", help="gateway upstream clients to measure")
+    ap.add_argument("--store-sync", default="NORMAL,FULL",
+                    help="trace store synchronous levels to measure (the first one for every client)")
+    ap.add_argument("--litellm", default=None, help="path to LiteLLM's `litellm` executable (its own venv)")
+    ap.add_argument("--litellm-sessions", default=None, help="levels for LiteLLM (default: --sessions)")
+    ap.add_argument("--serve-mock", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_mock:
+        serve_mock(args.serve_mock)
+        return 0
+    levels = [int(x) for x in args.sessions.split(",")]
+    mock_port = free_port()
+    mock = start([sys.executable, __file__, "--serve-mock", str(mock_port)])
+    mock_url = f"http://127.0.0.1:{mock_port}"
+    procs = [mock]
+    results: list[Result] = []
+    try:
+        wait_http(f"{mock_url}/health")
+        direct = Target("direct", f"{mock_url}/v1/chat/completions", None, ["x"])
+        for n in levels:
+            results.append(asyncio.run(run_level(direct, n, args.seconds)))
+        with tempfile.TemporaryDirectory() as tmp:
+            syncs = args.store_sync.split(",")
+            runs = [(c, syncs[0]) for c in args.clients.split(",")] + [(args.clients.split(",")[0], s)
+                                                                        for s in syncs[1:]]
+            for client, sync in runs:
+                target, proc = gateway_target(mock_url, client, max(levels), Path(tmp) / f"{client}{sync}.db", sync)
+                procs.append(proc)
+                for n in levels:
+                    results.append(asyncio.run(run_level(target, n, args.seconds)))
+                stop(proc)
+            if args.litellm:
+                target, proc = litellm_target(args.litellm, mock_url, Path(tmp))
+                procs.append(proc)
+                for n in [int(x) for x in (args.litellm_sessions or args.sessions).split(",")]:
+                    results.append(asyncio.run(run_level(target, n, args.seconds)))
+                stop(proc)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                stop(p)
+    print(f"\nstreamed chat requests, {CHUNKS} chunks each, {args.seconds:.0f}s per level, {os.cpu_count()} CPUs\n")
+    print(table(results))
+    g = {r.sessions: r for r in results if r.target == "gateway (aiohttp)"}
+    if 256 in g:
+        print(f"\ngateway at 256 sessions: {g[256].rps:.0f} req/s, {g[256].errors} errors")
+    lite = [r for r in results if r.target == "litellm proxy"]
+    if lite and g:
+        ratios = [r.cpu_ms_per_req / g[r.sessions].cpu_ms_per_req for r in lite if r.sessions in g]
+        print(f"LiteLLM CPU per request / gateway CPU per request: {statistics.mean(ratios):.0f}x (mean over levels)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
