@@ -9,47 +9,13 @@ Tool names come from the recorded CLI requests (fixtures/harness-captures).
 from __future__ import annotations
 
 import json
-import shlex
-from typing import Any
 
 import pytest
 
-from polar_pl.engine.scripted import Reply, ToolCall
 from polar_pl.harness import build_harness
 from polar_pl.harness.protocol import GatewaySession
 from polar_pl.harness.run import run_harness
-
-
-# harness -> (its shell tool, the argument that holds the command, extra arguments it requires)
-SHELL_TOOL: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "mini": ("bash", "command", {}),
-    "claude_code": ("Bash", "command", {"description": "Write the result file"}),
-    "codex": ("exec_command", "cmd", {}),
-    "qwen_code": ("run_shell_command", "command", {}),
-    "gemini_cli": ("run_shell_command", "command", {}),
-    "pi": ("bash", "command", {}),
-    "opencode": ("bash", "command", {"description": "Write the result file"}),
-}
-ANSWER = "The file result.txt now holds the greeting."
-
-
-def two_turn(harness: str, content: str):
-    """The scripted model: call the shell tool once, answer after its result; side calls
-    (titles, memory extraction) get a short text."""
-    tool, arg, extra = SHELL_TOOL[harness]
-    command = f"printf %s {shlex.quote(content)} > result.txt"
-
-    def reply(chat: dict[str, Any]) -> Reply:
-        names = {t.get("function", {}).get("name") for t in chat.get("tools") or []}
-        messages = chat.get("messages") or []
-        answered = any(m.get("role") == "tool" for m in messages)
-        if answered:
-            return Reply(ANSWER)
-        if tool in names:
-            return Reply(tool_calls=[ToolCall(tool, {arg: command, **extra})])
-        return Reply("Write the result file")
-
-    return reply
+from polar_pl.harness.smoke import ANSWER, PROMPT, RESULT_FILE, SHELL_TOOL, script_for
 
 
 def _main_calls(records) -> list:
@@ -70,17 +36,15 @@ def test_two_turn_tool_task(name, backend, backend_sandbox, gateway, script, har
     if not harness.is_installed(harness_prefix):
         pytest.skip(f"{name} is not installed: polar-pl harness install {name} --prefix {harness_prefix}")
     content = f"hello from {name} in {backend}"
-    script.reply = two_turn(name, content)
+    script.reply = script_for(name, content)
     handle = gateway.create_session(task_id=f"e2e-{name}", harness=name)
     session = GatewaySession(base_url=handle.base_url, token=handle.token, model="polar-tiny")
 
-    result = run_harness(
-        harness, backend_sandbox, session, "Write the greeting into result.txt.", timeout=240
-    )
+    result = run_harness(harness, backend_sandbox, session, PROMPT, timeout=240)
 
     detail = f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
     assert result.exit_code == 0 and not result.timed_out, detail
-    assert backend_sandbox.get_file("result.txt").decode() == content
+    assert backend_sandbox.get_file(RESULT_FILE).decode() == content
     assert "+++ b/result.txt" in result.patch and f"+{content}" in result.patch
     assert result.answer and ANSWER in result.answer, detail
     records = gateway.records(handle.session_id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,7 +50,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name}: installing {h.version} into {prefix}", flush=True)
         try:
             h.install(prefix)
-        except Exception as e:  # report each failure and go on with the others
+        except (
+            OSError,
+            RuntimeError,
+            subprocess.CalledProcessError,
+        ) as e:  # report each failure and go on with the others
             print(f"{name}: install failed: {e}", file=sys.stderr)
             failed.append(name)
     return 1 if failed else 0

@@ -82,7 +82,9 @@ def _clip(text: str) -> str:
 
 def tool_bash(command: str, timeout: float) -> str:
     try:
-        p = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(
+            ["bash", "-c", command], capture_output=True, text=True, timeout=timeout, check=False
+        )
     except subprocess.TimeoutExpired:
         return f"error: command timed out after {timeout:g}s"
     return _clip(f"exit code: {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
@@ -170,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         code, answer = run(args.task, args.model, args.max_turns, args.bash_timeout, args.temperature)
-    except Exception as e:  # the API client's errors: report them the way a CLI does, no traceback
+    except Exception as e:  # noqa: BLE001  (API errors: reported like a CLI does, no traceback)
         print(f"mini: model API error: {type(e).__name__}: {e}", file=sys.stderr)
         return 4
     path = Path(args.answer_file)

@@ -17,6 +17,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path, PurePosixPath
+from typing import Self
 from urllib.parse import urlsplit
 
 from polar_pl.sandbox import gitdiff
@@ -131,10 +132,12 @@ class DockerSandbox:
 
     def stop(self) -> None:
         if self.container is not None:
+            import docker
+
             try:
                 self.container.remove(force=True, v=True)
-            except Exception:  # already gone (engine restarted, removed by a sweep)
-                pass
+            except docker.errors.NotFound:
+                pass  # already removed (by a sweep, or the engine restarted)
             self.container = None
         for relay in self._relays.values():
             relay.close()
@@ -146,7 +149,7 @@ class DockerSandbox:
             self.client.close()
             self.client = None
 
-    def __enter__(self) -> DockerSandbox:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -266,7 +269,7 @@ class DockerSandbox:
         import docker
 
         try:
-            stream, stat = self._api.get_archive(self.container_id, self._abs(src).rstrip("/") + "/.")
+            stream, _ = self._api.get_archive(self.container_id, self._abs(src).rstrip("/") + "/.")
         except docker.errors.NotFound as e:
             raise FileNotFoundError(src) from e
         dest.mkdir(parents=True, exist_ok=True)

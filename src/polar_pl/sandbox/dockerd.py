@@ -18,6 +18,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Self
 
 
 class DockerUnavailable(RuntimeError):
@@ -91,9 +92,8 @@ class DockerDaemon:
             f"--pidfile={self.pidfile}", f"--host={self.url}", "--iptables=false", "--ip6tables=false",
             "--bridge=none", f"--storage-driver={driver}", "--log-level=warn",
         ]  # fmt: skip
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -113,7 +113,7 @@ class DockerDaemon:
             ok = client.ping()
             client.close()
             return bool(ok)
-        except Exception:  # not up yet: connection refused, 500 while initializing, ...
+        except Exception:  # noqa: BLE001  (not up yet: connection refused, 500 while initializing, ...
             return False
 
     def _log_tail(self, n: int = 800) -> str:
@@ -145,7 +145,7 @@ class DockerDaemon:
         # containerd-shims outlive dockerd by design; ours hold nothing once containers are gone.
         self.sock.unlink(missing_ok=True)
 
-    def __enter__(self) -> DockerDaemon:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

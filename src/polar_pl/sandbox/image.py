@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from importlib import metadata
 from pathlib import Path
 
 DEFAULT_TAG = "polar-pl/sandbox:bookworm"
@@ -84,10 +85,8 @@ def pydeps_dir(cache: Path | None = None) -> Path:
     pins = []
     for name in MINI_DEPS:
         try:
-            from importlib.metadata import version
-
-            pins.append(f"{name}=={version(name)}")  # the version the host tests with
-        except Exception:
+            pins.append(f"{name}=={metadata.version(name)}")  # the version the host tests with
+        except metadata.PackageNotFoundError:
             pins.append(name)
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", str(out), *pins]
     subprocess.run(cmd, check=True)

@@ -20,6 +20,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Self
 from urllib.parse import urlsplit
 
 from polar_pl.sandbox import cgroups, gitdiff
@@ -89,7 +90,7 @@ class LocalSandbox:
             shutil.rmtree(self.root, ignore_errors=True)
             self.root = None
 
-    def __enter__(self) -> LocalSandbox:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
