@@ -55,9 +55,11 @@ class _Chain:
 
     def extended_by(self, call: Call) -> bool:
         last = self.calls[-1]
-        p, n = call.prompt, len(last.prompt)
+        p, lp, n, end = call.prompt, last.prompt, len(last.prompt), self.tokens
+        if len(p) < end or (end and p[end - 1] != (last.response or lp)[-1]):
+            return False  # O(1) rejects before any slice is copied
         # The response (short, most distinctive) first; then the long prompt part.
-        return len(p) >= self.tokens and p[n : self.tokens] == last.response and p[:n] == last.prompt
+        return p[n:end] == last.response and p[:n] == lp
 
     def append(self, call: Call) -> None:
         self.calls.append(call)
@@ -111,10 +113,9 @@ class PrefixBuilder:
                 call_tokens += c.num_tokens
                 continue
             call_tokens += c.num_tokens
-            best: _Chain | None = None
-            for ch in main:
-                if (best is None or ch.tokens >= best.tokens) and ch.extended_by(c):
-                    best = ch
+            # longest first (the most recent on ties): the first chain extended is the one to join
+            by_length = sorted(enumerate(main), key=lambda ic: (ic[1].tokens, ic[0]), reverse=True)
+            best = next((ch for _, ch in by_length if ch.extended_by(c)), None)
             if best is not None:
                 best.append(c)
                 continue
