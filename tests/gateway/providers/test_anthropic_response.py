@@ -141,3 +141,15 @@ def test_round_trip_reproduces_the_engine_turn():
 )
 def test_error_body(status, kind):
     assert adapter.error_body(status, "why") == {"type": "error", "error": {"type": kind, "message": "why"}}
+
+
+def test_display_omitted_leaves_thinking_text_out_of_the_message():
+    body = {**BODY, "thinking": {"type": "adaptive", "display": "omitted"}}
+    req = adapter.to_chat(body, path="/v1/messages", query={})
+    out = adapter.from_chat(completion({"content": "hi", "reasoning_content": "hidden"}), req)
+    assert out["content"][0]["thinking"] == "" and out["content"][0]["signature"]
+    back = {**BODY, "messages": [*BODY["messages"], {"role": "assistant", "content": out["content"]}]}
+    assert (
+        adapter.to_chat(back, path="/v1/messages", query={}).chat["messages"][1]["reasoning_content"]
+        == "hidden"
+    )

@@ -415,3 +415,15 @@ def test_empty_generation_is_still_a_complete_message():
     chunks, usage = vllm_chunks()
     message = check_stream(run_stream(BODY, chunks, usage, "stop"))
     assert message["content"] == [] and message["stop_reason"] == "end_turn"
+
+
+def test_display_omitted_sends_the_signature_only():
+    """Claude Code asks for `thinking.display: "omitted"`: like Anthropic, the block carries no
+    thinking text, and its signature holds the reasoning for the next request."""
+    body = {**BODY, "thinking": {"type": "adaptive", "display": "omitted"}}
+    chunks, usage = vllm_chunks(reasoning=["secret ", "plan"], content=["ok"])
+    raw = run_stream(body, chunks, usage, "stop")
+    assert "thinking_delta" not in raw
+    thinking, text = check_stream(raw)["content"]
+    assert thinking["thinking"] == "" and decode_signature(thinking["signature"]) == "secret plan"
+    assert text["text"] == "ok"

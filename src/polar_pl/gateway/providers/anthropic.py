@@ -20,12 +20,14 @@ from polar_pl.gateway.providers.anthropic_stream import (
 from polar_pl.gateway.providers.base import NormalizedRequest, RequestError
 
 
-def response_from_chat(response: dict[str, Any], model: str, stops: list[str]) -> dict[str, Any]:
+def response_from_chat(
+    response: dict[str, Any], model: str, stops: list[str], show_thinking: bool = True
+) -> dict[str, Any]:
     """A full engine chat completion -> an Anthropic `message` object."""
     choices = response.get("choices") or [{}]
     choice = choices[0]
     message = choice.get("message") or {}
-    content = message_blocks(message)
+    content = message_blocks(message, show_thinking)
     had_tool_calls = any(block["type"] == "tool_use" for block in content)
     reason, sequence = stop_reason_for(
         choice.get("finish_reason"), choice.get("stop_reason"), stops, had_tool_calls
@@ -51,12 +53,17 @@ def response_from_chat(response: dict[str, Any], model: str, stops: list[str]) -
     }
 
 
-def message_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """Engine assistant message -> content blocks in generation order: thinking, text, tool_use."""
+def message_blocks(message: dict[str, Any], show_thinking: bool = True) -> list[dict[str, Any]]:
+    """Engine assistant message -> content blocks in generation order: thinking, text, tool_use.
+
+    With `display: "omitted"` the thinking text is left out, as Anthropic does; the signature
+    still carries it, so the turn sent back re-renders with its reasoning.
+    """
     blocks: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     if reasoning:
-        blocks.append({"type": "thinking", "thinking": reasoning, "signature": encode_signature(reasoning)})
+        shown = reasoning if show_thinking else ""
+        blocks.append({"type": "thinking", "thinking": shown, "signature": encode_signature(reasoning)})
     if message.get("content"):
         blocks.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or ():
@@ -96,13 +103,19 @@ class AnthropicAdapter:
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise RequestError("stream: must be a boolean")
-        return NormalizedRequest(chat=chat, stream=stream, model=model or "", notes=tuple(notes))
+        thinking = body.get("thinking")
+        show = not (isinstance(thinking, dict) and thinking.get("display") == "omitted")
+        return NormalizedRequest(
+            chat=chat, stream=stream, model=model or "", notes=tuple(notes), extra={"show_thinking": show}
+        )
 
     def from_chat(self, response: dict[str, Any], req: NormalizedRequest) -> dict[str, Any]:
-        return response_from_chat(response, req.model, list(req.chat.get("stop", [])))
+        stops = list(req.chat.get("stop", []))
+        return response_from_chat(response, req.model, stops, req.extra.get("show_thinking", True))
 
     def stream(self, req: NormalizedRequest) -> AnthropicStream:
-        return AnthropicStream(req.model, list(req.chat.get("stop", [])))
+        stops = list(req.chat.get("stop", []))
+        return AnthropicStream(req.model, stops, show_thinking=req.extra.get("show_thinking", True))
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         return error_payload(status, message)

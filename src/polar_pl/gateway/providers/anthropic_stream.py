@@ -65,9 +65,10 @@ def new_message_id() -> str:
 class AnthropicStream:
     """Per-stream state: the open block, its index, tool-call bookkeeping, usage seen so far."""
 
-    def __init__(self, model: str, stops: list[str] | None = None) -> None:
+    def __init__(self, model: str, stops: list[str] | None = None, *, show_thinking: bool = True) -> None:
         self.model = model
         self.stops = stops or []
+        self.show_thinking = show_thinking  # False for `thinking.display: "omitted"`: signature only
         self.message_id = new_message_id()
         self.started = False
         self.index = -1  # index of the current (last opened) block
@@ -180,6 +181,8 @@ class AnthropicStream:
         if self.open_kind != "thinking":
             out = self._open_block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
         self.thinking.append(text)
+        if not self.show_thinking:
+            return out
         return out + self._delta({"type": "thinking_delta", "thinking": text})
 
     def _text_delta(self, text: str) -> bytes:
