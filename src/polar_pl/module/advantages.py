@@ -1,8 +1,11 @@
-"""Group-relative advantages, one function per variant.
+"""Group-relative advantages, one function per variant, plus the row <-> rollout plumbing.
 
 Rewards are per ROLLOUT (one task attempt). A rollout may have been split into several rows
-(chains); its advantage is broadcast to every row, and `rollout_row_weights` gives each row
-1 / (rows of its rollout) so that sequence-level aggregation weighs every rollout once.
+(chains); its advantage is broadcast to every row. Rollouts are indexed 0..K-1; `group` (K,) long
+gives each rollout's GRPO group, -1 for an index that has no rows (it is ignored everywhere).
+
+Advantage functions share one signature, so config picks one with `_target_` + `_partial_`:
+`fn(rewards (K,) float, group (K,) long) -> (K,) float32`.
 """
 
 from __future__ import annotations
@@ -10,74 +13,114 @@ from __future__ import annotations
 import torch
 
 
-def _group_stats(rewards: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-rollout (group sum, group count, group sum of squares), each (K,) float64."""
-    g = int(group.max()) + 1 if group.numel() else 0
-    r = rewards.double()
-    total = torch.zeros(g, dtype=torch.float64).index_add_(0, group, r)
-    count = torch.zeros(g, dtype=torch.float64).index_add_(0, group, torch.ones_like(r))
-    sq = torch.zeros(g, dtype=torch.float64).index_add_(0, group, r * r)
-    return total[group], count[group], sq[group]
+def _group_stats(
+    rewards: torch.Tensor, group: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per rollout: (sum, count, sum of squares) of its group's rewards, each (K,) float64.
+
+    Rollouts with group -1 get count 0 (and sums 0).
+    """
+    valid = group >= 0
+    g = int(group.max()) + 1 if valid.any() else 0
+    idx = group.clamp(min=0)
+    r = torch.where(valid, rewards.double(), 0.0)
+    one = valid.double()
+    total = torch.zeros(g + 1, dtype=torch.float64, device=r.device).index_add_(0, idx, r)
+    count = torch.zeros(g + 1, dtype=torch.float64, device=r.device).index_add_(0, idx, one)
+    sq = torch.zeros(g + 1, dtype=torch.float64, device=r.device).index_add_(0, idx, r * r)
+    return total[idx] * one, count[idx] * one, sq[idx] * one
 
 
-def group_mean(rewards: torch.Tensor, group: torch.Tensor, *, std_normalize: bool = True,
-               eps: float = 1e-6) -> torch.Tensor:
-    """GRPO advantage: reward minus the group mean, optionally divided by the group std.
+def _unbiased_std(total: torch.Tensor, count: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
+    """Sample std (n - 1 in the denominator) from group sums; 0 for a group of one."""
+    mean = total / count.clamp(min=1)
+    var = (sq - count * mean * mean) / (count - 1).clamp(min=1)
+    return var.clamp(min=0).sqrt()
 
-    rewards: (K,) float, one per rollout. group: (K,) long, group index of each rollout.
-    Returns (K,) float32. The std is the unbiased sample std (0 for a group of one).
+
+def group_mean(
+    rewards: torch.Tensor, group: torch.Tensor, *, std_normalize: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """GRPO advantage: reward minus its group's mean, optionally divided by the group's std.
+
+    rewards: (K,) float, one per rollout. group: (K,) long group of each rollout (-1: no rows).
+    Returns (K,) float32; 0 for a group of one and for group -1. The std is the sample std
+    (n - 1), as in DeepSeekMath / TRL; eps keeps a zero-variance group at advantage 0.
     """
     total, count, sq = _group_stats(rewards, group)
-    mean = total / count
-    adv = rewards.double() - mean
+    adv = torch.where(count > 0, rewards.double() - total / count.clamp(min=1), 0.0)
     if std_normalize:
-        var = ((sq - count * mean * mean) / (count - 1).clamp(min=1)).clamp(min=0)
-        adv = adv / (var.sqrt() + eps)
+        adv = adv / (_unbiased_std(total, count, sq) + eps)
     return adv.float()
 
 
-def leave_one_out(rewards: torch.Tensor, group: torch.Tensor, *, std_normalize: bool = False,
-                  eps: float = 1e-6) -> torch.Tensor:
+def leave_one_out(
+    rewards: torch.Tensor, group: torch.Tensor, *, std_normalize: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
     """RLOO advantage: reward minus the mean of the OTHER rollouts of its group.
 
-    rewards, group: (K,). Returns (K,) float32; 0 for a rollout alone in its group. With
-    std_normalize, divides by the group std as in `group_mean`.
+    rewards, group: (K,) as in `group_mean`. Returns (K,) float32; 0 for a rollout alone in its
+    group. With std_normalize, divides by the group's sample std as `group_mean` does.
     """
     total, count, sq = _group_stats(rewards, group)
     r = rewards.double()
     others = count - 1
-    baseline = torch.where(others > 0, (total - r) / others.clamp(min=1), r)
-    adv = r - baseline
+    adv = torch.where(others > 0, r - (total - r) / others.clamp(min=1), 0.0)
     if std_normalize:
-        mean = total / count
-        var = ((sq - count * mean * mean) / others.clamp(min=1)).clamp(min=0)
-        adv = adv / (var.sqrt() + eps)
+        adv = adv / (_unbiased_std(total, count, sq) + eps)
     return adv.float()
 
 
-def rollout_rewards(row_rewards: torch.Tensor, row_rollout: torch.Tensor, row_group: torch.Tensor):
+def rollout_rewards(
+    row_rewards: torch.Tensor, row_rollout: torch.Tensor, row_group: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Collapse rows to rollouts.
 
-    row_rewards (R,), row_rollout (R,) long rollout index per row, row_group (R,) long.
-    Returns (rewards (K,), group (K,)) indexed by rollout index (K = max rollout index + 1;
-    rollouts without rows get reward 0 and group -1 and are ignored by `group_mask`).
+    row_rewards (R,) float, row_rollout (R,) long rollout index of each row, row_group (R,) long.
+    Returns (rewards (K,) float32, group (K,) long) with K = max rollout index + 1; an index
+    without rows gets reward 0 and group -1. Rows of one rollout must agree on reward and group.
     """
     k = int(row_rollout.max()) + 1 if row_rollout.numel() else 0
-    rewards = torch.zeros(k, dtype=row_rewards.dtype).index_copy_(0, row_rollout, row_rewards)
-    group = torch.full((k,), -1, dtype=torch.long).index_copy_(0, row_rollout, row_group)
+    rewards = torch.zeros(k, dtype=torch.float32, device=row_rewards.device)
+    rewards[row_rollout] = row_rewards.float()
+    group = torch.full((k,), -1, dtype=torch.long, device=row_group.device)
+    group[row_rollout] = row_group
+    if not (
+        torch.equal(rewards[row_rollout], row_rewards.float()) and torch.equal(group[row_rollout], row_group)
+    ):
+        raise ValueError("rows of one rollout disagree on reward or group")
     return rewards, group
 
 
-def rollout_row_weights(row_rollout: torch.Tensor) -> torch.Tensor:
-    """(R,) float32: 1 / number of rows of the row's rollout (a split rollout weighs once)."""
+def rollout_row_weights(
+    row_rollout: torch.Tensor, row_has_tokens: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(R,) float32: 1 / (rows of the row's rollout), so a rollout split into rows weighs once.
+
+    row_has_tokens: optional (R,) bool; rows without trainable tokens get weight 0 and do not count
+    (else a rollout whose second chain is all prompt would weigh one half).
+    """
+    has = torch.ones_like(row_rollout, dtype=torch.bool) if row_has_tokens is None else row_has_tokens.bool()
     k = int(row_rollout.max()) + 1 if row_rollout.numel() else 0
-    counts = torch.zeros(k).index_add_(0, row_rollout, torch.ones(row_rollout.shape[0]))
-    return 1.0 / counts[row_rollout]
+    counts = torch.zeros(k, device=row_rollout.device).index_add_(0, row_rollout, has.float())
+    return torch.where(has, 1.0 / counts[row_rollout].clamp(min=1), 0.0)
 
 
 def nonzero_variance_groups(rewards: torch.Tensor, group: torch.Tensor, tol: float = 1e-8) -> torch.Tensor:
-    """(K,) bool: rollouts whose group rewards are not all equal (the others carry no signal)."""
-    total, count, sq = _group_stats(rewards, group)
-    mean = total / count
-    var = (sq / count - mean * mean).clamp(min=0)
-    return var > tol
+    """(K,) bool: rollouts whose group's rewards are not all equal (max - min > tol).
+
+    A group whose rollouts all scored the same has advantage 0 everywhere: it adds no signal
+    but still counts in token-mean denominators, so DAPO drops it. A group of one is dropped too;
+    so is group -1.
+    """
+    valid = group >= 0
+    if not valid.any():
+        return valid
+    g = int(group.max()) + 1
+    idx = group.clamp(min=0)
+    r = rewards.double()
+    hi = torch.full((g,), -torch.inf, dtype=torch.float64, device=r.device)
+    lo = torch.full((g,), torch.inf, dtype=torch.float64, device=r.device)
+    hi = hi.scatter_reduce(0, idx[valid], r[valid], "amax")
+    lo = lo.scatter_reduce(0, idx[valid], r[valid], "amin")
+    return valid & ((hi - lo)[idx] > tol)

@@ -1,0 +1,79 @@
+"""Metrics of one GRPO batch: trainer-versus-engine logprob gap, staleness, entropy, and rollout
+rewards per harness. Pure functions over the batch tensors; the module logs what they return."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from polar_pl.datamodule.collate import TrainBatch
+
+QUANTILES = {"p05": 0.05, "p50": 0.5, "p95": 0.95}
+
+
+def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The entries Lightning can log (numbers, 0-d tensors), as floats."""
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, bool | int | float) or (isinstance(v, torch.Tensor) and v.numel() == 1):
+            out[k] = float(v)
+    return out
+
+
+def _mean(x: torch.Tensor, m: torch.Tensor) -> float:
+    return float((x * m).sum() / m.sum().clamp(min=1))
+
+
+def batch_metrics(
+    *,
+    old: torch.Tensor,
+    behavior: torch.Tensor,
+    sampled: torch.Tensor,
+    mask: torch.Tensor,
+    entropy: torch.Tensor | None,
+    token_versions: torch.Tensor,
+    current_version: int,
+    tis_w: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """All (N, T). sampled: every sampled token with a trainer logprob; mask: those in the loss.
+
+    train/logprob_gap_mean: mean |old - behavior| over sampled tokens (trainer pi_old vs engine mu);
+    train/ratio_pXX: quantiles of exp(old - behavior); train/staleness_mean / _max: engine version
+    now minus the version that sampled each token; train/entropy: mean predictive entropy.
+    """
+    sel = sampled > 0
+    diff = (old.double() - behavior.double())[sel]
+    out: dict[str, float] = {}
+    if diff.numel():
+        out["train/logprob_gap_mean"] = float(diff.abs().mean())
+        q = torch.quantile(diff.exp().cpu(), torch.tensor(list(QUANTILES.values()), dtype=torch.float64))
+        out.update({f"train/ratio_{k}": float(v) for k, v in zip(QUANTILES, q)})
+        stale = (current_version - token_versions[sel]).double()
+        out["train/staleness_mean"] = float(stale.mean())
+        out["train/staleness_max"] = float(stale.max())
+    if entropy is not None:
+        out["train/entropy"] = _mean(entropy, sampled)
+    if tis_w is not None:
+        out["train/tis_weight_mean"] = _mean(tis_w, mask)
+    return out
+
+
+def harness_metrics(batch: TrainBatch) -> dict[str, float]:
+    """rollout/reward_mean/<harness>, reward_std (>= 2 rollouts) and pass_rate (reward >= 1), one
+    value per rollout of the batch (a rollout's rows share its reward)."""
+    per: dict[str, dict[int, float]] = defaultdict(dict)
+    for i, meta in enumerate(batch.row_meta):
+        harness = meta.get("harness")
+        if harness:
+            per[harness][int(batch.rollout_index[i])] = float(batch.rewards[i])
+    out = {}
+    for harness, by_rollout in per.items():
+        r = torch.tensor(list(by_rollout.values()), dtype=torch.float64)
+        out[f"rollout/reward_mean/{harness}"] = float(r.mean())
+        out[f"rollout/pass_rate/{harness}"] = float((r >= 1.0).double().mean())
+        if r.numel() > 1:
+            out[f"rollout/reward_std/{harness}"] = float(r.std())
+    return out

@@ -1,0 +1,268 @@
+"""Weight push from the trainer to the inference engine, behind one Protocol.
+
+A sync object is built by config without an engine (the datamodule owns the engine) and bound
+later: `GRPOModule.on_fit_start` binds `trainer.datamodule.engine` when the sync has none, or the
+owner calls `sync.bind(engine)`. The module calls `push(model)` after every `push_every`-th
+optimiser step; each push bumps the engine's policy version, so later samples carry it.
+
+Implementations:
+- `EmbeddedStateDictSync`: `engine.update_weights_from_state_dict` (in-process copy for the
+  embedded engine in thread mode; a safetensors round trip otherwise);
+- `DiskSync`: safetensors into a directory, then `engine.update_weights_from_disk` (the embedded
+  engine, and vLLM on CPU or any engine without a collective);
+- `VLLMWeightTransferSync`: vLLM's native weight-transfer routes (init / start / update / finish)
+  over NCCL or CUDA IPC. GPU only; see its docstring for what is and is not exercised;
+- `NoSync`: pushes nothing (the `sanity_no_push` experiment): weights and version stay put.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, Protocol, Self, runtime_checkable
+
+import httpx
+import torch
+from torch import nn
+
+from polar_pl.engine.embedded import save_state_dict
+from polar_pl.engine.protocol import Engine
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    """Moves the trainer's weights into the engine."""
+
+    engine: Engine | None
+
+    def bind(self, engine: Engine) -> Self:
+        """Called once when the engine is known, before the first push; returns self."""
+
+    def push(self, model: nn.Module) -> int:
+        """Called after an optimiser step (every `push_every`); returns the engine's policy version
+        afterwards. Requests admitted after it returns sample with the new weights."""
+
+    def policy_version(self) -> int:
+        """The engine's current policy version (the reference for staleness)."""
+
+    def close(self) -> None:
+        """Called at teardown; idempotent. Does not stop the engine (its owner does)."""
+
+
+def hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """HF-named, fully materialised, detached tensors of `model` (FSDP DTensors are gathered,
+    a collective every rank must join), optionally cast to `dtype`."""
+    out = {}
+    for name, t in model.state_dict().items():
+        full = t.full_tensor() if hasattr(t, "full_tensor") else t
+        out[name] = full.detach() if dtype is None else full.detach().to(dtype)
+    return out
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    if name is None:
+        return None
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"module.weight_sync.dtype={name!r}: not a torch dtype (e.g. bfloat16, float32)")  # noqa: TRY004
+    return dt
+
+
+class _Bound:
+    """Shared engine binding."""
+
+    engine: Engine | None = None
+
+    def bind(self, engine: Engine) -> Self:
+        self.engine = engine
+        return self
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            raise RuntimeError(f"{type(self).__name__} has no engine: call bind(engine) before push()")
+        return self.engine
+
+    def policy_version(self) -> int:
+        return int(self._engine().policy_version())
+
+    def close(self) -> None:
+        pass
+
+
+class EmbeddedStateDictSync(_Bound):
+    """`engine.update_weights_from_state_dict(model.state_dict())`."""
+
+    def __init__(self, engine: Engine | None = None, *, dtype: str | None = None):
+        self.engine, self.dtype = engine, _dtype(dtype)
+
+    def push(self, model: nn.Module) -> int:
+        return int(self._engine().update_weights_from_state_dict(hf_state_dict(model, self.dtype)))
+
+
+class DiskSync(_Bound):
+    """Safetensors (HF names) into `dir`, then `engine.update_weights_from_disk(dir)`.
+
+    dir: where to write; None = a fresh temporary directory per push, removed afterwards.
+    A given `dir` is emptied of *.safetensors before each write and keeps the last push.
+    dtype: cast before writing (e.g. bfloat16 halves the bytes); None keeps the trainer's.
+    """
+
+    def __init__(self, engine: Engine | None = None, *, dir: str | None = None, dtype: str | None = None):
+        self.engine, self.dir, self.dtype = engine, dir, _dtype(dtype)
+
+    def push(self, model: nn.Module) -> int:
+        engine = self._engine()
+        state = hf_state_dict(model, self.dtype)
+        if self.dir is None:
+            with tempfile.TemporaryDirectory(prefix="polar-push-") as tmp:
+                save_state_dict(state, Path(tmp))
+                return int(engine.update_weights_from_disk(tmp))
+        out = Path(self.dir)
+        for old in out.glob("*.safetensors"):
+            old.unlink()
+        save_state_dict(state, out)
+        return int(engine.update_weights_from_disk(str(out)))
+
+
+class NoSync(_Bound):
+    """Pushes nothing: the engine keeps its weights and its version (learning-sanity control)."""
+
+    def __init__(self, engine: Engine | None = None):
+        self.engine = engine
+
+    def push(self, model: nn.Module) -> int:
+        return self.policy_version() if self.engine is not None else 0
+
+    def policy_version(self) -> int:
+        return int(self.engine.policy_version()) if self.engine is not None else 0
+
+
+class VLLMRoutes:
+    """vLLM's weight-sync control plane over HTTP (vllm/entrypoints/rl/online/api_router.py, served
+    with VLLM_SERVER_DEV_MODE=1). Structurally a `vllm...VLLMWeightSyncClient`, so vLLM's own
+    trainer-side engines drive it."""
+
+    def __init__(self, url: str, timeout: float = 600.0):
+        self.url, self.timeout = url.rstrip("/"), timeout
+
+    def _post(self, route: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        r = httpx.post(f"{self.url}/{route}", json=body, timeout=self.timeout)
+        if r.status_code != 200:
+            raise RuntimeError(f"vLLM /{route} failed ({r.status_code}): {r.text[:500]}")
+        return r.json()
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._post("init_weight_transfer_engine", {"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self._post("start_weight_update")
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        # IPC handles are not JSON: vLLM's own helper pickles them into base64.
+        from vllm.distributed.weight_transfer.clients import _json_safe_update_payload
+
+        self._post("update_weights", {"update_info": _json_safe_update_payload(update_info)})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._post("finish_weight_update", {"weight_version": weight_version} if weight_version else None)
+
+    def update_weight_version(self, version: int) -> None:
+        self._post("update_weight_version", {"new_version": str(version)})
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self._post("shutdown_weight_transfer_engine")
+
+    def world_size(self) -> int:
+        r = httpx.get(f"{self.url}/get_world_size", timeout=self.timeout)
+        r.raise_for_status()
+        return int(r.json()["world_size"])
+
+
+class VLLMWeightTransferSync(_Bound):
+    """vLLM's native weight transfer: NCCL broadcast (`backend="nccl"`, trainer and engine on
+    different GPUs) or CUDA IPC handles (`backend="ipc"`, same GPU).
+
+    The engine must be launched with `--weight-transfer-config '{"backend": "<backend>"}'` and
+    VLLM_SERVER_DEV_MODE=1 (plus VLLM_ALLOW_INSECURE_SERIALIZATION=1 for IPC). The trainer side
+    is vLLM's own `WeightTransferTrainerFactory` engine (so `vllm` must be importable in the
+    trainer's environment), driving the HTTP routes through `VLLMRoutes`: init once (first push),
+    then per push start / update / finish, then `/update_weight_version`.
+
+    UNTESTED here: NCCL and IPC need a GPU, and this project's CI machines have none. The route
+    names, payloads and trainer-side classes are those of the vLLM 0.32 source; the CPU path
+    (`DiskSync`) is the tested one.
+    """
+
+    def __init__(
+        self,
+        engine: Engine | None = None,
+        *,
+        backend: Literal["nccl", "ipc"] = "nccl",
+        master_address: str = "127.0.0.1",
+        master_port: int | None = None,
+        packed: bool = True,
+        timeout: float = 600.0,
+    ):
+        if backend not in ("nccl", "ipc"):
+            raise ValueError(f"module.weight_sync.backend={backend!r}: allowed 'nccl', 'ipc'")
+        self.engine, self.backend, self.packed, self.timeout = engine, backend, packed, timeout
+        self.master_address, self.master_port = master_address, master_port
+        self._transfer = None
+        self._routes: VLLMRoutes | None = None
+
+    def _init(self, model: nn.Module) -> None:
+        try:
+            from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
+        except ImportError as e:
+            raise RuntimeError(
+                "VLLMWeightTransferSync needs vllm importable in the trainer environment; "
+                "use DiskSync otherwise"
+            ) from e
+        self._routes = VLLMRoutes(self._engine().url, self.timeout)
+        if self.backend == "nccl":
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+            from polar_pl.utils.serving import free_port
+
+            info = NCCLTrainerInitInfo(
+                master_address=self.master_address, master_port=self.master_port or free_port(self.master_address),
+                world_size=1 + self._routes.world_size(), packed=self.packed, rank=0,
+            )  # fmt: skip
+        else:
+            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+            info = IPCTrainerInitInfo(packed=self.packed, rank=0)
+        self._transfer = WeightTransferTrainerFactory.trainer_init(
+            info, client=self._routes, source=ModuleSource(model)
+        )
+
+    def push(self, model: nn.Module) -> int:
+        if self._transfer is None:
+            self._init(model)
+        self._transfer.send_weights()  # start_weight_update, update_weights (+ broadcast), finish
+        version = self.policy_version() + 1
+        self._routes.update_weight_version(version)
+        _set_engine_version(self._engine(), version)
+        return version
+
+    def close(self) -> None:
+        if self._transfer is not None:
+            try:
+                self._routes.shutdown_weight_transfer_engine()
+            finally:
+                self._transfer.shutdown()
+                self._transfer = None
+
+
+def _set_engine_version(engine: Engine, version: int) -> None:
+    """Tell the engine handle its new version: vLLM answers carry none, so the gateway tags records
+    with the handle's. `set_policy_version` is the handle's hook; VLLMEngine (0.32 routes) keeps the
+    version in `_version` until it has one."""
+    setter = getattr(engine, "set_policy_version", None)
+    if callable(setter):
+        setter(version)
+    elif hasattr(engine, "_version"):
+        engine._version = version
+    else:
+        raise RuntimeError(f"{type(engine).__name__} cannot be told its policy version")
