@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -346,3 +347,79 @@ def test_final_assistant_text_is_a_prefill_the_engine_continues():
     assert req.chat["messages"][-1] == {"role": "assistant", "content": "{"}
     assert req.chat["continue_final_message"] is True and req.chat["add_generation_prompt"] is False
     assert "continue_final_message" not in to_chat({**body, "messages": body["messages"][:1]}).chat
+
+
+JUNK = [None, 0, -3, 2.5, True, "", "x", [], {}, [1], {"a": 1}, [{"type": "text"}], {"type": "zzz"}, [None]]
+
+
+def mutations(body: dict[str, Any], n: int, seed: int):
+    """Copies of `body` with 1-3 values replaced by junk of another JSON type."""
+    rnd = random.Random(seed)
+
+    def paths(node, pre=()):
+        yield pre
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            yield from paths(v, (*pre, k))
+
+    for _ in range(n):
+        b = json.loads(json.dumps(body))
+        where = list(paths(b))[1:]
+        for _ in range(rnd.randint(1, 3)):
+            node, path = b, rnd.choice(where)
+            try:
+                for k in path[:-1]:
+                    node = node[k]
+                node[path[-1]] = json.loads(json.dumps(rnd.choice(JUNK)))
+            except (KeyError, IndexError, TypeError):
+                pass  # an earlier replacement removed this path
+        yield b
+
+
+def test_malformed_bodies_only_ever_raise_request_error():
+    """Any JSON a client sends gets a 400 in Anthropic's shape, never a 500 with a traceback."""
+    rich = {
+        "model": "m",
+        "max_tokens": 5,
+        "system": [{"type": "text", "text": "s"}],
+        "stop_sequences": ["a"],
+        "tools": [{"name": "n", "input_schema": {}}],
+        "tool_choice": {"type": "tool", "name": "n"},
+        "output_config": {"format": {"type": "json_schema", "schema": {}}},
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "a"},
+                    {"type": "image", "source": {"type": "base64", "media_type": "i", "data": "x"}},
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "t", "signature": "s"},
+                    {"type": "tool_use", "id": "i", "name": "n", "input": {}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "i",
+                        "is_error": True,
+                        "content": [{"type": "text", "text": "r"}],
+                    }
+                ],
+            },
+        ],
+    }
+    claude = json.loads(
+        (CAPTURES / "claude-code-2.1.332/02-anthropic-call2-after-tool_result.request.body.json").read_text()
+    )
+    for base, seed in ((rich, 1), (claude, 2)):
+        for body in mutations(base, 1500, seed):
+            try:
+                to_chat(body)
+            except RequestError:
+                pass

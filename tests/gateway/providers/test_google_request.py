@@ -296,3 +296,40 @@ def test_stream_without_alt_sse_is_refused_clearly():
             "/v1beta/models/g:streamGenerateContent",
             {"alt": "json"},
         )
+
+
+def test_malformed_bodies_only_ever_raise_request_error():
+    """Any JSON a client sends gets a 400 in Google's shape, never a 500 with a traceback."""
+    from test_anthropic_request import mutations  # same directory, on sys.path
+
+    rich = {
+        "systemInstruction": {"parts": [{"text": "s"}]},
+        "contents": [
+            {
+                "role": "user",
+                "parts": [{"text": "a"}, {"inlineData": {"mimeType": "image/png", "data": "x"}}],
+            },
+            {
+                "role": "model",
+                "parts": [{"text": "t", "thought": True}, {"functionCall": {"name": "f", "args": {}}}],
+            },
+            {"role": "user", "parts": [{"functionResponse": {"name": "f", "response": {}}}]},
+        ],
+        "tools": [{"functionDeclarations": [{"name": "f", "parameters": {"type": "OBJECT"}}]}],
+        "toolConfig": {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["f"]}},
+        "generationConfig": {
+            "responseMimeType": "application/json",
+            "responseSchema": {"type": "OBJECT"},
+            "thinkingConfig": {"includeThoughts": True},
+            "stopSequences": ["x"],
+        },
+    }
+    gemini = json.loads(
+        (CAPTURES / "gemini-cli/03-gemini-call2-after-functionResponse.request.body.json").read_text()
+    )
+    for base, seed in ((rich, 3), (gemini, 4)):
+        for body in mutations(base, 1500, seed):
+            try:
+                to_chat(body, "/v1beta/models/g:streamGenerateContent", {"alt": "sse"})
+            except RequestError:
+                pass

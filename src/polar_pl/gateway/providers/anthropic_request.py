@@ -195,6 +195,8 @@ def assistant_to_chat(blocks: list[dict[str, Any]], where: str, notes: list[str]
             texts.append(_text_of(block, at))
         elif kind == "thinking":
             thinking = block.get("thinking") or ""
+            if not isinstance(thinking, str):
+                raise RequestError(f"{at}.thinking: must be a string")
             reasoning.append(thinking or decode_signature(block.get("signature")) or "")
         elif kind == "redacted_thinking":
             recovered = decode_signature(block.get("data"))
@@ -317,7 +319,7 @@ def apply_tool_choice(
     kind = choice["type"]
     if kind == "tool":
         names = {t["function"]["name"] for t in tools}
-        if choice.get("name") not in names:
+        if not isinstance(choice.get("name"), str) or choice["name"] not in names:
             raise RequestError(f"tool_choice.name: {choice.get('name')!r} is not one of the tools")
         chat["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     else:

@@ -225,13 +225,13 @@ def function_response_to_chat(
 def media_to_part(part: dict[str, Any], where: str, notes: list[str]) -> dict[str, Any] | None:
     """inlineData images -> data-URL image parts, fileData images -> URL parts; others dropped."""
     if "inlineData" in part:
-        data = part["inlineData"] or {}
+        data = part["inlineData"] if isinstance(part["inlineData"], dict) else {}
         mime, payload = data.get("mimeType", ""), data.get("data")
         if isinstance(mime, str) and mime.startswith("image/") and isinstance(payload, str):
             return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{payload}"}}
         notes.append(f"dropped inlineData of type {mime!r} in {where}")
         return None
-    data = part["fileData"] or {}
+    data = part["fileData"] if isinstance(part["fileData"], dict) else {}
     if str(data.get("mimeType", "")).startswith("image/") and isinstance(data.get("fileUri"), str):
         return {"type": "image_url", "image_url": {"url": data["fileUri"]}}
     notes.append(f"dropped fileData of type {data.get('mimeType')!r} in {where}")
@@ -251,7 +251,10 @@ def tools_to_chat(tools: Any, notes: list[str]) -> list[dict[str, Any]]:
         for key in tool:
             if key != "functionDeclarations":
                 notes.append(f"dropped tool {key}")
-        for k, decl in enumerate(tool.get("functionDeclarations") or ()):
+        decls = tool.get("functionDeclarations") or []
+        if not isinstance(decls, list):
+            raise RequestError(f"tools[{i}].functionDeclarations: must be a list")
+        for k, decl in enumerate(decls):
             out.append(declaration_to_tool(decl, f"tools[{i}].functionDeclarations[{k}]"))
     return out
 
@@ -301,9 +304,13 @@ def apply_tool_config(
     """functionCallingConfig mode AUTO / ANY / NONE (+ allowedFunctionNames) -> tool_choice."""
     if config is None:
         return
-    fcc = config.get("functionCallingConfig") if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        raise RequestError("toolConfig: must be an object")
+    fcc = config.get("functionCallingConfig")
     if fcc is None:
         return
+    if not isinstance(fcc, dict):
+        raise RequestError("toolConfig.functionCallingConfig: must be an object")
     mode = str(fcc.get("mode") or "AUTO").upper()
     if mode not in _MODES:
         raise RequestError(f"toolConfig.functionCallingConfig.mode: unknown mode {fcc.get('mode')!r}")
@@ -311,6 +318,8 @@ def apply_tool_config(
         notes.append("ignored toolConfig without function declarations")
         return
     allowed = fcc.get("allowedFunctionNames") or []
+    if not isinstance(allowed, list) or not all(isinstance(name, str) for name in allowed):
+        raise RequestError("toolConfig.functionCallingConfig.allowedFunctionNames: must be a list of names")
     if mode == "ANY" and len(allowed) == 1:
         chat["tool_choice"] = {"type": "function", "function": {"name": allowed[0]}}
         return
