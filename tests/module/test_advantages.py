@@ -1,0 +1,66 @@
+"""Advantages, rollout plumbing and zero-variance filtering against values computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from polar_pl.module.advantages import (
+    group_mean,
+    leave_one_out,
+    nonzero_variance_groups,
+    rollout_rewards,
+    rollout_row_weights,
+)
+
+T = torch.tensor
+
+
+def test_group_mean_with_and_without_std() -> None:
+    rewards = T([1.0, 0.0, 0.0, 1.0, 2.0, 2.0])
+    group = T([0, 0, 0, 0, 1, 1])
+    # group 0: mean 0.5, sample std sqrt(4 * 0.25 / 3) = sqrt(1/3); group 1: no spread.
+    a = 0.5 / math.sqrt(1 / 3)
+    assert group_mean(rewards, group).tolist() == pytest.approx([a, -a, -a, a, 0, 0], abs=1e-5)
+    assert group_mean(rewards, group, std_normalize=False).tolist() == [0.5, -0.5, -0.5, 0.5, 0, 0]
+    assert group_mean(rewards, group).dtype == torch.float32
+
+
+def test_group_mean_single_rollout_and_missing_index_are_zero() -> None:
+    # index 2 has no rows (group -1): it neither gets an advantage nor shifts group 0's mean.
+    adv = group_mean(T([1.0, 0.0, 5.0, 7.0]), T([0, 0, -1, 1]))
+    s = math.sqrt(0.5)
+    assert adv.tolist() == pytest.approx([0.5 / s, -0.5 / s, 0.0, 0.0], abs=1e-5)
+
+
+def test_leave_one_out() -> None:
+    rewards, group = T([1.0, 0.0, 0.0, 3.0]), T([0, 0, 0, 1])
+    # r0: 1 - (0 + 0) / 2; r1: 0 - (1 + 0) / 2; alone in group 1: 0.
+    assert leave_one_out(rewards, group).tolist() == pytest.approx([1.0, -0.5, -0.5, 0.0])
+    std = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2)
+    assert leave_one_out(rewards, group, std_normalize=True).tolist() == pytest.approx(
+        [1.0 / std, -0.5 / std, -0.5 / std, 0.0], abs=1e-5
+    )
+
+
+def test_rollout_rewards_collapse_rows() -> None:
+    rewards, group = rollout_rewards(T([1.0, 1.0, 0.0]), T([0, 0, 2]), T([0, 0, 1]))
+    assert rewards.tolist() == [1.0, 0.0, 0.0] and group.tolist() == [0, -1, 1]
+    with pytest.raises(ValueError, match="disagree"):
+        rollout_rewards(T([1.0, 0.5]), T([0, 0]), T([0, 0]))
+
+
+def test_row_weights_split_rollout_weighs_once() -> None:
+    assert rollout_row_weights(T([0, 0, 1])).tolist() == [0.5, 0.5, 1.0]
+    # A row without trainable tokens neither weighs nor dilutes its sibling.
+    assert rollout_row_weights(T([0, 0, 1]), T([True, False, True])).tolist() == [1.0, 0.0, 1.0]
+
+
+def test_nonzero_variance_groups() -> None:
+    rewards = T([1.0, 1.0, 0.0, 1.0, 5.0, 0.3, 0.3])
+    group = T([0, 0, 1, 1, 2, -1, 3])
+    # group 0 all equal, group 1 spread, group 2 alone, index 5 has no rows, group 3 alone.
+    assert nonzero_variance_groups(rewards, group).tolist() == [False, False, True, True, False, False, False]
+    assert nonzero_variance_groups(T([0.0, 1e-12]), T([0, 0])).tolist() == [False, False]
