@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from polar_pl.gateway.providers.anthropic import adapter
-from polar_pl.gateway.providers.anthropic_request import decode_signature, encode_signature
 from polar_pl.gateway.providers.base import RequestError
+from polar_pl.gateway.providers.thinking_signature import decode_signature, encode_signature
 from polar_pl.gateway.volatile import strip_volatile
 
 CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
@@ -209,7 +209,7 @@ def test_thinking_blocks_become_reasoning_content_even_when_text_was_omitted():
     assert a2["reasoning_content"] == "hidden\nshown"
     assert "reasoning_content" not in a3
     assert any("redacted_thinking" in n for n in req.notes)
-    assert decode_signature("not-ours") is None and decode_signature("polar1:!!!") is None
+    assert decode_signature("not-ours") is None and decode_signature("!!!") is None
 
 
 def test_images_become_image_url_parts():

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from polar_pl.gateway.providers.anthropic import adapter
-from polar_pl.gateway.providers.anthropic_request import decode_signature
+from polar_pl.gateway.providers.thinking_signature import decode_signature
 
 CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 ANTHROPIC_STREAMS = sorted(

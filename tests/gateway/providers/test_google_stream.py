@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from polar_pl.gateway.providers.google import adapter
-from polar_pl.gateway.providers.google_request import decode_thought_signature
+from polar_pl.gateway.providers.thinking_signature import decode_signature
 
 CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 GEMINI_STREAMS = sorted(
@@ -313,7 +313,7 @@ def test_response_with_thought_text_and_call():
         {"text": "Sure."},
         {"functionCall": {"name": "f", "args": {"a": 1}, "id": "k"}},
     ]
-    assert decode_thought_signature(signature) == "think"
+    assert decode_signature(signature) == "think"
     assert out["candidates"][0]["finishReason"] == "STOP"
     assert out["usageMetadata"]["promptTokenCount"] == 40 and out["modelVersion"] == "gemini-x"
 
@@ -391,8 +391,8 @@ def test_stream_signs_the_first_answer_part_with_the_reasoning():
         if "thoughtSignature" in p
     ]
     assert len(signed) == 1 and signed[0]["text"] == "x"
-    assert decode_thought_signature(signed[0]["thoughtSignature"]) == "a plan"
-    assert decode_thought_signature("skip_thought_signature_validator") is None
+    assert decode_signature(signed[0]["thoughtSignature"]) == "a plan"
+    assert decode_signature("skip_thought_signature_validator") is None
 
 
 @pytest.mark.parametrize(

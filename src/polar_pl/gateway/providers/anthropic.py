@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from polar_pl.gateway.providers.anthropic_request import encode_signature, request_to_chat
+from polar_pl.gateway.providers.anthropic_request import request_to_chat
 from polar_pl.gateway.providers.anthropic_stream import (
     AnthropicStream,
     error_payload,
@@ -18,6 +18,7 @@ from polar_pl.gateway.providers.anthropic_stream import (
     stop_reason_for,
 )
 from polar_pl.gateway.providers.base import NormalizedRequest, RequestError
+from polar_pl.gateway.providers.thinking_signature import encode_signature
 
 
 def response_from_chat(

@@ -4,23 +4,17 @@ Small conversion functions, one per Anthropic concept (system, content blocks, t
 tools, tool choice, sampling). Everything dropped or changed on the way is appended to `notes`,
 which the gateway keeps in the trace record, so a trajectory can be explained later.
 
-Thinking signatures: the engine has no Anthropic signature, so the gateway makes its own: the
-thinking text, compressed and base64-encoded. A harness that sends thinking back with the text
-omitted (Claude Code's `display: "omitted"`, `redacted_thinking`) still gives the engine the exact
-reasoning it produced, which keeps the re-rendered prompt a prefix of the next call.
+Thinking blocks sent back with their text omitted (Claude Code's `display: "omitted"`) or as
+`redacted_thinking` get their reasoning from the gateway's own signature (thinking_signature.py).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
-import zlib
 from typing import Any
 
 from polar_pl.gateway.providers.base import RequestError
-
-SIGNATURE_PREFIX = "polar1:"
+from polar_pl.gateway.providers.thinking_signature import decode_signature
 
 # Anthropic-defined tools that run on Anthropic's servers or need a schema the engine never saw.
 SERVER_TOOL_PREFIXES = (
@@ -39,22 +33,6 @@ SERVER_TOOL_PREFIXES = (
 _IGNORED_FIELDS = {"metadata", "stream", "model", "service_tier", "anthropic_version", "betas"}
 # Fields accepted but with no engine equivalent: accepted, and the record says so.
 _NOTED_FIELDS = {"thinking", "context_management", "container", "mcp_servers", "inference_geo"}
-
-
-def encode_signature(thinking: str) -> str:
-    """Signature for a thinking block the gateway emits: the thinking text, recoverable."""
-    packed = base64.urlsafe_b64encode(zlib.compress(thinking.encode("utf-8"))).decode("ascii")
-    return SIGNATURE_PREFIX + packed
-
-
-def decode_signature(signature: Any) -> str | None:
-    """The thinking text inside a gateway-made signature, or None for any other signature."""
-    if not isinstance(signature, str) or not signature.startswith(SIGNATURE_PREFIX):
-        return None
-    try:
-        return zlib.decompress(base64.urlsafe_b64decode(signature[len(SIGNATURE_PREFIX) :])).decode("utf-8")
-    except (binascii.Error, zlib.error, UnicodeDecodeError, ValueError):
-        return None
 
 
 def request_to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from polar_pl.gateway.providers.anthropic_request import encode_signature
+from polar_pl.gateway.providers.thinking_signature import encode_signature
 
 STOP_REASONS = {
     "stop": "end_turn",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from polar_pl.gateway.providers.base import NormalizedRequest, RequestError
-from polar_pl.gateway.providers.google_request import encode_thought_signature, parse_path, request_to_chat
+from polar_pl.gateway.providers.google_request import parse_path, request_to_chat
 from polar_pl.gateway.providers.google_stream import (
     GoogleStream,
     error_payload,
@@ -19,6 +19,7 @@ from polar_pl.gateway.providers.google_stream import (
     new_response_id,
     usage_metadata,
 )
+from polar_pl.gateway.providers.thinking_signature import encode_signature
 
 
 def response_from_chat(response: dict[str, Any], model: str, include_thoughts: bool) -> dict[str, Any]:
@@ -58,7 +59,7 @@ def message_parts(message: dict[str, Any], include_thoughts: bool) -> list[dict[
     answer = next((p for p in parts if not p.get("thought")), None)
     if reasoning and answer is not None:
         # As Gemini does: the first answer part carries the signature (here: the reasoning itself).
-        answer["thoughtSignature"] = encode_thought_signature(reasoning)
+        answer["thoughtSignature"] = encode_signature(reasoning)
     return parts
 
 

@@ -5,9 +5,8 @@ function declarations (Gemini's OpenAPI-style schema -> JSON schema), toolConfig
 generationConfig. What has no engine equivalent is dropped and noted for the trace record.
 
 Thought signatures: Gemini CLI keeps a part's `thoughtSignature` in its history but drops thought
-text. The gateway's signature is the reasoning itself (compressed, base64), so a model turn sent
-back without its thoughts still gives the engine the reasoning it produced, and the next prompt
-stays a token prefix extension of the last one.
+text; the gateway's signature carries the reasoning (thinking_signature.py), so a model turn sent
+back without its thoughts still re-renders with the reasoning the engine produced.
 
 Function-call ids: Gemini matches a functionResponse to its functionCall by name (ids are
 optional), the engine needs an id on both sides. Calls without one get an id derived from their
@@ -16,48 +15,20 @@ position in the conversation, so the same history always yields the same ids.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import re
-import zlib
 from typing import Any
 
 from polar_pl.gateway.providers.base import RequestError
+from polar_pl.gateway.providers.google_schema import schema_to_json_schema
+from polar_pl.gateway.providers.thinking_signature import decode_signature
 
 _PATH = re.compile(r"models/(?P<model>[^/:]+):(?P<method>generateContent|streamGenerateContent|countTokens)$")
 
 _MODES = {"AUTO": "auto", "MODE_UNSPECIFIED": "auto", "ANY": "required", "NONE": "none", "VALIDATED": "auto"}
 
-# Gemini Schema keys whose values are schemas (recursed into) or lists of schemas.
-_SCHEMA_CHILD = ("items",)
-_SCHEMA_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_MAP = ("properties", "$defs", "definitions")
-_SCHEMA_DROP = ("propertyOrdering",)
-
 _HANDLED_FIELDS = {"contents", "systemInstruction", "tools", "toolConfig", "generationConfig", "model"}
 _IGNORED_FIELDS = {"safetySettings", "labels", "cachedContent"}
-
-
-_SIGNATURE_MAGIC = b"polar1:"
-
-
-def encode_thought_signature(reasoning: str) -> str:
-    """thoughtSignature for the first answer part: the reasoning text, recoverable."""
-    return base64.b64encode(_SIGNATURE_MAGIC + zlib.compress(reasoning.encode("utf-8"))).decode("ascii")
-
-
-def decode_thought_signature(signature: Any) -> str | None:
-    """The reasoning in a gateway-made signature (either base64 alphabet), else None."""
-    if not isinstance(signature, str):
-        return None
-    try:
-        raw = base64.b64decode(signature.replace("-", "+").replace("_", "/") + "==", validate=False)
-        if not raw.startswith(_SIGNATURE_MAGIC):
-            return None
-        return zlib.decompress(raw[len(_SIGNATURE_MAGIC) :]).decode("utf-8")
-    except (binascii.Error, zlib.error, UnicodeDecodeError, ValueError):
-        return None
 
 
 def parse_path(path: str) -> tuple[str, bool]:
@@ -146,7 +117,7 @@ def model_turn_to_message(
     signed: str | None = None
     for j, part in enumerate(parts):
         if signed is None and not part.get("thought"):
-            signed = decode_thought_signature(part.get("thoughtSignature"))
+            signed = decode_signature(part.get("thoughtSignature"))
         if isinstance(part.get("text"), str):
             (thoughts if part.get("thought") else texts).append(part["text"])
         elif "functionCall" in part:
@@ -273,29 +244,6 @@ def declaration_to_tool(decl: Any, where: str) -> dict[str, Any]:
         function["description"] = decl["description"]
     function["parameters"] = parameters
     return {"type": "function", "function": function}
-
-
-def schema_to_json_schema(schema: Any) -> Any:
-    """Gemini Schema (OpenAPI subset, types like "OBJECT") -> JSON schema (lowercase types)."""
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in _SCHEMA_DROP or key == "nullable":
-            continue
-        if key == "type" and isinstance(value, str):
-            out[key] = value.lower()
-        elif key in _SCHEMA_CHILD:
-            out[key] = schema_to_json_schema(value)
-        elif key in _SCHEMA_LIST and isinstance(value, list):
-            out[key] = [schema_to_json_schema(v) for v in value]
-        elif key in _SCHEMA_MAP and isinstance(value, dict):
-            out[key] = {name: schema_to_json_schema(v) for name, v in value.items()}
-        else:
-            out[key] = value
-    if schema.get("nullable") is True and isinstance(out.get("type"), str):
-        out["type"] = [out["type"], "null"]
-    return out
 
 
 def apply_tool_config(

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from polar_pl.gateway.providers.google_request import encode_thought_signature
+from polar_pl.gateway.providers.thinking_signature import encode_signature
 
 FINISH_REASONS = {
     "stop": "STOP",
@@ -152,7 +152,7 @@ class GoogleStream:
                 # Reasoning always comes before the answer, so it is complete here.
                 self.signed = True
                 if self.reasoning:
-                    answer["thoughtSignature"] = encode_thought_signature("".join(self.reasoning))
+                    answer["thoughtSignature"] = encode_signature("".join(self.reasoning))
         candidate: dict[str, Any] = {"index": 0}
         if parts:
             candidate["content"] = {"role": "model", "parts": parts}
