@@ -70,24 +70,24 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    from polar_pl.sandbox import cgroups
-    from polar_pl.sandbox.docker import sweep_docker
     from polar_pl.sandbox.dockerd import DockerUnavailable
-    from polar_pl.sandbox.local import sweep_local
+    from polar_pl.sandbox.sweep import sweep
 
-    print(f"local workspaces removed: {sweep_local(args.owner)}")
-    if cgroups.available():
-        print(f"cgroups removed: {cgroups.sweep(args.owner)}")
+    client = daemon = None
     if args.docker_host or args.dockerd_root:
         try:
             client, daemon = _engine(args.docker_host, args.dockerd_root)
         except DockerUnavailable as e:
             print(f"docker: skipped ({e})", file=sys.stderr)
-            return 0
-        try:
-            print(f"containers removed: {sweep_docker(client, args.owner)}")
-        finally:
+    try:
+        report = sweep(args.owner, docker_client=client)
+    finally:
+        if client is not None:
             client.close()
-            if daemon is not None:
-                daemon.stop()
+        if daemon is not None:
+            daemon.stop()
+    print(f"local workspaces removed: {report.workspaces}")
+    print(f"cgroups removed: {report.cgroups}")
+    if client is not None:
+        print(f"containers removed: {report.containers}")
     return 0

@@ -36,14 +36,17 @@ RUN_IN = "/opt/polar/run"
 GIT_DIR_IN = "/tmp/.polar-baseline.git"
 
 
-def client_for(docker_host: str | None):
+def client_for(docker_host: str | None, timeout: float = 300):
     import docker
 
-    return (
-        docker.DockerClient(base_url=docker_host, timeout=300)
-        if docker_host
-        else docker.from_env(timeout=300)
-    )
+    if docker_host:
+        return docker.DockerClient(base_url=docker_host, timeout=timeout)
+    return docker.from_env(timeout=timeout)
+
+
+# Exec output is streamed on its own connection whose read timeout must outlast the longest silent
+# stretch of a harness; the exec itself is bounded inside the container by `timeout`.
+EXEC_READ_TIMEOUT = 7 * 24 * 3600
 
 
 class DockerSandbox:
@@ -78,6 +81,7 @@ class DockerSandbox:
         self.harness_prefix = PREFIX_IN if harness_prefix else None
         self.python = ["env", f"PYTHONPATH={PYDEPS_IN}", "python3"] if self.host_pydeps else ["python3"]
         self.client = None
+        self._exec_client = None
         self.container = None
         self.container_id: str | None = None
         self._run_dir: Path | None = None
@@ -88,6 +92,7 @@ class DockerSandbox:
         from docker.types import Mount
 
         self.client = client_for(self.docker_host)
+        self._exec_client = client_for(self.docker_host, timeout=EXEC_READ_TIMEOUT)
         self._run_dir = Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{self.owner}-"))
         self._run_dir.chmod(0o755)
         mounts = [
@@ -145,9 +150,10 @@ class DockerSandbox:
         if self._run_dir is not None:
             shutil.rmtree(self._run_dir, ignore_errors=True)
             self._run_dir = None
-        if self.client is not None:
-            self.client.close()
-            self.client = None
+        for client in (self.client, self._exec_client):
+            if client is not None:
+                client.close()
+        self.client = self._exec_client = None
 
     def __enter__(self) -> Self:
         self.start()
@@ -200,7 +206,7 @@ class DockerSandbox:
         api = self._api
         t0 = time.monotonic()
         exec_id = api.exec_create(self.container_id, argv, environment=env or {}, workdir=cwd)["Id"]
-        out, err = api.exec_start(exec_id, demux=True)
+        out, err = self._exec_client.api.exec_start(exec_id, demux=True)
         duration = time.monotonic() - t0
         code = api.exec_inspect(exec_id)["ExitCode"]
         timed_out = timeout is not None and code == 137 and duration >= timeout - 0.05
@@ -278,13 +284,14 @@ class DockerSandbox:
 
     # -- diff ----------------------------------------------------------------------------------
     def baseline(self) -> str:
-        res = self.exec(gitdiff.baseline_script(GIT_DIR_IN, self.workdir))
+        res = self.exec(["bash", "-c", gitdiff.baseline_script(GIT_DIR_IN, self.workdir)])
         if res.exit_code != 0:
             raise RuntimeError(f"baseline commit failed: {res.stderr.strip()}")
         return res.stdout.strip()
 
     def diff(self, exclude: tuple[str, ...] = ()) -> str:
-        res = self.exec(gitdiff.diff_script(GIT_DIR_IN, self.workdir, gitdiff.HARNESS_STATE_DIRS + exclude))
+        script = gitdiff.diff_script(GIT_DIR_IN, self.workdir, gitdiff.HARNESS_STATE_DIRS + exclude)
+        res = self.exec(["bash", "-c", script])
         if res.exit_code != 0:
             raise RuntimeError(f"workspace diff failed: {res.stderr.strip()}")
         return res.stdout

@@ -225,15 +225,14 @@ class LocalSandbox:
 
     # -- diff ----------------------------------------------------------------------------------
     def baseline(self) -> str:
-        res = self.exec(gitdiff.baseline_script(self._git_dir, self.workdir))
+        res = self.exec(["bash", "-c", gitdiff.baseline_script(self._git_dir, self.workdir)])
         if res.exit_code != 0:
             raise RuntimeError(f"baseline commit failed: {res.stderr.strip()}")
         return res.stdout.strip()
 
     def diff(self, exclude: tuple[str, ...] = ()) -> str:
-        res = self.exec(
-            gitdiff.diff_script(self._git_dir, self.workdir, gitdiff.HARNESS_STATE_DIRS + exclude)
-        )
+        script = gitdiff.diff_script(self._git_dir, self.workdir, gitdiff.HARNESS_STATE_DIRS + exclude)
+        res = self.exec(["bash", "-c", script])
         if res.exit_code != 0:
             raise RuntimeError(f"workspace diff failed: {res.stderr.strip()}")
         return res.stdout
