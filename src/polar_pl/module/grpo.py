@@ -128,7 +128,7 @@ class GRPOModule(L.LightningModule):
             if model_dir is None:
                 raise ValueError("GRPOModule needs module.model_dir (or a model)")
             model = load_model(model_dir, dtype=dtype, attn_implementation=attn_implementation)
-        self.model = model
+        self.model = model.train()  # from_pretrained returns eval mode; the old-logprob pass sets eval itself
         self.model_dir = model_dir
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -162,11 +162,6 @@ class GRPOModule(L.LightningModule):
     def on_fit_end(self) -> None:
         if self.weight_sync is not None:
             self.weight_sync.close()
-
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        if isinstance(batch, TrainBatch):
-            return batch.to(device)
-        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["grpo"] = {
