@@ -248,10 +248,10 @@ def _call(name: str, args: dict[str, str], rng: random.Random, index: int) -> di
     }
 
 
-def tool_conversation(rng: random.Random, max_calls: int = 2) -> Conversation:
+def tool_conversation(rng: random.Random, max_calls: int = 2, max_tools: int = 6) -> Conversation:
     """System + user request, then one to `max_calls` tool rounds, then a short final answer."""
     specs = TOOLSETS[rng.choice(list(TOOLSETS))]
-    offered = rng.sample(specs, rng.randint(min(2, len(specs)), len(specs)))
+    offered = rng.sample(specs, rng.randint(min(2, len(specs)), min(max_tools, len(specs))))
     messages: list[dict[str, Any]] = []
     if rng.random() < 0.8:
         messages.append({"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
@@ -310,10 +310,12 @@ def chat_conversation(rng: random.Random) -> Conversation:
     return Conversation(messages, None)
 
 
-def generate(seed: int, count: int, tool_fraction: float = 0.8) -> list[Conversation]:
-    """`count` conversations from `seed`; `tool_fraction` of them use tools."""
+def generate(seed: int, count: int, tool_fraction: float = 0.8, max_tools: int = 6) -> list[Conversation]:
+    """`count` conversations from `seed`; `tool_fraction` of them use tools (at most `max_tools` offered)."""
     rng = random.Random(seed)
     return [
-        tool_conversation(rng) if rng.random() < tool_fraction else chat_conversation(rng)
+        tool_conversation(rng, max_tools=max_tools)
+        if rng.random() < tool_fraction
+        else chat_conversation(rng)
         for _ in range(count)
     ]
