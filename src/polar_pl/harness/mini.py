@@ -21,11 +21,13 @@ class Mini:
         max_turns: int = 20,
         bash_timeout: float = 120.0,
         temperature: float | None = None,
+        max_tokens: int | None = None,
     ) -> None:
         self.provider = resolve_provider(self.name, provider, ("openai_chat",))
         self.max_turns = max_turns
         self.bash_timeout = bash_timeout
         self.temperature = temperature
+        self.max_tokens = max_tokens
         self.version = "builtin"
 
     def __repr__(self) -> str:
@@ -43,6 +45,8 @@ class Mini:
                 "--bash-timeout", str(self.bash_timeout), "--answer-file", ANSWER_FILE]  # fmt: skip
         if self.temperature is not None:
             argv += ["--temperature", str(self.temperature)]
+        if self.max_tokens is not None:
+            argv += ["--max-tokens", str(self.max_tokens)]
         env = {
             "OPENAI_BASE_URL": f"{session.base_url}/v1",
             "OPENAI_API_KEY": session.token,

@@ -129,13 +129,16 @@ def run_tool(name: str, arguments: str, bash_timeout: float) -> str:
 
 
 def run(
-    task: str, model: str, max_turns: int, bash_timeout: float, temperature: float | None
+    task: str, model: str, max_turns: int, bash_timeout: float, temperature: float | None,
+    max_tokens: int | None = None,
 ) -> tuple[int, str]:
     from openai import OpenAI  # imported late so --help works without the package
 
     client = OpenAI(max_retries=2)  # OPENAI_BASE_URL / OPENAI_API_KEY from the environment
     messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
     extra = {} if temperature is None else {"temperature": temperature}
+    if max_tokens is not None:
+        extra["max_tokens"] = max_tokens
     for _ in range(max_turns):
         reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, **extra)
         msg = reply.choices[0].message
@@ -168,10 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-turns", type=int, default=20)
     ap.add_argument("--bash-timeout", type=float, default=120.0)
     ap.add_argument("--temperature", type=float, default=None)
+    ap.add_argument("--max-tokens", type=int, default=None, help="per-call response token limit")
     ap.add_argument("--answer-file", default=".polar/answer.txt")
     args = ap.parse_args(argv)
     try:
-        code, answer = run(args.task, args.model, args.max_turns, args.bash_timeout, args.temperature)
+        code, answer = run(
+            args.task, args.model, args.max_turns, args.bash_timeout, args.temperature, args.max_tokens
+        )
     except Exception as e:  # noqa: BLE001  (API errors: reported like a CLI does, no traceback)
         print(f"mini: model API error: {type(e).__name__}: {e}", file=sys.stderr)
         return 4
