@@ -1,0 +1,64 @@
+"""conf/module/grpo.yaml composes with the real root config and instantiates a GRPOModule whose
+variants are the configured functions; each weight_sync option instantiates unbound."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from polar_pl.module import aggregation, losses
+from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.weight_sync import DiskSync, EmbeddedStateDictSync, NoSync, VLLMWeightTransferSync
+
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+def module_cfg(tiny_model_dir, *overrides: str):
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        cfg = compose("config", overrides=[f"model_dir={tiny_model_dir}", *overrides])
+    return cfg.module
+
+
+def test_default_module_config(tiny_model_dir) -> None:
+    module = instantiate(module_cfg(tiny_model_dir))
+    assert isinstance(module, GRPOModule)
+    assert isinstance(module.weight_sync, EmbeddedStateDictSync) and module.weight_sync.engine is None
+    assert module.advantage.keywords == {"std_normalize": True}
+    assert module.aggregation.func is aggregation.token_mean
+    assert module.tis.func is losses.tis_token and module.tis.keywords == {"cap": 2.0}
+    assert (module.kl, module.kl_coef, module.lr, module.push_every) == (None, 0.0, 1e-3, 1)
+    assert module.betas == (0.9, 0.999)
+
+
+@pytest.mark.parametrize(
+    ("choice", "cls"),
+    [
+        ("disk", DiskSync),
+        ("none", NoSync),
+        ("vllm_nccl", VLLMWeightTransferSync),
+        ("embedded", EmbeddedStateDictSync),
+    ],
+)
+def test_weight_sync_choices(tiny_model_dir, choice, cls) -> None:
+    sync = instantiate(module_cfg(tiny_model_dir, f"module/weight_sync={choice}").weight_sync)
+    assert isinstance(sync, cls) and sync.engine is None
+
+
+def test_variants_by_override(tiny_model_dir) -> None:
+    cfg = module_cfg(
+        tiny_model_dir,
+        "module.aggregation._target_=polar_pl.module.aggregation.seq_mean_token_sum_norm",
+        "+module.aggregation.max_len=512",
+        "module.kl={_target_: polar_pl.module.losses.kl_k3, _partial_: true}",
+        "module.kl_coef=0.05",
+        "module.tis=null",
+    )
+    module = instantiate(cfg)
+    assert isinstance(module.aggregation, functools.partial) and module.aggregation.keywords == {
+        "max_len": 512
+    }
+    assert module.kl.func is losses.kl_k3 and module.kl_coef == 0.05 and module.tis is None
