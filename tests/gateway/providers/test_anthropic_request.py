@@ -205,9 +205,14 @@ def test_thinking_blocks_become_reasoning_content_even_when_text_was_omitted():
     }
     req = to_chat(body)
     a1, a2, a3 = req.chat["messages"][1:]
-    assert a1 == {"role": "assistant", "content": "done", "reasoning_content": "private plan"}
+    assert a1 == {
+        "role": "assistant",
+        "content": "done",
+        "reasoning": "private plan",
+        "reasoning_content": "private plan",
+    }
     assert a2["reasoning_content"] == "hidden\nshown"
-    assert "reasoning_content" not in a3
+    assert "reasoning" not in a3 and "reasoning_content" not in a3
     assert any("redacted_thinking" in n for n in req.notes)
     assert decode_signature("not-ours") is None and decode_signature("!!!") is None
 

@@ -121,7 +121,8 @@ def test_round_trip_reproduces_the_engine_turn():
         ],
     }
     messages = adapter.to_chat(follow_up, path="/v1/messages", query={}).chat["messages"]
-    assert messages[1] == {"role": "assistant", **engine_message}
+    # vLLM's renderer reads `reasoning`; the deprecated `reasoning_content` rides along.
+    assert messages[1] == {"role": "assistant", **engine_message, "reasoning": "plan: echo"}
     assert messages[2] == {"role": "tool", "tool_call_id": "call_7", "content": "ok"}
 
 
@@ -149,7 +150,4 @@ def test_display_omitted_leaves_thinking_text_out_of_the_message():
     out = adapter.from_chat(completion({"content": "hi", "reasoning_content": "hidden"}), req)
     assert out["content"][0]["thinking"] == "" and out["content"][0]["signature"]
     back = {**BODY, "messages": [*BODY["messages"], {"role": "assistant", "content": out["content"]}]}
-    assert (
-        adapter.to_chat(back, path="/v1/messages", query={}).chat["messages"][1]["reasoning_content"]
-        == "hidden"
-    )
+    assert adapter.to_chat(back, path="/v1/messages", query={}).chat["messages"][1]["reasoning"] == "hidden"

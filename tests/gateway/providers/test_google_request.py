@@ -56,7 +56,7 @@ def test_capture_keeps_every_content_part_tool_and_system_part(record: Path):
             ] == [(c["name"], c["args"]) for c in calls]
             for p in parts:
                 if "text" in p:
-                    assert p["text"] in (out.get("reasoning_content") if p.get("thought") else out["content"])
+                    assert p["text"] in (out.get("reasoning") if p.get("thought") else out["content"])
             continue
         responses = [p["functionResponse"] for p in parts if "functionResponse" in p]
         for response in responses:
@@ -127,7 +127,7 @@ def test_calls_without_ids_are_matched_by_name_with_stable_ids():
     again = to_chat(body).chat["messages"]
     assert first == again, "ids must be derived, not random"
     assistant, tool_bash, tool_read = first[1:]
-    assert assistant["content"] == "Doing both." and assistant["reasoning_content"] == "thinking it over"
+    assert assistant["content"] == "Doing both." and assistant["reasoning"] == "thinking it over"
     ids = {c["function"]["name"]: c["id"] for c in assistant["tool_calls"]}
     assert tool_bash == {"role": "tool", "tool_call_id": ids["bash"], "content": '{"output": "a b"}'}
     assert tool_read == {"role": "tool", "tool_call_id": ids["read"], "content": '{"content": "A"}'}

@@ -377,7 +377,7 @@ def test_reasoning_survives_a_history_without_thought_parts():
         ]
     }
     messages = adapter.to_chat(follow_up, path=PATH, query={}).chat["messages"]
-    assert messages[1] == {"role": "assistant", **engine}
+    assert messages[1] == {"role": "assistant", **engine, "reasoning": "ls first"}
 
 
 def test_stream_signs_the_first_answer_part_with_the_reasoning():

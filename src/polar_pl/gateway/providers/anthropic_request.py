@@ -163,7 +163,11 @@ def user_to_chat(blocks: list[dict[str, Any]], where: str, notes: list[str]) -> 
 
 
 def assistant_to_chat(blocks: list[dict[str, Any]], where: str, notes: list[str]) -> dict[str, Any]:
-    """Assistant blocks -> content, reasoning_content and tool_calls of one chat message."""
+    """Assistant blocks -> content, reasoning and tool_calls of one chat message.
+
+    The reasoning goes in `reasoning` (what vLLM's renderer reads) and, for engines that predate
+    it, the deprecated `reasoning_content` (vLLM maps it to `reasoning` when that is absent).
+    """
     texts: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -188,7 +192,7 @@ def assistant_to_chat(blocks: list[dict[str, Any]], where: str, notes: list[str]
             notes.append(f"dropped {kind} block in {where}")
     message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
     if reasoning:
-        message["reasoning_content"] = "\n".join(reasoning)
+        message["reasoning"] = message["reasoning_content"] = "\n".join(reasoning)
     if calls:
         message["tool_calls"] = calls
     return message

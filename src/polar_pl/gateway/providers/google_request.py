@@ -110,7 +110,8 @@ def contents_to_messages(contents: list[Any], notes: list[str]) -> list[dict[str
 def model_turn_to_message(
     parts: list[dict[str, Any]], i: int, where: str, notes: list[str]
 ) -> dict[str, Any]:
-    """A model turn -> one assistant message: thought text -> reasoning_content, calls -> tool_calls."""
+    """A model turn -> one assistant message: thoughts -> reasoning (and the deprecated
+    reasoning_content, as in anthropic_request), calls -> tool_calls."""
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -126,7 +127,7 @@ def model_turn_to_message(
             notes.append(f"dropped {_part_kind(part)} part in {where}")
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if thoughts or signed is not None:
-        message["reasoning_content"] = "".join(thoughts) or signed
+        message["reasoning"] = message["reasoning_content"] = "".join(thoughts) or signed
     if calls:
         message["tool_calls"] = calls
     return message
