@@ -121,7 +121,9 @@ def test_gateway_only_network(sandbox, gateway_stub, other_server):
         pytest.skip("the plain local backend shares the host network by design (use isolation=bwrap)")
     ifaces = sandbox.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '").stdout.split()
     assert ifaces == ["lo"]
-    url = sandbox.expose_gateway(gateway_stub)
+    # the gateway under any local host name: inside, the relay answers on 127.0.0.1 at its port
+    url = sandbox.expose_gateway(gateway_stub.replace("127.0.0.1", "localhost"))
+    assert url.startswith("http://127.0.0.1:")
     probe = (
         "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
     )
@@ -165,7 +167,8 @@ def test_stop_leaves_nothing(make_sandbox):
     sb = make_sandbox()
     sb.start()
     tag = f"77{time.monotonic_ns() % 100000}"
-    sb.exec(f"nohup sleep {tag} >/dev/null 2>&1 &")
+    # one in the background, one that left the process group (setsid): both must die with stop()
+    sb.exec(f"nohup sleep {tag} >/dev/null 2>&1 & setsid sleep 1{tag} >/dev/null 2>&1 < /dev/null &")
     leftovers = sandbox_leftovers(sb)
     sb.stop()
     deadline = time.monotonic() + 5

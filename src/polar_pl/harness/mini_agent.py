@@ -129,7 +129,11 @@ def run_tool(name: str, arguments: str, bash_timeout: float) -> str:
 
 
 def run(
-    task: str, model: str, max_turns: int, bash_timeout: float, temperature: float | None,
+    task: str,
+    model: str,
+    max_turns: int,
+    bash_timeout: float,
+    temperature: float | None,
     max_tokens: int | None = None,
 ) -> tuple[int, str]:
     from openai import OpenAI  # imported late so --help works without the package

@@ -66,6 +66,8 @@ class Cgroup:
         (d / file).write_text(value)
 
     def _apply(self, limits: Limits) -> None:
+        if not limits.any:
+            return
         if self.v2:
             if limits.memory_bytes:
                 self._write("memory", "memory.max", str(limits.memory_bytes))

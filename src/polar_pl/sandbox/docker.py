@@ -18,13 +18,12 @@ import time
 import uuid
 from pathlib import Path, PurePosixPath
 from typing import Self
-from urllib.parse import urlsplit
 
 from polar_pl.sandbox import gitdiff
 from polar_pl.sandbox.image import DEFAULT_TAG, USER_UID, cache_dir
 from polar_pl.sandbox.local import parse_bytes
 from polar_pl.sandbox.protocol import ExecResult
-from polar_pl.sandbox.relay import Relay, unix_to_tcp
+from polar_pl.sandbox.relay import Relay, inside_url, unix_to_tcp
 
 LABEL = "polar_pl.sandbox"
 OWNER_LABEL = "polar_pl.owner"
@@ -164,22 +163,21 @@ class DockerSandbox:
 
     # -- gateway -------------------------------------------------------------------------------
     def expose_gateway(self, url: str) -> str:
-        """Relay the gateway's 127.0.0.1 port into the container; the same URL then works inside."""
-        parts = urlsplit(url)
-        key = (parts.hostname or "127.0.0.1", parts.port or 80)
-        if key in self._relays:
-            return url
-        sock_name = f"gw-{key[1]}.sock"
-        self._relays[key] = unix_to_tcp(str(self._run_dir / sock_name), *key)
-        relay = ["python3", "-I", "-S", RELAY_IN, "tcp2unix", f"127.0.0.1:{key[1]}", f"{RUN_IN}/{sock_name}"]
+        """Relay a gateway on this host into the container; returns the URL to use inside."""
+        inside, host, port = inside_url(url)
+        if (host, port) in self._relays:
+            return inside
+        sock_name = f"gw-{port}.sock"
+        self._relays[(host, port)] = unix_to_tcp(str(self._run_dir / sock_name), host, port)
+        relay = ["python3", "-I", "-S", RELAY_IN, "tcp2unix", f"127.0.0.1:{port}", f"{RUN_IN}/{sock_name}"]
         self.client.api.exec_start(self.client.api.exec_create(self.container_id, relay)["Id"], detach=True)
-        probe = f"import socket; socket.create_connection(('127.0.0.1', {key[1]}), timeout=1).close()"
+        probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=1).close()"
         deadline = time.monotonic() + 10
         while self.exec(["python3", "-c", probe]).exit_code != 0:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"gateway relay for port {key[1]} did not come up in the container")
+                raise RuntimeError(f"gateway relay for port {port} did not come up in the container")
             time.sleep(0.05)
-        return url
+        return inside
 
     # -- exec ----------------------------------------------------------------------------------
     def exec(
@@ -234,15 +232,20 @@ class DockerSandbox:
             raise PermissionError(f"cannot create {path} in the sandbox: {res.stderr.strip()}")
 
     def put_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        import docker
+
         target = PurePosixPath(self._abs(path))
-        self._mkdir(str(target.parent))
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             info = tarfile.TarInfo(target.name)
             info.size, info.mode, info.mtime = len(data), mode, int(time.time())
             info.uid = info.gid = USER_UID
             tar.addfile(info, io.BytesIO(data))
-        self._api.put_archive(self.container_id, str(target.parent), buf.getvalue())
+        try:
+            self._api.put_archive(self.container_id, str(target.parent), buf.getvalue())
+        except docker.errors.NotFound:  # parent folder missing: create it (as the sandbox user)
+            self._mkdir(str(target.parent))
+            self._api.put_archive(self.container_id, str(target.parent), buf.getvalue())
 
     def get_file(self, path: str) -> bytes:
         import docker

@@ -3,7 +3,8 @@
 Optional isolation with bubblewrap (`isolation="bwrap"`): the whole host filesystem read-only, the
 sandbox's own root (workspace, home, tmp) writable, a private /tmp, and a private network namespace
 with only loopback, where a relay forwards the gateway's port to the host gateway (see relay.py).
-Optional cgroup limits (memory, pids, cpus) when this process may create cgroups (root).
+Optional cgroup limits (memory, pids, cpus) need root; as root every sandbox gets a cgroup anyway,
+so stop() kills all its processes, also those that left the process group.
 Paths are the same inside and outside: the workspace is bound at its host path.
 """
 
@@ -21,11 +22,10 @@ import time
 import uuid
 from pathlib import Path
 from typing import Self
-from urllib.parse import urlsplit
 
 from polar_pl.sandbox import cgroups, gitdiff
 from polar_pl.sandbox.protocol import ExecResult
-from polar_pl.sandbox.relay import Relay, unix_to_tcp
+from polar_pl.sandbox.relay import Relay, inside_url, unix_to_tcp
 
 ISOLATIONS = ("none", "bwrap")
 TMP_PREFIX = "polar-sbx-"
@@ -73,7 +73,9 @@ class LocalSandbox:
             (self.root / sub).mkdir()
         self.workdir = str(self.root / "workspace")
         self.home = str(self.root / "home")
-        if self.limits.any:
+        # A cgroup even without limits when we may make one: stop() then kills every process the
+        # sandbox started, also those that left the process group (setsid, double fork).
+        if self.limits.any or cgroups.available():
             self._cgroup = cgroups.Cgroup(f"{self.owner}.{uuid.uuid4().hex[:12]}", self.limits)
         self.baseline()
 
@@ -99,15 +101,14 @@ class LocalSandbox:
 
     # -- gateway -------------------------------------------------------------------------------
     def expose_gateway(self, url: str) -> str:
-        """Make `url` (a 127.0.0.1 gateway) reachable from inside; returns the URL to use inside."""
+        """Make `url` (a gateway on this host) reachable from inside; returns the URL to use inside."""
         if self.isolation == "none":
             return url
-        parts = urlsplit(url)
-        key = (parts.hostname or "127.0.0.1", parts.port or 80)
-        if key not in self._relays:
-            sock = str(self._root / "state" / f"gw-{key[1]}.sock")
-            self._relays[key] = (unix_to_tcp(sock, *key), sock)
-        return url
+        inside, host, port = inside_url(url)
+        if (host, port) not in self._relays:
+            sock = str(self._root / "state" / f"gw-{port}.sock")
+            self._relays[(host, port)] = (unix_to_tcp(sock, host, port), sock)
+        return inside
 
     # -- exec ----------------------------------------------------------------------------------
     def exec(
@@ -172,8 +173,17 @@ class LocalSandbox:
     def _wrap(self, argv: list[str], cwd: str) -> list[str]:
         if self.isolation == "bwrap":
             root = str(self._root)
-            for (host, port), (_, sock) in self._relays.items():
-                relay = [sys.executable, "-I", "-S", RELAY_SCRIPT, "tcp2unix", f"{host}:{port}", sock, "--"]
+            for (_, port), (_, sock) in self._relays.items():
+                relay = [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    RELAY_SCRIPT,
+                    "tcp2unix",
+                    f"127.0.0.1:{port}",
+                    sock,
+                    "--",
+                ]
                 argv = relay + argv
             argv = [
                 "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",

@@ -104,6 +104,17 @@ def tcp_to_unix(host: str, port: int, sock_path: str) -> Relay:
     return Relay(listener, connect).start()
 
 
+def inside_url(url: str) -> tuple[str, str, int]:
+    """(URL to use inside the sandbox, host, port): the relay listens on the sandbox's own
+    127.0.0.1 at the gateway's port, whatever host name the gateway was given under."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return urlunsplit(parts._replace(netloc=f"127.0.0.1:{port}")), host, port
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[0] != "tcp2unix":
         print("usage: relay.py tcp2unix HOST:PORT SOCKET [-- COMMAND ...]", file=sys.stderr)

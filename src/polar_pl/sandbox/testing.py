@@ -34,6 +34,17 @@ def leftovers(owner: str = OWNER, client=None) -> list[str]:
     for parent in (cgroups.ROOT / cgroups.PARENT, cgroups.ROOT / "pids" / cgroups.PARENT):
         if parent.is_dir():
             found += [str(d) for d in parent.iterdir() if d.is_dir() and d.name.startswith(f"{owner}.")]
+    root_prefix = f"{tmp}/{TMP_PREFIX}{owner}-"
+    for proc in Path("/proc").iterdir():  # processes still running in (or from) a sandbox root
+        if proc.name.isdigit():
+            try:
+                where = (
+                    os.readlink(proc / "cwd") + " " + (proc / "cmdline").read_bytes().decode(errors="replace")
+                )
+            except OSError:
+                continue
+            if root_prefix in where:
+                found.append(f"process {proc.name}: {where[:120]}")
     if client is not None:
         labels = [f"{LABEL}=1", f"{OWNER_LABEL}={owner}"]
         found += [f"container {c.name}" for c in client.containers.list(all=True, filters={"label": labels})]
