@@ -2,12 +2,11 @@
 
 Default kind `uppercase`: the user asks for a reply in capital letters; the reward is the share of
 the answer's letters that are capitals. The untrained tiny model's byte-level BPE vocabulary
-(trained on Python sources)
-holds many all-caps identifiers, so its near-random samples score about 0.1 with a per-sample
-spread of several hundredths: every GRPO group has signal, and pushing probability toward
-capital-letter tokens raises the reward steadily (measured on CPU: a group-mean reward of 0.08 in
-the first steps and 1.0 from step 22 on, plain GRPO, group 16, 32 new tokens, Adam lr 1e-2; see
-tests/tasks/test_learnable.py).
+(trained on Python sources) holds many all-caps identifiers, so its near-random samples score about
+0.1 with a per-sample spread of several hundredths: every GRPO group has signal, and pushing
+probability toward capital-letter tokens raises the reward steadily (measured on CPU: group-mean
+reward 0.08 in the first steps, 1.0 from step 22 on; plain GRPO, group 16, 32 new tokens, Adam
+lr 1e-2; see tests/tasks/test_learnable.py).
 
 Other kinds: `echo` (character similarity to a word the prompt quotes) and `digits` (share of
 non-space characters that are digits); harder for a random model, useful once it has learnt
