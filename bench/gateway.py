@@ -36,46 +36,93 @@ PROMPT_IDS = list(range(1000, 1100))
 
 # ---- the mock engine (runs in its own process) --------------------------------------------
 
-def _mock_stream_bytes() -> bytes:
+
+def _mock_stream_bytes() -> list[bytes]:
     def raw(data: bytes) -> bytes:  # one HTTP/1.1 chunk
         return b"%x\r\n%s\r\n" % (len(data), data)
 
     def chunk(obj) -> bytes:
         return raw(b"data: " + orjson.dumps(obj) + b"\n\n")
 
-    out = [chunk({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
-                  "prompt_token_ids": PROMPT_IDS,
-                  "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})]
+    out = [
+        chunk(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": "tiny",
+                "prompt_token_ids": PROMPT_IDS,
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+            }
+        )
+    ]
     for i in range(CHUNKS):
-        out.append(chunk({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
-                          "choices": [{"index": 0, "delta": {"content": f" tok{i}"}, "token_ids": [2000 + i],
-                                       "logprobs": {"content": [{"token": f" tok{i}", "logprob": -0.25,
-                                                                 "bytes": None, "top_logprobs": []}]},
-                                       "finish_reason": "stop" if i == CHUNKS - 1 else None}]}))
-    out.append(chunk({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "tiny", "choices": [],
-                      "usage": {"prompt_tokens": len(PROMPT_IDS), "completion_tokens": CHUNKS,
-                                "total_tokens": len(PROMPT_IDS) + CHUNKS}}))
+        out.append(
+            chunk(
+                {
+                    "id": "c",
+                    "object": "chat.completion.chunk",
+                    "created": 1,
+                    "model": "tiny",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"content": f" tok{i}"},
+                            "token_ids": [2000 + i],
+                            "logprobs": {
+                                "content": [
+                                    {"token": f" tok{i}", "logprob": -0.25, "bytes": None, "top_logprobs": []}
+                                ]
+                            },
+                            "finish_reason": "stop" if i == CHUNKS - 1 else None,
+                        }
+                    ],
+                }
+            )
+        )
+    out.append(
+        chunk(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": "tiny",
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": len(PROMPT_IDS),
+                    "completion_tokens": CHUNKS,
+                    "total_tokens": len(PROMPT_IDS) + CHUNKS,
+                },
+            }
+        )
+    )
     out.append(raw(b"data: [DONE]\n\n"))
     out.append(b"0\r\n\r\n")
     return out
 
 
 async def _mock_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, chunks: list[bytes]) -> None:
-    head_sse = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
-                b"x-policy-version: 3\r\n\r\n")
+    head_sse = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+        b"x-policy-version: 3\r\n\r\n"
+    )
     models = orjson.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
             line, *headers = head.decode("latin-1").split("\r\n")
             method, path, _ = line.split(" ", 2)
-            length = next((int(h.split(":", 1)[1]) for h in headers if h.lower().startswith("content-length:")), 0)
+            length = next(
+                (int(h.split(":", 1)[1]) for h in headers if h.lower().startswith("content-length:")), 0
+            )
             if length:
                 await reader.readexactly(length)
             if method == "GET":
                 body = models if path.startswith("/v1/models") else b'{"status":"ok"}'
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                             % (len(body), body))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                    % (len(body), body)
+                )
                 continue
             writer.write(head_sse)
             for c in chunks:  # one write per SSE event, flushed: a real token-by-token stream
@@ -97,14 +144,59 @@ def serve_mock(port: int) -> None:
     chunks = _mock_stream_bytes()
 
     async def main():
-        server = await asyncio.start_server(lambda r, w: _mock_conn(r, w, chunks), "127.0.0.1", port, backlog=2048)
+        server = await asyncio.start_server(
+            lambda r, w: _mock_conn(r, w, chunks), "127.0.0.1", port, backlog=2048
+        )
         async with server:
             await server.serve_forever()
 
     asyncio.run(main())
 
 
+def serve_passthrough(port: int, upstream: str) -> None:
+    """The floor to compare against: a minimal ASGI pass-through (aiohttp upstream, bytes forwarded
+    as they arrive; no parsing, translation, capture or store)."""
+    import aiohttp
+    import uvicorn
+
+    state: dict = {}
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while (msg := await receive())["type"] != "lifespan.shutdown":
+                if msg["type"] == "lifespan.startup":
+                    state["http"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+                    await send({"type": "lifespan.startup.complete"})
+            await state["http"].close()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        if scope["method"] == "GET":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+            return
+        async with state["http"].post(f"{upstream}{scope['path']}", data=body) as resp:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": resp.status,
+                    "headers": [(b"content-type", b"text/event-stream")],
+                }
+            )
+            async for data in resp.content.iter_any():
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error")
+
+
 # ---- processes ------------------------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -156,12 +248,14 @@ class Target:
     pid: int | None
     tokens: list[str]
     model: str = "tiny"
-    api_key_header: bool = False
+    api_key: str = "x"
 
 
-def start(cmd: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+def start(cmd: list[str], env: dict | None = None, log: Path | None = None) -> subprocess.Popen:
+    out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - lives as long as the process
+    return subprocess.Popen(
+        cmd, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -172,20 +266,42 @@ def stop(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def gateway_target(mock_url: str, client: str, sessions: int, store: Path,
-                   sync: str) -> tuple[Target, subprocess.Popen]:
+def gateway_target(
+    mock_url: str, client: str, sessions: int, store: Path, sync: str
+) -> tuple[Target, subprocess.Popen]:
     import httpx
 
     port = free_port()
-    proc = start([sys.executable, "-m", "polar_pl.cli", "gateway", "--upstream", mock_url, "--port", str(port),
-                  "--store", str(store), "--model", "tiny", "--client", client, "--log-level", "error",
-                  "--store-sync", sync],
-                 {"POLAR_ADMIN_TOKEN": "bench"})
+    proc = start(
+        [
+            sys.executable,
+            "-m",
+            "polar_pl.cli",
+            "gateway",
+            "--upstream",
+            mock_url,
+            "--port",
+            str(port),
+            "--store",
+            str(store),
+            "--model",
+            "tiny",
+            "--client",
+            client,
+            "--log-level",
+            "error",
+            "--store-sync",
+            sync,
+        ],
+        {"POLAR_ADMIN_TOKEN": "bench"},
+    )
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/health")
     tokens = []
     for _ in range(sessions):
-        r = httpx.post(f"{url}/admin/sessions", json={"harness": "bench"}, headers={"authorization": "Bearer bench"})
+        r = httpx.post(
+            f"{url}/admin/sessions", json={"harness": "bench"}, headers={"authorization": "Bearer bench"}
+        )
         tokens.append(r.json()["token"])
     name = f"gateway ({client})" if sync == "NORMAL" else f"gateway ({client},{sync})"
     return Target(name, f"{url}/s/{{token}}/v1/chat/completions", proc.pid, tokens), proc
@@ -199,18 +315,34 @@ def litellm_target(litellm: str, mock_url: str, tmp: Path) -> tuple[Target, subp
         f"      api_base: {mock_url}/v1\n      api_key: x\n"
         "litellm_settings:\n  drop_params: true\n  telemetry: false\n"
     )
-    proc = start([litellm, "--config", str(cfg), "--port", str(port), "--num_workers", "1"],
-                 {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"})
+    master = "sk-bench-0123456789abcdef"  # LiteLLM refuses to start without one
+    proc = start(
+        [litellm, "--config", str(cfg), "--port", str(port), "--num_workers", "1"],
+        {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "LITELLM_MASTER_KEY": master},
+        log=tmp / "litellm.log",
+    )
     url = f"http://127.0.0.1:{port}"
-    wait_http(f"{url}/health/liveliness", timeout=300)
-    return Target("litellm proxy", f"{url}/v1/chat/completions", proc.pid, ["x"]), proc
+    try:
+        wait_http(f"{url}/health/liveliness", timeout=300)
+    except TimeoutError:
+        sys.stderr.write((tmp / "litellm.log").read_text()[-3000:])
+        raise
+    return Target("litellm proxy", f"{url}/v1/chat/completions", proc.pid, ["x"], api_key=master), proc
 
 
 # ---- load -----------------------------------------------------------------------------------
 
-BODY = orjson.dumps({"model": "tiny", "stream": True, "stream_options": {"include_usage": True},
-                     "messages": [{"role": "system", "content": "You are a benchmark."},
-                                  {"role": "user", "content": "Count to thirty-two."}]})
+BODY = orjson.dumps(
+    {
+        "model": "tiny",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [
+            {"role": "system", "content": "You are a benchmark."},
+            {"role": "user", "content": "Count to thirty-two."},
+        ],
+    }
+)
 
 
 @dataclass
@@ -246,12 +378,16 @@ async def run_level(target: Target, sessions: int, seconds: float) -> Result:
     conn = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
+
         async def one(url: str) -> None:
             nonlocal errors
             t0 = time.perf_counter()
             try:
-                async with http.post(url, data=BODY, headers={"content-type": "application/json",
-                                                              "authorization": "Bearer x"}) as resp:
+                async with http.post(
+                    url,
+                    data=BODY,
+                    headers={"content-type": "application/json", "authorization": f"Bearer {target.api_key}"},
+                ) as resp:
                     tail = b""
                     async for data in resp.content.iter_any():
                         tail = (tail + data)[-64:]
@@ -268,8 +404,12 @@ async def run_level(target: Target, sessions: int, seconds: float) -> Result:
             while time.perf_counter() < deadline:
                 await one(url)
 
-        await asyncio.gather(*(one(target.url.format(token=target.tokens[i % len(target.tokens)]))
-                               for i in range(min(sessions, 32))))  # warm connections
+        await asyncio.gather(
+            *(
+                one(target.url.format(token=target.tokens[i % len(target.tokens)]))
+                for i in range(min(sessions, 32))
+            )
+        )  # warm connections
         lat.clear()
         errors = 0
         cpu0 = tree_cpu_seconds(target.pid) if target.pid else 0.0
@@ -283,8 +423,10 @@ async def run_level(target: Target, sessions: int, seconds: float) -> Result:
 def table(results: list[Result]) -> str:
     direct = {r.sessions: r for r in results if r.target == "direct"}
     gw = {r.sessions: r for r in results if r.target == "gateway (aiohttp)"}
-    head = (f"| {'target':<18} | sessions | req/s | errors | p50 ms | p99 ms | added p50 ms | added p99 ms "
-            f"| CPU ms/req | CPU vs gateway | added p50 vs gateway |")
+    head = (
+        f"| {'target':<22} | sessions | req/s | errors | p50 ms | p99 ms | added p50 ms | added p99 ms "
+        f"| CPU ms/req | CPU vs gateway | added p50 vs gateway |"
+    )
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in results:
         d = direct.get(r.sessions)
@@ -294,9 +436,11 @@ def table(results: list[Result]) -> str:
         cpu_ratio = f"{r.cpu_ms_per_req / g.cpu_ms_per_req:.1f}x" if g and r.target != "direct" else "-"
         g_add = (g.pct(0.5) - d.pct(0.5)) if g and d else None
         lat_ratio = f"{add50 / g_add:.1f}x" if g_add and g_add > 0 and r.target != "direct" else "-"
-        lines.append(f"| {r.target:<18} | {r.sessions:>8} | {r.rps:>5.0f} | {r.errors:>6} | {r.pct(0.5):>6.1f} "
-                     f"| {r.pct(0.99):>6.1f} | {add50:>12.2f} | {add99:>12.2f} | {r.cpu_ms_per_req:>10.2f} "
-                     f"| {cpu_ratio:>14} | {lat_ratio:>20} |")
+        lines.append(
+            f"| {r.target:<22} | {r.sessions:>8} | {r.rps:>5.0f} | {r.errors:>6} | {r.pct(0.5):>6.1f} "
+            f"| {r.pct(0.99):>6.1f} | {add50:>12.2f} | {add99:>12.2f} | {r.cpu_ms_per_req:>10.2f} "
+            f"| {cpu_ratio:>14} | {lat_ratio:>20} |"
+        )
     return "\n".join(lines)
 
 
@@ -305,14 +449,27 @@ def main() -> int:
     ap.add_argument("--sessions", default="1,64,256")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--clients", default="aiohttp,httpx", help="gateway upstream clients to measure")
-    ap.add_argument("--store-sync", default="NORMAL,FULL",
-                    help="trace store synchronous levels to measure (the first one for every client)")
+    ap.add_argument(
+        "--store-sync",
+        default="NORMAL,FULL",
+        help="trace store synchronous levels to measure (the first one for every client)",
+    )
     ap.add_argument("--litellm", default=None, help="path to LiteLLM's `litellm` executable (its own venv)")
     ap.add_argument("--litellm-sessions", default=None, help="levels for LiteLLM (default: --sessions)")
+    ap.add_argument(
+        "--no-passthrough",
+        dest="passthrough",
+        action="store_false",
+        help="skip the minimal pass-through floor",
+    )
     ap.add_argument("--serve-mock", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--serve-passthrough", nargs=2, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_mock:
         serve_mock(args.serve_mock)
+        return 0
+    if args.serve_passthrough:
+        serve_passthrough(int(args.serve_passthrough[0]), args.serve_passthrough[1])
         return 0
     levels = [int(x) for x in args.sessions.split(",")]
     mock_port = free_port()
@@ -325,12 +482,26 @@ def main() -> int:
         direct = Target("direct", f"{mock_url}/v1/chat/completions", None, ["x"])
         for n in levels:
             results.append(asyncio.run(run_level(direct, n, args.seconds)))
+        if args.passthrough:
+            port = free_port()
+            proc = start([sys.executable, __file__, "--serve-passthrough", str(port), mock_url])
+            procs.append(proc)
+            wait_http(f"http://127.0.0.1:{port}/health")
+            floor = Target(
+                "minimal pass-through", f"http://127.0.0.1:{port}/v1/chat/completions", proc.pid, ["x"]
+            )
+            for n in levels:
+                results.append(asyncio.run(run_level(floor, n, args.seconds)))
+            stop(proc)
         with tempfile.TemporaryDirectory() as tmp:
             syncs = args.store_sync.split(",")
-            runs = [(c, syncs[0]) for c in args.clients.split(",")] + [(args.clients.split(",")[0], s)
-                                                                        for s in syncs[1:]]
+            runs = [(c, syncs[0]) for c in args.clients.split(",")] + [
+                (args.clients.split(",")[0], s) for s in syncs[1:]
+            ]
             for client, sync in runs:
-                target, proc = gateway_target(mock_url, client, max(levels), Path(tmp) / f"{client}{sync}.db", sync)
+                target, proc = gateway_target(
+                    mock_url, client, max(levels), Path(tmp) / f"{client}{sync}.db", sync
+                )
                 procs.append(proc)
                 for n in levels:
                     results.append(asyncio.run(run_level(target, n, args.seconds)))
@@ -345,7 +516,9 @@ def main() -> int:
         for p in procs:
             if p.poll() is None:
                 stop(p)
-    print(f"\nstreamed chat requests, {CHUNKS} chunks each, {args.seconds:.0f}s per level, {os.cpu_count()} CPUs\n")
+    print(
+        f"\nstreamed chat requests, {CHUNKS} chunks each, {args.seconds:.0f}s per level, {os.cpu_count()} CPUs\n"
+    )
     print(table(results))
     g = {r.sessions: r for r in results if r.target == "gateway (aiohttp)"}
     if 256 in g:
@@ -353,7 +526,9 @@ def main() -> int:
     lite = [r for r in results if r.target == "litellm proxy"]
     if lite and g:
         ratios = [r.cpu_ms_per_req / g[r.sessions].cpu_ms_per_req for r in lite if r.sessions in g]
-        print(f"LiteLLM CPU per request / gateway CPU per request: {statistics.mean(ratios):.0f}x (mean over levels)")
+        print(
+            f"LiteLLM CPU per request / gateway CPU per request: {statistics.mean(ratios):.0f}x (mean over levels)"
+        )
     return 0
 
 

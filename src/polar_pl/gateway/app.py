@@ -39,7 +39,7 @@ class GatewayRuntime:
     def __init__(self, upstreams: list[str], store_path: str | Path, *, admin_token: str,
                  tokenizer_dir: str | Path | None = None, model: str | None = None,
                  side_rules: tuple[SideCallRule, ...] | None = None, client: str = "aiohttp",
-                 store_synchronous: str = "FULL", public_url: str | None = None,
+                 store_synchronous: str = "NORMAL", public_url: str | None = None,
                  health_interval: float = 2.0, connect_timeout: float = 5.0, read_timeout: float = 600.0):
         self.admin_token = admin_token
         self.public_url = public_url.rstrip("/") if public_url else None

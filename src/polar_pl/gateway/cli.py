@@ -23,8 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="served model name (default: the engine's /v1/models)")
     p.add_argument("--public-url", default=None, help="URL harnesses use to reach this gateway")
     p.add_argument("--client", choices=("aiohttp", "httpx"), default="aiohttp", help="upstream HTTP client")
-    p.add_argument("--store-sync", default="FULL", choices=("OFF", "NORMAL", "FULL", "EXTRA"),
-                   help="SQLite synchronous level (FULL survives power loss)")
+    p.add_argument("--store-sync", default="NORMAL", choices=("OFF", "NORMAL", "FULL", "EXTRA"),
+                   help="SQLite synchronous level: NORMAL (default) survives a gateway crash, "
+                        "FULL also power loss (one fsync per group commit)")
     p.add_argument("--side-rules", default=None, metavar="JSON",
                    help="JSON file with a list of side-call rules replacing the defaults")
     p.add_argument("--read-timeout", type=float, default=600.0, help="seconds to wait for each engine chunk")

@@ -181,14 +181,14 @@ class Proxy:
             sent.append(tail)
             fut = self.store.append(call.record(cap, b"".join(sent).decode()))
             recorded = True
-            await asyncio.wrap_future(fut)  # durable before the harness sees the end
+            await _durable(fut)  # durable before the harness sees the end
             yield tail
         except UpstreamError as exc:
             tail = translator.error(upstream_status(call.provider, exc), exc.message)
             sent.append(tail)
             fut = self.store.append(call.record(cap, b"".join(sent).decode(), "error", exc.message))
             recorded = True
-            await asyncio.wrap_future(fut)
+            await _durable(fut)
             yield tail
         except Exception as exc:  # a translator bug must still leave a record
             if not recorded:
@@ -202,6 +202,14 @@ class Proxy:
             if not recorded:  # the harness went away: the engine request is already aborted
                 self.store.append(call.record(cap, b"".join(sent).decode(), "aborted",
                                               "client disconnected mid-stream"))
+
+
+async def _durable(fut) -> None:
+    """Wait for a store commit; inline commits are already done (no loop round trip)."""
+    if fut.done():
+        fut.result()
+    else:
+        await asyncio.wrap_future(fut)
 
 
 class RelayResponse(Response):

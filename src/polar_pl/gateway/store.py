@@ -1,10 +1,18 @@
-"""The durable trace store: SQLite in WAL mode, written by one dedicated thread.
+"""The durable trace store: SQLite in WAL mode.
 
-Every model call becomes one row holding the whole TraceRecord as JSON (nothing truncated). The
-gateway's event loop never touches SQLite: `append` hands the record to the writer thread and
-returns a future that resolves once the row is committed, so the core can hold back the end of a
-response until its record is durable. The writer commits whatever is queued in one transaction
-(group commit), which keeps fsyncs per request far below one under load.
+Every model call becomes one row holding the whole TraceRecord as JSON (nothing truncated).
+`append` returns a future that resolves once the row is committed, so the core can hold back the
+end of a response until its record is durable. How the commit happens depends on `synchronous`,
+chosen by measurement (bench/gateway.py):
+
+- NORMAL / OFF (default NORMAL): a commit only appends to the WAL file, no fsync (tens of
+  microseconds), so it is done inline, in the caller's thread. Handing it to a thread cost more:
+  two thread wake-ups per request and GIL hand-offs added ~3 ms to every response under load.
+  WAL checkpoints (which do fsync) are taken off the write path: auto-checkpointing is off and a
+  background thread checkpoints every second.
+- FULL / EXTRA: every commit fsyncs, which must not block the event loop; a dedicated writer
+  thread commits whatever is queued in one transaction (group commit: far fewer than one fsync
+  per request under load).
 
 Sessions live in the same database, so a restarted gateway still knows its tokens.
 """
@@ -57,31 +65,53 @@ def _open(path: Path, synchronous: str) -> sqlite3.Connection:
 class TraceStore:
     """Append-only record store. `append` is thread- and loop-safe; reads use their own connection.
 
-    synchronous: SQLite's `synchronous` pragma. FULL (default) survives power loss; NORMAL survives
-    a process crash only, and is what a benchmark on a laptop disk wants.
+    synchronous: SQLite's `synchronous` pragma. NORMAL (default; WAL mode) makes a committed record
+    survive a crash of the gateway process; FULL also survives power loss, at one fsync per group
+    commit (about 8 ms on this kind of disk, added to the end of every response at low load).
     """
 
-    def __init__(self, path: str | Path, *, synchronous: str = "FULL"):
-        if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
+    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", checkpoint_interval: float = 1.0):
+        synchronous = synchronous.upper()
+        if synchronous not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
             raise ValueError(f"store synchronous={synchronous!r}: allowed OFF, NORMAL, FULL, EXTRA")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._write_conn = _open(self.path, synchronous.upper())
-        self._read_conn = _open(self.path, synchronous.upper())
+        self.inline = synchronous in ("OFF", "NORMAL")
+        self._write_conn = _open(self.path, synchronous)
+        self._read_conn = _open(self.path, synchronous)
         self._read_lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
-        self._thread = threading.Thread(target=self._writer, name="trace-store-writer", daemon=True)
+        self._stop = threading.Event()
+        if self.inline:
+            self._write_conn.execute("PRAGMA wal_autocheckpoint=0")
+            target, name = lambda: self._checkpointer(checkpoint_interval), "trace-store-checkpoint"
+        else:
+            target, name = self._writer, "trace-store-writer"
+        self._thread = threading.Thread(target=target, name=name, daemon=True)
         self._thread.start()
 
     # ---- writing -------------------------------------------------------------------------
     def append(self, record: TraceRecord) -> Future:
-        """Queue a record; the returned future resolves when it is committed."""
+        """Commit (inline) or queue (FULL) a record; the future resolves once it is committed."""
         if self._closed:
             raise RuntimeError("trace store is closed")
         fut: Future = Future()
-        self._queue.put((record, fut))
+        if self.inline:
+            with self._write_lock:
+                self._commit([(record, fut)])
+        else:
+            self._queue.put((record, fut))
         return fut
+
+    def _checkpointer(self, interval: float) -> None:
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            while not self._stop.wait(interval):
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            conn.close()
 
     async def append_async(self, record: TraceRecord) -> None:
         """Append and wait for the commit without blocking the event loop."""
@@ -141,13 +171,17 @@ class TraceStore:
             fut.set_result(None)
 
     def close(self) -> None:
-        """Flush everything queued, then stop the writer. Idempotent."""
+        """Flush everything queued (FULL), checkpoint, stop the thread. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._queue.put(_STOP)
+        self._stop.set()
+        if not self.inline:
+            self._queue.put(_STOP)
         self._thread.join()
-        self._write_conn.close()
+        with self._write_lock:
+            self._write_conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._write_conn.close()
         self._read_conn.close()
 
     # ---- reading -------------------------------------------------------------------------
