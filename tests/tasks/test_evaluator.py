@@ -15,7 +15,7 @@ from polar_pl.tasks.workspace import prepare_workspace
 
 # A patch that "fixes" strkit-1 by rewriting its tests instead of the code: the tests the task's
 # test patch adds are replaced by ones that always pass.
-TEST_EDITING_PATCH = '''diff --git a/tests/test_slug.py b/tests/test_slug.py
+TEST_EDITING_PATCH = """diff --git a/tests/test_slug.py b/tests/test_slug.py
 --- a/tests/test_slug.py
 +++ b/tests/test_slug.py
 @@ -13,3 +13,11 @@ class SlugifyTests(unittest.TestCase):
@@ -30,11 +30,11 @@ TEST_EDITING_PATCH = '''diff --git a/tests/test_slug.py b/tests/test_slug.py
 +
 +    def test_strips_custom_separator(self):
 +        pass
-'''
+"""
 
 # Shadowing the stdlib test runner from the repository root: `import unittest` would pick it up if
 # the runner put the workspace first on sys.path.
-SHADOW_UNITTEST_PATCH = '''diff --git a/unittest.py b/unittest.py
+SHADOW_UNITTEST_PATCH = """diff --git a/unittest.py b/unittest.py
 new file mode 100644
 --- /dev/null
 +++ b/unittest.py
@@ -42,7 +42,7 @@ new file mode 100644
 +import sys
 +print("fake unittest: everything passed")
 +sys.exit(0)
-'''
+"""
 
 INFINITE_LOOP_PATCH = '''diff --git a/strkit/slug.py b/strkit/slug.py
 --- a/strkit/slug.py

@@ -39,7 +39,10 @@ def test_family_is_deterministic_and_varied():
     a = LearnableTaskSource(n_tasks=8, seed=3).tasks()
     b = LearnableTaskSource(n_tasks=8, seed=3).tasks()
     assert a == b and len({t.prompt for t in a}) >= 4
-    assert all("capital" in t.prompt.lower() or "caps" in t.prompt.lower() or "uppercase" in t.prompt.lower() for t in a)
+    assert all(
+        "capital" in t.prompt.lower() or "caps" in t.prompt.lower() or "uppercase" in t.prompt.lower()
+        for t in a
+    )
     assert learnable_task("echo", 0).answer_check.kind == "similarity"
     with pytest.raises(ValueError, match="task.kind"):
         LearnableTaskSource(kind="telepathy")
@@ -49,7 +52,10 @@ def _sample(model, tokenizer, prompt: str, n: int, max_new_tokens: int, seed: in
     import torch
 
     enc = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        [{"role": "user", "content": prompt}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
     )
     torch.manual_seed(seed)
     with torch.no_grad():
@@ -100,7 +106,10 @@ def test_grpo_raises_reward_within_30_steps(tiny_model_dir, one_thread):
     (task,) = LearnableTaskSource(n_tasks=1).tasks()
     ev = AnswerEvaluator()
     enc = tokenizer.apply_chat_template(
-        [{"role": "user", "content": task.prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        [{"role": "user", "content": task.prompt}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
     )
     prompt_len = enc["input_ids"].shape[1]
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)

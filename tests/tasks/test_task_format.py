@@ -124,7 +124,7 @@ def test_column_type_mismatch_is_diagnosed(tmp_path):
 
 def test_invalid_json_line(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text(json.dumps(_row("ok-1")) + "\n{\"instance_id\": \"cut-2\", \"repo\n")
+    path.write_text(json.dumps(_row("ok-1")) + '\n{"instance_id": "cut-2", "repo\n')
     with pytest.raises(TaskFormatError, match=r"line 2.*not valid JSON"):
         SWEBenchTaskSource(str(path)).tasks()
 
@@ -147,6 +147,8 @@ def test_answer_scored_row_needs_no_repository():
         {"instance_id": "ans-1", "problem_statement": "Say hi in caps.",
          "answer_check": {"kind": "uppercase_fraction", "params": {"min_letters": 2}}}
     )  # fmt: skip
-    assert t.scored_by_answer and t.prompt == "Say hi in caps." and t.answer_check.params == {"min_letters": 2}
+    assert (
+        t.scored_by_answer and t.prompt == "Say hi in caps." and t.answer_check.params == {"min_letters": 2}
+    )
     with pytest.raises(TaskFormatError, match="answer_check"):
         task_from_row({"instance_id": "ans-2", "problem_statement": "x", "answer_check": {"params": {}}})

@@ -1,8 +1,8 @@
 """`polar-pl tasks`: list a task source, run the suite's self-check, export SWE-bench JSONL.
 
-    polar-pl tasks list [--source builtin|learnable|swebench --data-files F]
-    polar-pl tasks check [--ids calc-1 ...] [--difficulty hard] [--sandbox local|docker] [--json OUT]
-    polar-pl tasks export --out suite.jsonl
+polar-pl tasks list [--source builtin|learnable|swebench --data-files F]
+polar-pl tasks check [--ids calc-1 ...] [--difficulty hard] [--sandbox local|docker] [--json OUT]
+polar-pl tasks export --out suite.jsonl
 """
 
 from __future__ import annotations
@@ -113,7 +113,9 @@ def _check(console: Console, source: TaskSource, tasks: list[Task], args: argpar
     from polar_pl.tasks.suite_check import check_suite
 
     if missing := [t.instance_id for t in tasks if not t.patch.strip()]:
-        console.print(f"[red]error:[/red] no reference patch to check for {missing[:5]} ({len(missing)} tasks)")
+        console.print(
+            f"[red]error:[/red] no reference patch to check for {missing[:5]} ({len(missing)} tasks)"
+        )
         return 2
     evaluator = source.make_evaluator(_sandbox_factory(args))
     t0 = time.monotonic()

@@ -10,6 +10,7 @@ back as an EvalResult with reward 0 and its reason; evaluate never raises.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from polar_pl.tasks.results import EvalResult, TestOutcome
 from polar_pl.tasks.task import Task
 from polar_pl.tasks.testrun import install_runner, run_tests
 from polar_pl.tasks.workspace import prepare_workspace
+
+log = logging.getLogger(__name__)
 
 SandboxFactory = Callable[[], Sandbox]
 RewardMode = Literal["binary", "partial"]
@@ -114,9 +117,7 @@ class SandboxEvaluator:
     def discard(self, handle: EvalHandle) -> None:
         with handle.lock:
             handle.used = True
-        handle.future.add_done_callback(
-            lambda f: None if f.exception() else _stop_quietly(f.result()[0])
-        )
+        handle.future.add_done_callback(lambda f: None if f.exception() else _stop_quietly(f.result()[0]))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -147,11 +148,11 @@ class SandboxEvaluator:
         except FutureTimeout:
             self.discard(handle)
             return _fail(task, "timeout", "evaluation sandbox was not ready in time", t0)
-        except Exception as exc:  # preparation failed: record it, keep the trainer running
+        except Exception as exc:  # noqa: BLE001  (any preparation failure is recorded, never raised)
             return _fail(task, "error", f"preparing the evaluation sandbox failed: {exc}", t0)
         try:
             return self._score_in(sandbox, task, patch, prewarm_s, t0)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (a broken backend must not take the trainer down)
             return _fail(task, "error", f"evaluation failed: {type(exc).__name__}: {exc}", t0)
         finally:
             _stop_quietly(sandbox)
@@ -169,7 +170,9 @@ class SandboxEvaluator:
             tp = apply_patch(sandbox, task.test_patch, name="test")
             if not tp.ok or tp.method != "git apply":
                 sandbox.exec("git checkout -q -f HEAD -- .", timeout=60)
-                return _fail(task, "error", f"the task's test patch does not apply:\n{tp.error}", t0, prewarm_s)
+                return _fail(
+                    task, "error", f"the task's test patch does not apply:\n{tp.error}", t0, prewarm_s
+                )
         install_runner(sandbox)
         remaining = max(1.0, self.timeout_s - (time.monotonic() - t0))
         run = run_tests(sandbox, task, timeout=remaining, per_test_timeout=self.per_test_timeout_s)
@@ -187,11 +190,13 @@ class SandboxEvaluator:
 
 
 def _fail(task: Task, status, reason: str, t0: float, prewarm_s: float = 0.0) -> EvalResult:
-    return EvalResult(task.instance_id, 0.0, status, reason, prewarm_s=prewarm_s, duration_s=time.monotonic() - t0)
+    return EvalResult(
+        task.instance_id, 0.0, status, reason, prewarm_s=prewarm_s, duration_s=time.monotonic() - t0
+    )
 
 
 def _stop_quietly(sandbox: Sandbox) -> None:
     try:
         sandbox.stop()
     except Exception:  # cleanup must not mask the result; backends sweep leftovers by label
-        pass
+        log.warning("stopping an evaluation sandbox failed", exc_info=True)

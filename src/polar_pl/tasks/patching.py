@@ -63,7 +63,7 @@ def apply_patch(sandbox: Sandbox, patch: str, *, name: str = "agent", timeout: f
             return ApplyOutcome(True, method)
         errors.append(f"{method}: {(res.stderr or res.stdout).strip()[-600:]}")
         # A failed 3-way or fuzzy attempt can leave half-applied files or conflict markers behind.
-        sandbox.exec(f"git checkout -q -f HEAD -- . && git clean -q -fd -e .polar_eval", timeout=timeout)
+        sandbox.exec("git checkout -q -f HEAD -- . && git clean -q -fd -e .polar_eval", timeout=timeout)
     return ApplyOutcome(False, "", "\n".join(errors))
 
 

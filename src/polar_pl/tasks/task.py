@@ -125,10 +125,14 @@ def task_from_row(row: Mapping[str, Any], *, origin: str = "", repo_path: str | 
     patch_scored = answer_check is None
     runner = row.get("test_runner") or "unittest"
     if runner not in TEST_RUNNERS:
-        raise TaskFormatError(iid, "test_runner", f"is {runner!r}; allowed: {', '.join(TEST_RUNNERS)}", origin)
+        raise TaskFormatError(
+            iid, "test_runner", f"is {runner!r}; allowed: {', '.join(TEST_RUNNERS)}", origin
+        )
     difficulty = row.get("difficulty")
     if difficulty is not None and difficulty not in DIFFICULTIES:
-        raise TaskFormatError(iid, "difficulty", f"is {difficulty!r}; allowed: {', '.join(DIFFICULTIES)}", origin)
+        raise TaskFormatError(
+            iid, "difficulty", f"is {difficulty!r}; allowed: {', '.join(DIFFICULTIES)}", origin
+        )
     setup = row.get("setup_commands") or []
     if isinstance(setup, str):
         setup = [setup]

@@ -19,7 +19,9 @@ from polar_pl.tasks.results import TestOutcome
 from polar_pl.tasks.task import Task
 
 RUNNER_PATH = ".polar_eval/unittest_runner.py"
-_PYTEST_LINE = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+)(?:\s+-\s+(.*))?$", re.MULTILINE)
+_PYTEST_LINE = re.compile(
+    r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+)(?:\s+-\s+(.*))?$", re.MULTILINE
+)
 _PYTEST_MAP = {
     "PASSED": "passed",
     "XFAIL": "passed",
@@ -46,9 +48,7 @@ def install_runner(sandbox: Sandbox) -> None:
     sandbox.put_file(RUNNER_PATH, runner_source())
 
 
-def run_tests(
-    sandbox: Sandbox, task: Task, *, timeout: float, per_test_timeout: float = 60.0
-) -> TestRun:
+def run_tests(sandbox: Sandbox, task: Task, *, timeout: float, per_test_timeout: float = 60.0) -> TestRun:
     """Run the task's tests; every requested id gets an outcome ("missing" if never reported)."""
     if task.test_runner == "pytest":
         raw, timed_out, log = _run_pytest(sandbox, task, timeout)
@@ -86,9 +86,7 @@ def _run_unittest(
 
 def _run_pytest(sandbox: Sandbox, task: Task, timeout: float) -> tuple[dict, bool, str]:
     ids = " ".join(shlex.quote(t) for t in task.test_ids)
-    res = sandbox.exec(
-        f"python3 -m pytest -rA -p no:cacheprovider --no-header -q {ids}", timeout=timeout
-    )
+    res = sandbox.exec(f"python3 -m pytest -rA -p no:cacheprovider --no-header -q {ids}", timeout=timeout)
     log = res.stdout + res.stderr
     return parse_pytest_summary(log), res.timed_out, log[-8000:]
 

@@ -25,7 +25,7 @@ class Parser:
         return tok
 
     def expect(self, value):
-        kind, got = self.take()
+        _, got = self.take()
         if got != value:
             raise CalcError(f"expected {value!r}, got {got!r}")
 
@@ -39,7 +39,7 @@ class Parser:
 
     def expr(self):
         left = self.term()
-        kind, value = self.peek()
+        value = self.peek()[1]
         if value == "+":
             self.take()
             return ("+", left, self.expr())

@@ -3,7 +3,7 @@
 from confini.config import Config, ConfigError
 from confini.parser import parse
 
-__all__ = ["Config", "ConfigError", "parse", "loads"]
+__all__ = ["Config", "ConfigError", "loads", "parse"]
 
 
 def loads(text):

@@ -12,6 +12,4 @@ class AddMonthsTests(unittest.TestCase):
         self.assertEqual(add_months(datetime.date(2024, 11, 10), 3), datetime.date(2025, 2, 10))
 
     def test_month_range(self):
-        self.assertEqual(
-            month_range(2024, 4), (datetime.date(2024, 4, 1), datetime.date(2024, 4, 30))
-        )
+        self.assertEqual(month_range(2024, 4), (datetime.date(2024, 4, 1), datetime.date(2024, 4, 30)))

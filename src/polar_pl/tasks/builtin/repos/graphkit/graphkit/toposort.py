@@ -32,4 +32,4 @@ def _find_cycle(remaining):
     while node not in seen:
         seen.append(node)
         node = min(remaining[node])
-    return seen[seen.index(node):] + [node]
+    return seen[seen.index(node) :] + [node]
