@@ -42,7 +42,7 @@ from rich.table import Table
 from polar_pl.datamodule.collate import TrainBatch, collate
 from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.engine.embedded import save_state_dict
-from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.grpo import GRPOModule, enable_checkpointing
 from polar_pl.module.losses import tis_token
 from polar_pl.module.weight_sync import DiskSync, hf_state_dict
 
@@ -85,7 +85,7 @@ def build_model(shape: str, device: torch.device, dtype: torch.dtype, gradient_c
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     return model, attn
 
 

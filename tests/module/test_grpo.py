@@ -150,3 +150,40 @@ def test_bad_config_names_the_key(tiny_model_dir) -> None:
         GRPOModule(tiny_model_dir, kl_coef=0.1)
     with pytest.raises(FileNotFoundError, match="module.model_dir"):
         GRPOModule("/nonexistent/model")
+
+
+def test_resume_restores_counters_and_pushes_trained_weights(
+    tiny_model_dir, fresh_engine, rows, tmp_path
+) -> None:
+    """A resumed run pushes the restored weights before training: the engine would otherwise sample
+    with the initial checkpoint while the trainer holds the trained one."""
+
+    class Recording(EmbeddedStateDictSync):
+        def push(self, model):
+            self.pushed = [*getattr(self, "pushed", []), params_of(model)]
+            return super().push(model)
+
+    def params_of(model) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    def fit(max_steps: int, ckpt_path=None) -> tuple[GRPOModule, L.Trainer]:
+        module = GRPOModule(tiny_model_dir, lr=1e-2, weight_sync=Recording())
+        trainer = L.Trainer(
+            accelerator="cpu", max_steps=max_steps, default_root_dir=tmp_path, logger=False,
+            enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        batches = [collate(rows, token_budget=BUDGET) for _ in range(max_steps)]
+        trainer.fit(module, datamodule=Batches(fresh_engine, batches), ckpt_path=ckpt_path)
+        return module, trainer
+
+    first, _ = fit(1)
+    (ckpt,) = tmp_path.glob("checkpoints/*.ckpt")
+    trained = params(first)
+    fresh_engine.update_weights_from_state_dict(GRPOModule(tiny_model_dir).model.state_dict())  # a new engine
+    v0 = fresh_engine.policy_version()
+    resumed, trainer = fit(2, ckpt_path=str(ckpt))
+    assert trainer.global_step == 2 and resumed.optimizer_steps == 2
+    assert fresh_engine.policy_version() == v0 + 2  # the resume push, then the step's push
+    first_push = resumed.weight_sync.pushed[0]
+    assert all(torch.equal(trained[k], first_push[k]) for k in trained)  # the restored weights
+    assert any(not torch.equal(trained[k], v) for k, v in params(resumed).items())  # then trained on

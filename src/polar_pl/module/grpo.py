@@ -67,6 +67,16 @@ def load_model(
     return AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
 
 
+def enable_checkpointing(model: nn.Module) -> None:
+    """Activation (gradient) checkpointing of every decoder layer, non-reentrant (works under
+    no_grad and with inputs that need no grad). transformers 5 renamed the method."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 class GRPOModule(L.LightningModule):
     """See the module docstring.
 
@@ -131,7 +141,7 @@ class GRPOModule(L.LightningModule):
         self.model = model.train()  # from_pretrained returns eval mode; the old-logprob pass sets eval itself
         self.model_dir = model_dir
         if gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_checkpointing(self.model)
         self.advantage = advantage or functools.partial(adv_fns.group_mean, std_normalize=True)
         self.aggregation = aggregation or agg_fns.token_mean
         self.kl, self.kl_coef, self.tis = kl, float(kl_coef), tis
@@ -158,6 +168,10 @@ class GRPOModule(L.LightningModule):
         engine = getattr(dm, "engine", None)
         if self.weight_sync is not None and self.weight_sync.engine is None and engine is not None:
             self.weight_sync.bind(engine)
+        if self.optimizer_steps and self.weight_sync is not None:
+            # Resumed (Lightning restores the weights before this hook): the engine started from the
+            # initial checkpoint, so it must receive the trained weights before the first rollout.
+            self.weight_sync.push(self.model)
 
     def on_fit_end(self) -> None:
         if self.weight_sync is not None:
@@ -200,7 +214,7 @@ class GRPOModule(L.LightningModule):
         batch = batch.to(device)
         group_adv, keep, filtered = self._advantages(batch)
         row_adv = group_adv[batch.rollout_index]
-        batch.advantages = row_adv.detach().cpu()
+        batch.advantages = row_adv.detach()
         sampled = batch.loss_mask * scorable(batch.position_ids)
         mask = sampled * keep[batch.rollout_index][batch.row_index.clamp(min=0)] * (batch.row_index >= 0)
         if mask.sum() == 0:
@@ -215,9 +229,10 @@ class GRPOModule(L.LightningModule):
         stats = self._optimise(batch, optimizer, mask, tok_adv, old, ref, tis_w)
         t2 = time.perf_counter()
         real_tokens = batch.total_tokens - batch.padding_tokens
-        m = batch_metrics(old=old, behavior=batch.behavior_logprobs, sampled=sampled, mask=mask, entropy=ent,
-                          token_versions=batch.policy_version, current_version=version_now,
-                          tis_w=tis_w)  # fmt: skip
+        m = batch_metrics(
+            old=old, behavior=batch.behavior_logprobs, sampled=sampled, mask=mask, entropy=ent,
+            token_versions=batch.policy_version, current_version=version_now, tis_w=tis_w,
+        )  # fmt: skip
         m.update(stats)
         m.update({
             "train/tokens_per_s": real_tokens * self.epochs / max(t2 - t0 - stats["train/push_s"], 1e-9),
