@@ -11,8 +11,11 @@ from pathlib import Path
 import anthropic
 import httpx
 import pytest
+from reasoning_proxy import reasoning_proxy
 
 from polar_pl.engine.scripted import Reply, ToolCall
+from polar_pl.gateway.gateway import Gateway
+from polar_pl.utils.serving import ServerThread
 
 CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 TOOLS = [
@@ -226,3 +229,54 @@ def test_stop_sequence_reported_on_the_stream(gateway, script):
         final = stream.get_final_message()
     assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "END")
     assert final.content[0].text == "Hello "
+
+
+@pytest.fixture
+def thinking_gateway(engine, tmp_path, tiny_model_dir):
+    """The gateway in front of the engine with a reasoning parser (`<think>` -> delta.reasoning)."""
+    with ServerThread(reasoning_proxy(engine.url)) as proxy:
+        gw = Gateway([proxy.url], tmp_path / "thinking.db", tokenizer_dir=tiny_model_dir).start()
+        yield gw
+        gw.stop()
+
+
+def test_thinking_round_trip_with_display_omitted_like_claude_code(thinking_gateway, script):
+    """Claude Code asks for `display: "omitted"` and sends thinking blocks back as it got them
+    (empty text, signature): the engine must still see its reasoning, token for token."""
+    script.queue.extend(
+        [
+            Reply(
+                reasoning="The user wants a file.",
+                tool_calls=[ToolCall("Bash", {"command": "echo hi > f.txt"})],
+            ),
+            Reply("done", reasoning="It worked."),
+        ]
+    )
+    s = thinking_gateway.create_session(harness="claude_code")
+    client = _client(s.base_url)
+    thinking = {"type": "adaptive", "display": "omitted"}
+    messages = [{"role": "user", "content": "create f.txt"}]
+    with client.messages.stream(
+        model="m", max_tokens=256, tools=TOOLS, messages=messages, thinking=thinking
+    ) as st:
+        first = st.get_final_message()
+    kinds = [b.type for b in first.content]
+    assert kinds[0] == "thinking" and kinds[-1] == "tool_use" and first.stop_reason == "tool_use"
+    assert first.content[0].thinking == "" and first.content[0].signature
+    messages += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": first.content[-1].id, "content": "ok"}],
+        },
+    ]
+    second = client.messages.create(model="m", max_tokens=256, tools=TOOLS, messages=messages)
+    assert [b.type for b in second.content][0] == "thinking" and second.content[
+        0
+    ].thinking.strip() == "It worked."
+    assert second.content[-1].text.strip() == "done"
+
+    call1, call2 = thinking_gateway.records(s.session_id)
+    assert script.chats[1]["messages"][1]["reasoning"].strip() == "The user wants a file."
+    sampled = call1.prompt_ids + call1.response_ids
+    assert call2.prompt_ids[: len(sampled)] == sampled, "the reasoning must re-render from the signature"

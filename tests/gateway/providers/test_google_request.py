@@ -333,3 +333,31 @@ def test_malformed_bodies_only_ever_raise_request_error():
                 to_chat(body, "/v1beta/models/g:streamGenerateContent", {"alt": "sse"})
             except RequestError:
                 pass
+
+
+def test_snake_case_field_names_are_accepted_but_user_data_is_not_renamed():
+    """The genai SDK sends `thinkingConfig: {"include_thoughts": true}`; the API takes either
+    spelling of every proto field. Function args, responses and property names are data."""
+    body = {
+        "system_instruction": {"parts": [{"text": "s"}]},
+        "contents": [
+            {"role": "user", "parts": [{"text": "hi"}]},
+            {"role": "model", "parts": [{"function_call": {"name": "f", "args": {"file_path": "a"}}}]},
+            {"role": "user", "parts": [{"function_response": {"name": "f", "response": {"exit_code": 0}}}]},
+        ],
+        "tools": [{"function_declarations": [{"name": "f", "parameters": {
+            "type": "OBJECT", "properties": {"file_path": {"type": "STRING", "max_length": 9}}, "required": ["file_path"]}}]}],
+        "tool_config": {"function_calling_config": {"mode": "ANY"}},
+        "generation_config": {"max_output_tokens": 7, "stop_sequences": ["x"],
+                              "thinking_config": {"include_thoughts": True}},
+    }  # fmt: skip
+    req = to_chat(body)
+    chat = req.chat
+    assert chat["messages"][0] == {"role": "system", "content": "s"}
+    assert chat["messages"][2]["tool_calls"][0]["function"]["arguments"] == '{"file_path": "a"}'
+    assert chat["messages"][3]["content"] == '{"exit_code": 0}'
+    assert chat["tools"][0]["function"]["parameters"] == {
+        "type": "object", "properties": {"file_path": {"type": "string", "maxLength": 9}}, "required": ["file_path"]}  # fmt: skip
+    assert (chat["tool_choice"], chat["max_tokens"], chat["stop"]) == ("required", 7, ["x"])
+    assert req.extra["include_thoughts"] is True
+    assert not any("ignored" in n for n in req.notes), req.notes

@@ -12,8 +12,11 @@ import httpx
 import pytest
 from google import genai
 from google.genai import errors, types
+from reasoning_proxy import reasoning_proxy
 
 from polar_pl.engine.scripted import Reply, ToolCall
+from polar_pl.gateway.gateway import Gateway
+from polar_pl.utils.serving import ServerThread
 
 CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 BASH = types.FunctionDeclaration(
@@ -182,3 +185,49 @@ def test_recorded_cli_request_replays_through_the_gateway(gateway, script, recor
         (part,) = check_response(r.json(), last=True)
         assert json.loads(part["text"]) == {"ok": True}
         assert r.json()["usageMetadata"]["promptTokenCount"] == len(trace.prompt_ids)
+
+
+@pytest.fixture
+def thinking_gateway(engine, tmp_path, tiny_model_dir):
+    """The gateway in front of the engine with a reasoning parser (`<think>` -> delta.reasoning)."""
+    with ServerThread(reasoning_proxy(engine.url)) as proxy:
+        gw = Gateway([proxy.url], tmp_path / "thinking.db", tokenizer_dir=tiny_model_dir).start()
+        yield gw
+        gw.stop()
+
+
+def test_thought_round_trip_without_thought_parts_like_gemini_cli(thinking_gateway, script):
+    """Gemini CLI shows thought parts but keeps only the other parts (with their
+    thoughtSignature) in its history: the engine must still see its reasoning, token for token."""
+    script.queue.extend(
+        [
+            Reply(
+                reasoning="Use the shell.", tool_calls=[ToolCall("run_shell_command", {"command": "echo hi"})]
+            ),
+            Reply("done"),
+        ]
+    )
+    s = thinking_gateway.create_session(harness="gemini_cli")
+    client = _client(s.base_url)
+    config = types.GenerateContentConfig(
+        tools=[types.Tool(function_declarations=[BASH])],
+        automatic_function_calling=NO_AFC,
+        thinking_config=types.ThinkingConfig(include_thoughts=True),
+    )
+    contents = [types.Content(role="user", parts=[types.Part.from_text(text="say hi in a file")])]
+    chunks = list(client.models.generate_content_stream(model="gemini-x", contents=contents, config=config))
+    parts = [p for c in chunks if c.candidates[0].content for p in c.candidates[0].content.parts]
+    thoughts = "".join(p.text for p in parts if p.thought)
+    assert thoughts.strip() == "Use the shell."
+    kept = [p for p in parts if not p.thought]
+    call = next(p for p in kept if p.function_call)
+    assert call.thought_signature and call.function_call.args == {"command": "echo hi"}
+    answer = types.Part.from_function_response(name="run_shell_command", response={"output": "hi"})
+    contents += [types.Content(role="model", parts=kept), types.Content(role="user", parts=[answer])]
+    r = client.models.generate_content(model="gemini-x", contents=contents, config=config)
+    assert r.text.strip() == "done"
+
+    call1, call2 = thinking_gateway.records(s.session_id)
+    assert script.chats[1]["messages"][-2]["reasoning"].strip() == "Use the shell."
+    sampled = call1.prompt_ids + call1.response_ids
+    assert call2.prompt_ids[: len(sampled)] == sampled, "the reasoning must re-render from thoughtSignature"

@@ -308,6 +308,7 @@ def test_response_with_thought_text_and_call():
     out = adapter.from_chat(completion(msg, "tool_calls"), req)
     parts = check_response(out, last=True)
     signature = parts[1].pop("thoughtSignature")
+    assert parts[2].pop("thoughtSignature") == signature, "the first functionCall carries it too"
     assert parts == [
         {"text": "think", "thought": True},
         {"text": "Sure."},
@@ -410,3 +411,11 @@ def test_stream_signs_the_first_answer_part_with_the_reasoning():
 )
 def test_error_body(status, name):
     assert adapter.error_body(status, "m") == {"error": {"code": status, "message": "m", "status": name}}
+
+
+def test_stream_signs_the_first_function_call_as_well():
+    chunks, usage = vllm_chunks(reasoning=["why"], content=["Sure."], tools=[("a", "f", ["{}"]), ("b", "g", ["{}"])])
+    raw = run_stream(BODY, chunks, usage, "tool_calls")
+    parts = [p for f in raw.split("\n\n") if f for p in json.loads(f[6:])["candidates"][0].get("content", {}).get("parts", [])]
+    signed = [p.get("text") or p["functionCall"]["name"] for p in parts if "thoughtSignature" in p]
+    assert signed == ["Sure.", "f"]

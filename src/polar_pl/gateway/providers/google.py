@@ -17,9 +17,9 @@ from polar_pl.gateway.providers.google_stream import (
     finish_reason_for,
     function_call_part,
     new_response_id,
+    sign_parts,
     usage_metadata,
 )
-from polar_pl.gateway.providers.thinking_signature import encode_signature
 
 
 def response_from_chat(response: dict[str, Any], model: str, include_thoughts: bool) -> dict[str, Any]:
@@ -56,10 +56,7 @@ def message_parts(message: dict[str, Any], include_thoughts: bool) -> list[dict[
         parts.append(
             function_call_part(call.get("id"), function.get("name") or "", function.get("arguments"))
         )
-    answer = next((p for p in parts if not p.get("thought")), None)
-    if reasoning and answer is not None:
-        # As Gemini does: the first answer part carries the signature (here: the reasoning itself).
-        answer["thoughtSignature"] = encode_signature(reasoning)
+    sign_parts(parts, reasoning or "", set())
     return parts
 
 

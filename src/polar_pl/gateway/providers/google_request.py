@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from polar_pl.gateway.providers.base import RequestError
+from polar_pl.gateway.providers.google_names import camelize
 from polar_pl.gateway.providers.google_schema import schema_to_json_schema
 from polar_pl.gateway.providers.thinking_signature import decode_signature
 
@@ -43,6 +44,7 @@ def request_to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], list[str], di
     """Convert a generateContent body; returns (chat body, notes, generation options kept aside)."""
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
+    body = camelize(body)
     notes: list[str] = []
     messages: list[dict[str, Any]] = []
     system = system_to_text(body.get("systemInstruction"), notes)

@@ -75,6 +75,23 @@ def function_call_part(call_id: str | None, name: str, arguments: Any) -> dict[s
     return {"functionCall": call}
 
 
+def sign_parts(parts: list[dict[str, Any]], reasoning: str, signed: set[str]) -> None:
+    """Gemini's placement: the first part after the thoughts and the first functionCall carry the
+    thoughtSignature (Gemini CLI keeps function-call parts in its history for sure). Reasoning
+    always precedes the answer, so it is complete by the time these parts go out."""
+    for part in parts:
+        if part.get("thought"):
+            continue
+        is_call = "functionCall" in part
+        if "answer" in signed and not (is_call and "call" not in signed):
+            continue
+        if reasoning:
+            part["thoughtSignature"] = encode_signature(reasoning)
+        signed.add("answer")
+        if is_call:
+            signed.add("call")
+
+
 def new_response_id() -> str:
     return uuid.uuid4().hex[:16]
 
@@ -88,7 +105,7 @@ class GoogleStream:
         self.response_id = new_response_id()
         self.calls: dict[int, dict[str, Any]] = {}  # engine index -> {"id", "name", "arguments": [...]}
         self.reasoning: list[str] = []
-        self.signed = False  # whether the first answer part (which carries the signature) went out
+        self.signed: set[str] = set()  # which signature carriers went out (see sign_parts)
         self.finish_reason: str | None = None
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
@@ -146,13 +163,7 @@ class GoogleStream:
         return function_call_part(entry["id"], entry["name"], "".join(entry["arguments"]))
 
     def _event(self, parts: list[dict[str, Any]], finish: str | None = None) -> bytes:
-        if not self.signed:
-            answer = next((p for p in parts if not p.get("thought")), None)
-            if answer is not None:
-                # Reasoning always comes before the answer, so it is complete here.
-                self.signed = True
-                if self.reasoning:
-                    answer["thoughtSignature"] = encode_signature("".join(self.reasoning))
+        sign_parts(parts, "".join(self.reasoning), self.signed)
         candidate: dict[str, Any] = {"index": 0}
         if parts:
             candidate["content"] = {"role": "model", "parts": parts}
