@@ -52,15 +52,15 @@ def test_chat_logprobs_and_token_ids(engine):
 
 def test_stream_matches_non_stream(engine):
     c = client(engine)
-    kwargs = dict(
-        model="tiny",
-        messages=MSGS,
-        max_tokens=8,
-        temperature=0,
-        logprobs=True,
-        top_logprobs=0,
-        extra_body={"return_token_ids": True, "ignore_eos": True},
-    )
+    kwargs = {
+        "model": "tiny",
+        "messages": MSGS,
+        "max_tokens": 8,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 0,
+        "extra_body": {"return_token_ids": True, "ignore_eos": True},
+    }
     full = c.chat.completions.create(**kwargs)
     chunks = list(c.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -78,15 +78,15 @@ def test_stream_matches_non_stream(engine):
 
 def test_seed_determinism_and_n(engine):
     c = client(engine)
-    kw = dict(
-        model="tiny",
-        messages=MSGS,
-        max_tokens=12,
-        temperature=1.0,
-        n=3,
-        seed=1234,
-        extra_body={"return_token_ids": True, "ignore_eos": True},
-    )
+    kw = {
+        "model": "tiny",
+        "messages": MSGS,
+        "max_tokens": 12,
+        "temperature": 1.0,
+        "n": 3,
+        "seed": 1234,
+        "extra_body": {"return_token_ids": True, "ignore_eos": True},
+    }
     a = c.chat.completions.create(**kw)
     b = c.chat.completions.create(**kw)
     ids_a = [ch.model_extra["token_ids"] for ch in a.choices]
@@ -174,7 +174,8 @@ def test_token_in_completions(engine):
 
 
 async def test_concurrent_requests_are_batched(engine):
-    before = httpx.get(f"{engine.url}/stats").json()
+    stats = httpx.AsyncClient(base_url=engine.url)
+    before = (await stats.get("/stats")).json()
     aclient = openai.AsyncOpenAI(base_url=engine.base_url, api_key="x", max_retries=0)
     results = await asyncio.gather(
         *[
@@ -189,7 +190,8 @@ async def test_concurrent_requests_are_batched(engine):
         ]
     )
     assert all(len(r.choices[0].model_extra["token_ids"]) == 16 for r in results)
-    after = httpx.get(f"{engine.url}/stats").json()
+    after = (await stats.get("/stats")).json()
+    await stats.aclose()
     assert after["multi_seq_steps"] > before["multi_seq_steps"]
     assert after["max_batch_size"] >= 4
     # 8 requests x 16 tokens in far fewer steps than one at a time would need
@@ -199,9 +201,12 @@ async def test_concurrent_requests_are_batched(engine):
 def test_batched_greedy_equals_alone(engine):
     """Left padding in the batch cache must not change what a sequence generates."""
     c = client(engine)
-    kw = dict(
-        model="tiny", max_tokens=10, temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True}
-    )
+    kw = {
+        "model": "tiny",
+        "max_tokens": 10,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True, "return_token_ids": True},
+    }
     long_msgs = [{"role": "user", "content": "a much longer prompt " * 20}]
     alone = c.chat.completions.create(messages=MSGS, **kw).choices[0].model_extra["token_ids"]
 
@@ -249,14 +254,14 @@ def test_weight_update_changes_outputs_and_bumps_version(engine, tmp_path):
     from polar_pl.engine.embedded import save_state_dict
 
     c = client(engine)
-    kw = dict(
-        model="tiny",
-        messages=MSGS,
-        max_tokens=5,
-        temperature=0,
-        logprobs=True,
-        extra_body={"ignore_eos": True, "return_token_ids": True},
-    )
+    kw = {
+        "model": "tiny",
+        "messages": MSGS,
+        "max_tokens": 5,
+        "temperature": 0,
+        "logprobs": True,
+        "extra_body": {"ignore_eos": True, "return_token_ids": True},
+    }
     before = c.chat.completions.create(**kw)
     v0 = engine.policy_version()
     original = {k: v.clone() for k, v in engine.backend.model.state_dict().items()}

@@ -6,8 +6,8 @@ with the hermes tool parser and dev mode on. Connect: pass `url=` and nothing is
 
 Weights and versions use what vLLM 0.32 serves with VLLM_SERVER_DEV_MODE=1:
 - from disk: `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}`
-  (in-place reload through the model loader, CPU and GPU), then
-  `POST /update_weight_version {"new_version": "<v>"}`;
+  (in-place reload through the model loader, CPU and GPU), `POST /reset_prefix_cache` (cached
+  prompt KV was computed by the old weights), then `POST /update_weight_version {"new_version": "<v>"}`;
 - version: `GET /weight_info` -> {"weight_version": "<v>"} (vLLM reports no version per answer,
   so the gateway tags records with this handle's version);
 - from a state dict: written to a temporary safetensors directory, then as from disk. The NCCL /
@@ -17,8 +17,8 @@ Weights and versions use what vLLM 0.32 serves with VLLM_SERVER_DEV_MODE=1:
 
 from __future__ import annotations
 
+import json
 import os
-import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +26,8 @@ from typing import Self
 
 import httpx
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from polar_pl.engine.embedded import save_state_dict
 from polar_pl.engine.process import ServerProcess, healthy
@@ -147,10 +149,25 @@ class VLLMEngine:
             return 0
 
     def update_weights_from_disk(self, path: str) -> int:
+        with tempfile.TemporaryDirectory(prefix="polar-reload-") as tmp:
+            weights_dir = with_tied_lm_head(Path(path), Path(tmp)) if self._tied() else Path(path)
+            return self._reload(weights_dir)
+
+    def _tied(self) -> bool:
+        if self.model_dir is None:
+            return False
+        config = json.loads((self.model_dir / "config.json").read_text())
+        return bool(config.get("tie_word_embeddings", False))
+
+    def _reload(self, path: Path) -> int:
         rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}, "timeout": 600}
         r = httpx.post(f"{self.url}/collective_rpc", json=rpc, timeout=660)
         if r.status_code != 200:
             raise RuntimeError(f"vLLM reload_weights failed ({r.status_code}): {r.text[:500]}")
+        # Cached prompt blocks hold KV computed by the old weights; a prefix-cache hit would mix them in.
+        r = httpx.post(f"{self.url}/reset_prefix_cache", timeout=60)
+        if r.status_code != 200:
+            raise RuntimeError(f"vLLM reset_prefix_cache failed ({r.status_code}): {r.text[:500]}")
         version = self._version + 1
         r = httpx.post(f"{self.url}/update_weight_version", json={"new_version": str(version)}, timeout=60)
         if r.status_code != 200:
@@ -170,5 +187,26 @@ class VLLMEngine:
         self.stop()
 
 
-def python_has_vllm(python: str | None = None) -> bool:
-    return Path(python or vllm_python()).exists() and sys.platform.startswith("linux")
+def with_tied_lm_head(src: Path, out: Path) -> Path:
+    """A reload directory whose checkpoint names lm_head.weight explicitly.
+
+    vLLM 0.32's in-place reload re-materializes the tied ParallelLMHead as its own layer; a HF
+    checkpoint of a tied model has no lm_head.weight, so the head silently keeps the OLD weights
+    ("ParallelLMHead: Failed to load weights" in its log). Giving the head the new embedding
+    matrix under its own name loads it. The shards are linked, not copied; an index file is left
+    out because vLLM would filter the extra shard by it.
+    """
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {src}")
+    embed, has_head = None, False
+    for f in files:
+        (out / f.name).symlink_to(f.resolve())
+        with safe_open(str(f), framework="pt") as st:
+            names = set(st.keys())
+            has_head |= "lm_head.weight" in names
+            if "model.embed_tokens.weight" in names:
+                embed = st.get_tensor("model.embed_tokens.weight")
+    if embed is not None and not has_head:
+        save_file({"lm_head.weight": embed.contiguous()}, str(out / "zz-tied-lm-head.safetensors"))
+    return out

@@ -1,0 +1,48 @@
+"""conf/engine/*.yaml compose and instantiate the engine handles; train.py starts the configured
+engine, reports it and stops it without pretending to train."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from polar_pl.engine.embedded import EmbeddedEngine
+from polar_pl.engine.protocol import Engine
+from polar_pl.engine.vllm_engine import VLLMEngine
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("choice", "cls"), [("embedded", EmbeddedEngine), ("vllm", VLLMEngine)])
+def test_engine_group_instantiates(choice, cls, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("POLAR_TINY_MODEL", str(tiny_model_dir))
+    monkeypatch.setenv("POLAR_VLLM_PYTHON", "/opt/vllm/bin/python")
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = compose(config_name="config", overrides=[f"engine={choice}"])
+    engine = instantiate(cfg.engine)
+    assert isinstance(engine, cls) and isinstance(engine, Engine)
+    assert engine.model_dir == Path(tiny_model_dir)
+    if choice == "vllm":
+        assert engine.python == "/opt/vllm/bin/python"
+        engine.port = 1234
+        cmd = engine.command()
+        assert cmd[:3] == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+        assert cmd[cmd.index("--tool-call-parser") + 1] == "hermes" and "--port" in cmd
+
+
+def test_train_starts_and_stops_the_engine(tiny_model_dir, tmp_path):
+    out = subprocess.run(
+        [sys.executable, "train.py", f"model_dir={tiny_model_dir}", f"hydra.run.dir={tmp_path}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "engine: EmbeddedEngine serving 'tiny'" in out.stdout
+    assert "nothing was trained" in out.stdout

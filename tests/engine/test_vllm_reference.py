@@ -1,0 +1,248 @@
+"""The embedded engine against the reference: vLLM's CPU build serving the same model.
+
+Same requests to both; the embedded engine must give identical prompt token ids, identical greedy
+tokens, per-token logprobs within 0.01, the same tool-call parse and the same JSON shapes. The model
+is the tiny model trained to answer the tool request with a hermes tool call (conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from polar_pl.engine.embedded import EmbeddedEngine
+from polar_pl.engine.vllm_engine import VLLMEngine, vllm_python
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not Path(vllm_python()).exists(),
+        reason=f"vLLM CPU build not installed at $POLAR_VLLM_PYTHON={vllm_python()} (make vllm-env installs it)",
+    ),
+]
+LOGPROB_TOL = 0.01
+
+
+@pytest.fixture(scope="module")
+def engines(tool_model_dir):
+    vllm = VLLMEngine(tool_model_dir, served_model_name="tool", max_model_len=4096)
+    embedded = EmbeddedEngine(tool_model_dir, served_model_name="tool", max_model_len=4096)
+    try:
+        vllm.start()
+        embedded.start()
+        yield embedded, vllm
+    finally:
+        embedded.stop()
+        vllm.stop()
+
+
+def both(engines, **kwargs):
+    """The same chat request to (embedded, vLLM), raw JSON back."""
+    out = []
+    for eng in engines:
+        r = httpx.post(f"{eng.base_url}/chat/completions", json={"model": "tool", **kwargs}, timeout=120)
+        assert r.status_code == 200, r.text
+        out.append(r.json())
+    return out
+
+
+def assert_logprobs_close(a: list[float], b: list[float]) -> None:
+    assert len(a) == len(b)
+    gap = max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
+    assert gap < LOGPROB_TOL, f"max per-token logprob gap {gap:.4f}"
+
+
+def test_chat_with_tools_matches_vllm(engines, tool_case):
+    ours, ref = both(
+        engines,
+        messages=tool_case.messages,
+        tools=tool_case.tools,
+        temperature=0,
+        max_tokens=80,
+        logprobs=True,
+        top_logprobs=0,
+        return_token_ids=True,
+    )
+    assert ours["prompt_token_ids"] == ref["prompt_token_ids"]
+    a, b = ours["choices"][0], ref["choices"][0]
+    assert a["token_ids"] == b["token_ids"]
+    assert_logprobs_close(
+        [t["logprob"] for t in a["logprobs"]["content"]], [t["logprob"] for t in b["logprobs"]["content"]]
+    )
+    assert [t["token"] for t in a["logprobs"]["content"]] == [t["token"] for t in b["logprobs"]["content"]]
+    assert b["finish_reason"] == a["finish_reason"] == "tool_calls"
+    assert a["message"]["content"] == b["message"]["content"]
+    strip = [
+        {
+            "name": c["function"]["name"],
+            "arguments": json.loads(c["function"]["arguments"]),
+            "type": c["type"],
+        }
+        for c in a["message"]["tool_calls"]
+    ]
+    assert strip == [
+        {
+            "name": c["function"]["name"],
+            "arguments": json.loads(c["function"]["arguments"]),
+            "type": c["type"],
+        }
+        for c in b["message"]["tool_calls"]
+    ]
+    assert [c["function"]["arguments"] for c in a["message"]["tool_calls"]] == [
+        c["function"]["arguments"] for c in b["message"]["tool_calls"]
+    ]
+    assert json.loads(a["message"]["tool_calls"][0]["function"]["arguments"]) == tool_case.args
+    assert ours["usage"] == ref["usage"]
+    # Same JSON shape: every field vLLM sends, we send (plus our policy_version).
+    assert set(ref) <= set(ours) and set(b) <= set(a) and set(b["message"]) <= set(a["message"])
+
+
+def _stream(eng, body) -> list[dict]:
+    chunks = []
+    with httpx.stream(
+        "POST", f"{eng.base_url}/chat/completions", json={"model": "tool", **body}, timeout=120
+    ) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    return chunks
+
+
+def _summary(chunks: list[dict]) -> dict:
+    body = [c["choices"][0] for c in chunks if c["choices"]]
+    calls = [tc for ch in body for tc in ch["delta"].get("tool_calls") or []]
+    return {
+        "prompt_token_ids": chunks[0]["prompt_token_ids"],
+        "first_delta": body[0]["delta"],
+        "content": "".join(ch["delta"].get("content") or "" for ch in body),
+        "token_ids": [t for ch in body for t in ch.get("token_ids") or []],
+        "names": [tc["function"]["name"] for tc in calls if "name" in tc.get("function", {})],
+        "arguments": "".join(tc["function"].get("arguments", "") for tc in calls),
+        "finish": [ch["finish_reason"] for ch in body if ch["finish_reason"]],
+        "usage": chunks[-1]["usage"],
+    }
+
+
+def test_streamed_tool_call_matches_vllm(engines, tool_case):
+    body = {
+        "messages": tool_case.messages,
+        "tools": tool_case.tools,
+        "temperature": 0,
+        "max_tokens": 80,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+    ours, ref = (_summary(_stream(eng, body)) for eng in engines)
+    assert ours == ref
+    assert ours["names"] == ["write_file"] and json.loads(ours["arguments"]) == tool_case.args
+
+
+def test_token_in_completions_match_vllm(engines, tool_case):
+    prompt = both(
+        engines, messages=tool_case.messages, tools=tool_case.tools, max_tokens=1, return_token_ids=True
+    )[0]["prompt_token_ids"]
+    outs = []
+    for eng in engines:
+        client = openai.OpenAI(base_url=eng.base_url, api_key="x", max_retries=0)
+        outs.append(
+            client.completions.create(
+                model="tool",
+                prompt=prompt,
+                max_tokens=40,
+                temperature=0,
+                logprobs=1,
+                extra_body={"return_token_ids": True},
+            )
+        )
+    a, b = (o.choices[0] for o in outs)
+    assert a.model_extra["token_ids"] == b.model_extra["token_ids"]
+    assert a.model_extra["prompt_token_ids"] == b.model_extra["prompt_token_ids"] == prompt
+    assert_logprobs_close(a.logprobs.token_logprobs, b.logprobs.token_logprobs)
+    assert a.text == b.text and a.finish_reason == b.finish_reason
+
+
+def test_multi_turn_rendering_matches_vllm(engines, tool_case):
+    """Tool results, assistant tool calls with JSON-string arguments, content-part lists, a Claude
+    Code billing header line and an unknown tool-call id all render to the same prompt ids."""
+    messages = [
+        {
+            "role": "system",
+            "content": [{"type": "text", "text": "x-anthropic-billing-header: cch=1;\nBe brief."}],
+        },
+        *tool_case.messages[1:],
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "write_file", "arguments": json.dumps(tool_case.args)},
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "call_1",
+            "content": [{"type": "text", "text": "ok"}, {"type": "text", "text": "written"}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Now run it"}, {"type": "text", "text": "please."}],
+        },
+        {
+            "role": "assistant",
+            "content": "Running.",
+            "tool_calls": [
+                {
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "write_file", "arguments": "not json"},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_2", "content": "done"},
+    ]
+    ours, ref = both(
+        engines,
+        messages=messages,
+        tools=tool_case.tools,
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        return_token_ids=True,
+    )
+    assert ours["prompt_token_ids"] == ref["prompt_token_ids"]
+    assert ours["choices"][0]["token_ids"] == ref["choices"][0]["token_ids"]
+
+
+def test_weight_update_from_disk_matches(engines, tiny_model_dir, tool_case):
+    """Both engines reload the original tiny weights from disk: versions bump and the answers agree."""
+    embedded, vllm = engines
+    v_ours, v_ref = embedded.policy_version(), vllm.policy_version()
+    assert embedded.update_weights_from_disk(str(tiny_model_dir)) == v_ours + 1
+    assert vllm.update_weights_from_disk(str(tiny_model_dir)) == v_ref + 1
+    assert httpx.get(f"{vllm.url}/weight_info").json()["weight_version"] == str(v_ref + 1)
+    ours, ref = both(
+        engines,
+        messages=tool_case.messages,
+        tools=tool_case.tools,
+        temperature=0,
+        max_tokens=12,
+        logprobs=True,
+        return_token_ids=True,
+        ignore_eos=True,
+    )
+    assert ours["choices"][0]["token_ids"] == ref["choices"][0]["token_ids"]
+    assert "tool_calls" not in ref["choices"][0]["message"] or not ref["choices"][0]["message"]["tool_calls"]
+    assert_logprobs_close(
+        [t["logprob"] for t in ours["choices"][0]["logprobs"]["content"]],
+        [t["logprob"] for t in ref["choices"][0]["logprobs"]["content"]],
+    )
+    assert ours["policy_version"] == v_ours + 1
