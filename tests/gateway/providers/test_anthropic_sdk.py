@@ -271,9 +271,8 @@ def test_thinking_round_trip_with_display_omitted_like_claude_code(thinking_gate
         },
     ]
     second = client.messages.create(model="m", max_tokens=256, tools=TOOLS, messages=messages)
-    assert [b.type for b in second.content][0] == "thinking" and second.content[
-        0
-    ].thinking.strip() == "It worked."
+    reply_thinking = second.content[0]
+    assert reply_thinking.type == "thinking" and reply_thinking.thinking.strip() == "It worked."
     assert second.content[-1].text.strip() == "done"
 
     call1, call2 = thinking_gateway.records(s.session_id)
