@@ -289,12 +289,12 @@ def test_malformed_requests_raise_request_error(body, path, message):
         to_chat(body, path)
 
 
-def test_stream_without_alt_sse_is_refused_clearly():
-    with pytest.raises(RequestError, match="alt=sse"):
+def test_unknown_alt_is_refused_clearly():
+    with pytest.raises(RequestError, match="alt=sse or alt=json"):
         to_chat(
             {"contents": [{"parts": [{"text": "x"}]}]},
             "/v1beta/models/g:streamGenerateContent",
-            {"alt": "json"},
+            {"alt": "proto"},
         )
 
 

@@ -231,3 +231,18 @@ def test_thought_round_trip_without_thought_parts_like_gemini_cli(thinking_gatew
     assert script.chats[1]["messages"][-2]["reasoning"].strip() == "Use the shell."
     sampled = call1.prompt_ids + call1.response_ids
     assert call2.prompt_ids[: len(sampled)] == sampled, "the reasoning must re-render from thoughtSignature"
+
+
+def test_stream_without_alt_sse_is_a_json_array_through_the_gateway(gateway):
+    s = gateway.create_session()
+    with httpx.Client(timeout=60) as http:
+        r = http.post(
+            f"{s.base_url}/v1beta/models/gemini-x:streamGenerateContent",
+            json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+        )
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
+    items = r.json()
+    assert "".join(
+        p["text"] for i in items for p in i["candidates"][0].get("content", {}).get("parts", [])
+    ) == ("Hello from the engine.")
+    assert items[-1]["candidates"][0]["finishReason"] == "STOP"

@@ -414,8 +414,31 @@ def test_error_body(status, name):
 
 
 def test_stream_signs_the_first_function_call_as_well():
-    chunks, usage = vllm_chunks(reasoning=["why"], content=["Sure."], tools=[("a", "f", ["{}"]), ("b", "g", ["{}"])])
+    chunks, usage = vllm_chunks(
+        reasoning=["why"], content=["Sure."], tools=[("a", "f", ["{}"]), ("b", "g", ["{}"])]
+    )
     raw = run_stream(BODY, chunks, usage, "tool_calls")
-    parts = [p for f in raw.split("\n\n") if f for p in json.loads(f[6:])["candidates"][0].get("content", {}).get("parts", [])]
+    parts = [
+        p
+        for f in raw.split("\n\n")
+        if f
+        for p in json.loads(f[6:])["candidates"][0].get("content", {}).get("parts", [])
+    ]
     signed = [p.get("text") or p["functionCall"]["name"] for p in parts if "thoughtSignature" in p]
     assert signed == ["Sure.", "f"]
+
+
+def test_stream_without_alt_sse_is_one_json_array_sent_element_by_element():
+    req = adapter.to_chat(BODY, path=STREAM_PATH, query={})
+    assert req.extra["media_type"] == "application/json"
+    translator = adapter.stream(req)
+    chunks, usage = vllm_chunks(content=["a", "b"])
+    pieces = [translator.start()] + [translator.feed(c) for c in chunks] + [translator.finish("stop", usage)]
+    assert pieces[0] == b"[" and pieces[2].startswith(b"{") and pieces[3].startswith(b",")
+    items = json.loads(b"".join(pieces))
+    assert [check_response(item, last=i == len(items) - 1) for i, item in enumerate(items)][:2] == [
+        [{"text": "a"}], [{"text": "b"}]]  # fmt: skip
+    assert items[-1]["candidates"][0]["finishReason"] == "STOP"
+    failed = adapter.stream(req)
+    raw = failed.start() + failed.feed(chunks[1]) + failed.error(500, "boom")
+    assert json.loads(raw)[-1] == {"error": {"code": 500, "message": "boom", "status": "INTERNAL"}}

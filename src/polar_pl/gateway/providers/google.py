@@ -68,15 +68,21 @@ class GoogleAdapter:
     def to_chat(self, body: dict[str, Any], *, path: str, query: dict[str, str]) -> NormalizedRequest:
         model, stream = parse_path(path)
         chat, notes, options = request_to_chat(body)
-        if stream and query.get("alt", "sse") != "sse":
-            raise RequestError("streamGenerateContent is served as server-sent events only: use alt=sse")
+        alt = query.get("alt", "json")
+        if alt not in ("sse", "json"):
+            raise RequestError(f"alt={alt!r} is not supported: use alt=sse or alt=json")
+        if stream and alt == "json":
+            # Without alt=sse, Gemini streams one JSON array, element by element.
+            options = {**options, "array": True, "media_type": "application/json"}
         return NormalizedRequest(chat=chat, stream=stream, model=model, notes=tuple(notes), extra=options)
 
     def from_chat(self, response: dict[str, Any], req: NormalizedRequest) -> dict[str, Any]:
         return response_from_chat(response, req.model, bool(req.extra.get("include_thoughts")))
 
     def stream(self, req: NormalizedRequest) -> GoogleStream:
-        return GoogleStream(req.model, bool(req.extra.get("include_thoughts")))
+        return GoogleStream(
+            req.model, bool(req.extra.get("include_thoughts")), array=bool(req.extra.get("array"))
+        )
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         return error_payload(status, message)

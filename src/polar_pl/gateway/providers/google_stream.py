@@ -97,10 +97,15 @@ def new_response_id() -> str:
 
 
 class GoogleStream:
-    """Per-stream state: tool calls being assembled, finish and usage seen so far."""
+    """Per-stream state: tool calls being assembled, finish and usage seen so far.
 
-    def __init__(self, model: str, include_thoughts: bool) -> None:
+    array=True is the stream without `alt=sse`: one JSON array, each element sent as it is made.
+    """
+
+    def __init__(self, model: str, include_thoughts: bool, *, array: bool = False) -> None:
         self.model = model
+        self.array = array
+        self.items = 0
         self.include_thoughts = include_thoughts
         self.response_id = new_response_id()
         self.calls: dict[int, dict[str, Any]] = {}  # engine index -> {"id", "name", "arguments": [...]}
@@ -111,7 +116,7 @@ class GoogleStream:
         self.completion_tokens: int | None = None
 
     def start(self) -> bytes:
-        return b""
+        return b"[" if self.array else b""
 
     def feed(self, chunk: dict[str, Any]) -> bytes:
         self._note_usage(chunk)
@@ -137,10 +142,18 @@ class GoogleStream:
         self._note_usage({"usage": usage})
         parts = [self._call_part(index) for index in sorted(self.calls)]
         self.calls.clear()
-        return self._event(parts, finish_reason_for(finish_reason or self.finish_reason))
+        last = self._event(parts, finish_reason_for(finish_reason or self.finish_reason))
+        return last + b"\n]" if self.array else last
 
     def error(self, status: int, message: str) -> bytes:
-        return b"data: " + orjson.dumps(error_payload(status, message)) + b"\n\n"
+        out = self._frame(error_payload(status, message))
+        return out + b"\n]" if self.array else out
+
+    def _frame(self, payload: dict[str, Any]) -> bytes:
+        if not self.array:
+            return b"data: " + orjson.dumps(payload) + b"\n\n"
+        self.items += 1
+        return (b",\r\n" if self.items > 1 else b"") + orjson.dumps(payload)
 
     def _collect_call(self, call: dict[str, Any]) -> list[dict[str, Any]]:
         """Add one tool-call piece; a new call index means the earlier calls are complete."""
@@ -173,7 +186,7 @@ class GoogleStream:
             response["usageMetadata"] = usage_metadata(self.prompt_tokens, self.completion_tokens)
         response["modelVersion"] = self.model
         response["responseId"] = self.response_id
-        return b"data: " + orjson.dumps(response) + b"\n\n"
+        return self._frame(response)
 
     def _note_usage(self, chunk: dict[str, Any]) -> None:
         if self.prompt_tokens is None and isinstance(chunk.get("prompt_token_ids"), list):
