@@ -3,8 +3,9 @@
 A row carries the SWE-bench fields (`instance_id`, `repo`, `base_commit`, `problem_statement`,
 `test_patch`, `FAIL_TO_PASS`, `PASS_TO_PASS`, optionally the gold `patch`) plus how to set up the
 environment: `setup_commands` run in a fresh checkout before the tests, `test_runner` (`unittest`
-or `pytest`) and where the repository snapshot comes from (`repo_path`: a directory of plain files
-or a local git repository that holds `base_commit`). `FAIL_TO_PASS` / `PASS_TO_PASS` may be
+or `pytest`; for pytest, `test_command` or SWE-bench's `test_cmd` replaces `python3 -m pytest -rA`)
+and where the repository snapshot comes from (`repo_path`: a directory of plain files or a local
+git repository that holds `base_commit`). `FAIL_TO_PASS` / `PASS_TO_PASS` may be
 JSON-encoded strings, as SWE-bench ships them, or real lists.
 
 Answer-scored tasks (the learnable family) have no repository: their reward comes from the agent's
@@ -58,6 +59,7 @@ class Task:
     pass_to_pass: tuple[str, ...] = ()
     setup_commands: tuple[str, ...] = ()
     test_runner: TestRunner = "unittest"
+    test_command: str | None = None  # pytest runner: the command the test ids are appended to
     repo_path: str | None = None  # host directory (plain files) or local git repo holding base_commit
     difficulty: str | None = None
     answer_check: AnswerCheck | None = None
@@ -142,6 +144,9 @@ def task_from_row(row: Mapping[str, Any], *, origin: str = "", repo_path: str | 
     p2p = _test_list(row.get("PASS_TO_PASS", row.get("pass_to_pass")), iid, "PASS_TO_PASS", origin)
     if patch_scored and not f2p:
         raise TaskFormatError(iid, "FAIL_TO_PASS", "is empty: nothing would show the fix", origin)
+    test_command = row.get("test_command", row.get("test_cmd"))
+    if test_command is not None and (not isinstance(test_command, str) or not test_command.strip()):
+        raise TaskFormatError(iid, "test_command", "must be a non-empty shell command string", origin)
     row_repo_path = row.get("repo_path")
     if row_repo_path is not None and not isinstance(row_repo_path, str):
         raise TaskFormatError(iid, "repo_path", "must be a string path", origin)
@@ -156,6 +161,7 @@ def task_from_row(row: Mapping[str, Any], *, origin: str = "", repo_path: str | 
         pass_to_pass=p2p,
         setup_commands=tuple(setup),
         test_runner=runner,
+        test_command=test_command,
         repo_path=row_repo_path or repo_path,
         difficulty=difficulty,
         answer_check=answer_check,

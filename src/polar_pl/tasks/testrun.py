@@ -19,6 +19,7 @@ from polar_pl.tasks.results import TestOutcome
 from polar_pl.tasks.task import Task
 
 RUNNER_PATH = ".polar_eval/unittest_runner.py"
+PYTEST_COMMAND = "python3 -m pytest -rA -p no:cacheprovider --no-header -q"
 _PYTEST_LINE = re.compile(
     r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+)(?:\s+-\s+(.*))?$", re.MULTILINE
 )
@@ -86,7 +87,7 @@ def _run_unittest(
 
 def _run_pytest(sandbox: Sandbox, task: Task, timeout: float) -> tuple[dict, bool, str]:
     ids = " ".join(shlex.quote(t) for t in task.test_ids)
-    res = sandbox.exec(f"python3 -m pytest -rA -p no:cacheprovider --no-header -q {ids}", timeout=timeout)
+    res = sandbox.exec(f"{task.test_command or PYTEST_COMMAND} {ids}", timeout=timeout)
     log = res.stdout + res.stderr
     return parse_pytest_summary(log), res.timed_out, log[-8000:]
 
