@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 
 from polar_pl.engine.embedded import EmbeddedEngine
@@ -23,7 +24,8 @@ def test_engine_group_instantiates(choice, cls, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("POLAR_TINY_MODEL", str(tiny_model_dir))
     monkeypatch.setenv("POLAR_VLLM_PYTHON", "/opt/vllm/bin/python")
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        cfg = compose(config_name="config", overrides=[f"engine={choice}"])
+        cfg = compose(config_name="config", overrides=[f"engine={choice}"], return_hydra_config=True)
+    HydraConfig().set_config(cfg)
     engine = instantiate(cfg.engine)
     assert isinstance(engine, cls) and isinstance(engine, Engine)
     assert engine.model_dir == Path(tiny_model_dir)
@@ -40,6 +42,7 @@ def test_train_starts_and_stops_the_engine(tiny_model_dir, tmp_path):
         [sys.executable, "train.py", f"model_dir={tiny_model_dir}", f"hydra.run.dir={tmp_path}"],
         cwd=REPO,
         capture_output=True,
+        check=False,
         text=True,
         timeout=600,
     )
