@@ -241,3 +241,29 @@ def test_agent_sandbox_diff_round_trip(local_factory, evaluator, builtin_tasks):
         agent.stop()
     assert "confini/parser.py" in patch and ".polar" not in patch
     assert res.status == "resolved", res.reason
+
+
+@pytest.mark.slow
+def test_docker_backend_scores_bad_patches_zero(docker_factory, builtin_tasks):
+    """The same guarantees in containers: only the real fix scores, test edits are reverted."""
+    task = builtin_tasks["strkit-1"]
+    ev = SandboxEvaluator(docker_factory, per_test_timeout_s=10, timeout_s=120)
+    try:
+        handles = {name: ev.prewarm(task) for name in ("ref", "empty", "garbage", "tests", "shadow")}
+        got = {
+            "ref": ev.evaluate(handles["ref"], task.patch),
+            "empty": ev.evaluate(handles["empty"], ""),
+            "garbage": ev.evaluate(handles["garbage"], "not a patch\n"),
+            "tests": ev.evaluate(handles["tests"], TEST_EDITING_PATCH),
+            "shadow": ev.evaluate(handles["shadow"], SHADOW_UNITTEST_PATCH),
+        }
+    finally:
+        ev.close()
+    assert {k: (r.status, r.reward) for k, r in got.items()} == {
+        "ref": ("resolved", 1.0),
+        "empty": ("empty_patch", 0.0),
+        "garbage": ("patch_failed", 0.0),
+        "tests": ("unresolved", 0.0),
+        "shadow": ("unresolved", 0.0),
+    }
+    assert got["tests"].restored_test_files == ("tests/test_slug.py",)
