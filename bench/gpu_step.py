@@ -201,6 +201,10 @@ def run_shape(shape: str, args, device: torch.device, dtype: torch.dtype, deadli
         t = time.perf_counter()
         save_state_dict(hf_state_dict(model), Path(tmp))
         save_s = time.perf_counter() - t
+    peak_gib = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    # vLLM needs its share of the GPU: keep only the weights (optimizer state and cached blocks go).
+    del module, optimizer
+    free_memory(device)
     push = "not installed"
     python = vllm_python() if args.vllm != "off" else None
     if args.vllm == "off":
@@ -218,14 +222,17 @@ def run_shape(shape: str, args, device: torch.device, dtype: torch.dtype, deadli
         shape=f"{shape} ({attn})", params=sum(p.numel() for p in model.parameters()) / 1e9, rows=len(rows),
         tokens=tokens, step_s=step_s, tokens_per_s=tokens / step_s, tflops=flops / step_s / 1e12,
         mfu=(flops / step_s / 1e12 / peak) if peak else None,
-        peak_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
-        save_s=save_s, push=push,
+        peak_gib=peak_gib, save_s=save_s, push=push,
     )  # fmt: skip
-    del module, model, optimizer
+    del model
+    free_memory(device)
+    return result
+
+
+def free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return result
 
 
 def table(results: list[Result], device: str) -> Table:

@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from polar_pl.datamodule.collate import TrainBatch
@@ -49,7 +50,8 @@ def batch_metrics(
     out: dict[str, float] = {}
     if diff.numel():
         out["train/logprob_gap_mean"] = float(diff.abs().mean())
-        q = torch.quantile(diff.exp().cpu(), torch.tensor(list(QUANTILES.values()), dtype=torch.float64))
+        # numpy: torch.quantile refuses inputs past 2**24 elements.
+        q = np.quantile(diff.exp().cpu().numpy(), list(QUANTILES.values()))
         out.update({f"train/ratio_{k}": float(v) for k, v in zip(QUANTILES, q)})
         stale = (current_version - token_versions[sel]).double()
         out["train/staleness_mean"] = float(stale.mean())
