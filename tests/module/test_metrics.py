@@ -1,0 +1,53 @@
+"""Batch metrics by hand: logprob gap, ratio quantiles, staleness, entropy; rewards per harness
+count each rollout once however many rows it has."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from polar_pl.datamodule.collate import collate
+from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.module.metrics import batch_metrics, harness_metrics, numeric
+
+L = math.log
+
+
+def test_gap_ratio_quantiles_and_staleness() -> None:
+    old = torch.tensor([[L(0.5), L(0.5), L(0.5), 0.0]])
+    behavior = torch.tensor([[L(0.25), L(0.5), L(1.0), -40.0]], dtype=torch.float64)
+    sampled = torch.tensor([[1.0, 1.0, 1.0, 0.0]])  # the last token is prompt: its wild gap is ignored
+    m = batch_metrics(
+        old=old, behavior=behavior, sampled=sampled, mask=sampled, entropy=torch.tensor([[1.0, 2.0, 3.0, 99.0]]),
+        token_versions=torch.tensor([[3, 4, 5, -1]]), current_version=5, tis_w=torch.tensor([[2.0, 1.0, 0.5, 0.0]]),
+    )  # fmt: skip
+    assert m["train/logprob_gap_mean"] == pytest.approx(2 * L(2) / 3)
+    # ratios exp(old - behavior) = [2, 1, 0.5]; linear interpolation at 0.1, 1.0 and 1.9 of the sorted list.
+    assert (m["train/ratio_p05"], m["train/ratio_p50"], m["train/ratio_p95"]) == pytest.approx(
+        (0.55, 1.0, 1.9)
+    )
+    assert (m["train/staleness_mean"], m["train/staleness_max"]) == (1.0, 2.0)
+    assert m["train/entropy"] == pytest.approx(2.0) and m["train/tis_weight_mean"] == pytest.approx(3.5 / 3)
+
+
+def row(rollout: str, reward: float, harness: str) -> TrajectoryRow:
+    return TrajectoryRow(
+        [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], [-1, 0, 0], "s", rollout, "g", reward, harness=harness
+    )
+
+
+def test_harness_rewards_count_rollouts_once() -> None:
+    rows = [row("a1", 1.0, "codex"), row("a1", 1.0, "codex"), row("a2", 0.0, "codex"), row("b1", 0.5, "pi")]
+    m = harness_metrics(collate(rows, token_budget=8))
+    # codex: rollouts a1 (split into two rows) and a2 -> mean 0.5, not (1 + 1 + 0) / 3.
+    assert m["rollout/reward_mean/codex"] == 0.5 and m["rollout/pass_rate/codex"] == 0.5
+    assert m["rollout/reward_std/codex"] == pytest.approx(math.sqrt(0.5))
+    assert m["rollout/reward_mean/pi"] == 0.5 and "rollout/reward_std/pi" not in m
+
+
+def test_numeric_keeps_loggable_values() -> None:
+    assert numeric({"a": 1, "b": 2.5, "c": "x", "d": torch.tensor(3.0), "e": [1], "f": True}) == {
+        "a": 1.0, "b": 2.5, "d": 3.0, "f": 1.0,
+    }  # fmt: skip
