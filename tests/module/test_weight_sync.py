@@ -85,6 +85,13 @@ def test_disk_push_engine_logprobs_equal_trainer(tiny_model_dir, fresh_engine, t
     assert max_gap(temp, sample_group(fresh_engine, "tmp", prompt_ids(9, 4), seed=8)) < GAP_TOL
 
 
+def test_bind_engine_binds_the_sync(tiny_model_dir, engine) -> None:
+    module = GRPOModule(tiny_model_dir, weight_sync=DiskSync())
+    module.bind_engine(engine)
+    assert module.weight_sync.engine is engine and module.current_version() == engine.policy_version()
+    GRPOModule(tiny_model_dir).bind_engine(engine)  # no sync: nothing to bind, no error
+
+
 def test_no_sync_keeps_weights_and_version(tiny_model_dir, fresh_engine) -> None:
     prompt = prompt_ids(8, 22)
     before, v0 = greedy(fresh_engine, prompt)

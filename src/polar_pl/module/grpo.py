@@ -163,6 +163,12 @@ class GRPOModule(L.LightningModule):
             params, lr=self.lr, betas=self.betas, eps=self.adam_eps, weight_decay=self.weight_decay
         )
 
+    def bind_engine(self, engine: Any) -> None:
+        """Point the weight sync at the engine (the datamodule owns it). on_fit_start does this
+        itself from `trainer.datamodule.engine` when the sync is still unbound."""
+        if self.weight_sync is not None:
+            self.weight_sync.bind(engine)
+
     def on_fit_start(self) -> None:
         dm = getattr(self.trainer, "datamodule", None)
         engine = getattr(dm, "engine", None)
