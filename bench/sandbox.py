@@ -135,7 +135,7 @@ def main() -> None:
     backends = args.backends.split(",")
     names = list(HARNESSES) if args.harnesses == "all" else args.harnesses.split(",")
     names = [n for n in names if build_harness(n).is_installed(PREFIX)]
-    console = Console()
+    console = Console(width=150)
 
     from polar_pl.engine.scripted import serve_scripted
     from polar_pl.gateway.gateway import Gateway

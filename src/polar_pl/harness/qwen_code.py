@@ -41,7 +41,7 @@ class QwenCode(NpmHarness):
         )  # fmt: skip
         return LaunchPlan(
             argv=argv,
-            env=QUIET_ENV | creds,
+            env=QUIET_ENV | creds | {"QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"},
             files={f"{paths.home}/.qwen/settings.json": dump_json(settings)},
             log_dirs=(f"{paths.home}/.qwen/tmp", f"{paths.home}/.qwen/projects"),
         )

@@ -3,6 +3,7 @@
 build-image: build the offline base image (debootstrap rootfs, cached under .cache/sandbox) and the
 mini agent's pydeps folder, and import the image into a Docker engine: the one at --docker-host /
 DOCKER_HOST, or a private dockerd (--dockerd-root) started for the import and stopped after.
+dockerd: run the private engine in the foreground for `sandbox=docker` runs (DOCKER_HOST=...).
 cleanup: remove leftover sandboxes after a crash: labelled containers, temporary workspaces,
 relay folders and cgroups (of one --owner, or all).
 """
@@ -24,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dockerd-root", default=".cache/dockerd", help="private dockerd root when no engine given"
     )
     b.add_argument("--force", action="store_true", help="re-import even if the tag exists")
+    d = sub.add_parser("dockerd", help="run a private Docker engine in the foreground (prints DOCKER_HOST)")
+    d.add_argument("--dockerd-root", default=".cache/dockerd", help="data root (keeps images)")
     c = sub.add_parser("cleanup", help="remove leftover sandboxes (containers, workspaces, cgroups)")
     c.add_argument("--owner", default=None, help="only sandboxes of this owner (default: all)")
     c.add_argument("--docker-host", default=os.environ.get("DOCKER_HOST"), help="engine socket URL")
@@ -31,7 +34,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return _build(args) if args.action == "build-image" else _cleanup(args)
+    return {"build-image": _build, "cleanup": _cleanup, "dockerd": _dockerd}[args.action](args)
+
+
+def _dockerd(args: argparse.Namespace) -> int:
+    from polar_pl.sandbox.dockerd import DockerDaemon, DockerUnavailable
+
+    try:
+        daemon = DockerDaemon(root=args.dockerd_root).start()
+    except DockerUnavailable as e:
+        print(f"sandbox dockerd: {e}", file=sys.stderr)
+        return 1
+    if daemon.attached:
+        print(f"already running: export DOCKER_HOST={daemon.url}")
+        return 0
+    print(f"export DOCKER_HOST={daemon.url}   (Ctrl-C stops the engine)", flush=True)
+    try:
+        daemon.proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        daemon.stop()
+    return 0
 
 
 def _engine(docker_host: str | None, dockerd_root: str | None):

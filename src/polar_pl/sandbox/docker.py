@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import Self
 
 from polar_pl.sandbox import gitdiff
-from polar_pl.sandbox.image import DEFAULT_TAG, USER_UID, cache_dir
+from polar_pl.sandbox.image import DEFAULT_TAG, USER_UID, build_image, cache_dir
 from polar_pl.sandbox.local import parse_bytes
 from polar_pl.sandbox.protocol import ExecResult
 from polar_pl.sandbox.relay import Relay, inside_url, unix_to_tcp
@@ -91,6 +91,8 @@ class DockerSandbox:
         from docker.types import Mount
 
         self.client = client_for(self.docker_host)
+        if self.image == DEFAULT_TAG:
+            build_image(self.client, self.image)  # a no-op lookup once the image is there
         self._exec_client = client_for(self.docker_host, timeout=EXEC_READ_TIMEOUT)
         self._run_dir = Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{self.owner}-"))
         self._run_dir.chmod(0o755)

@@ -56,7 +56,8 @@ class LocalSandbox:
             raise ValueError("sandbox limits (memory/pids/cpus) on the local backend need root and cgroups")
         self.owner = owner
         self.base_dir = base_dir
-        self.harness_prefix = harness_prefix or os.environ.get("POLAR_HARNESS_PREFIX")
+        prefix = harness_prefix or os.environ.get("POLAR_HARNESS_PREFIX")
+        self.harness_prefix = str(Path(prefix).resolve()) if prefix else None  # execs run elsewhere
         self.default_timeout = default_timeout
         self.python = [sys.executable]
         self.root: Path | None = None
