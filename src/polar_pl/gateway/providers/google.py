@@ -56,7 +56,7 @@ def message_parts(message: dict[str, Any], include_thoughts: bool) -> list[dict[
         parts.append(
             function_call_part(call.get("id"), function.get("name") or "", function.get("arguments"))
         )
-    sign_parts(parts, reasoning or "", set())
+    sign_parts(parts, [reasoning] if reasoning else [], set())
     return parts
 
 

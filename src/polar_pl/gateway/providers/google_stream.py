@@ -75,10 +75,11 @@ def function_call_part(call_id: str | None, name: str, arguments: Any) -> dict[s
     return {"functionCall": call}
 
 
-def sign_parts(parts: list[dict[str, Any]], reasoning: str, signed: set[str]) -> None:
+def sign_parts(parts: list[dict[str, Any]], reasoning: list[str], signed: set[str]) -> None:
     """Gemini's placement: the first part after the thoughts and the first functionCall carry the
     thoughtSignature (Gemini CLI keeps function-call parts in its history for sure). Reasoning
     always precedes the answer, so it is complete by the time these parts go out."""
+    signature = None
     for part in parts:
         if part.get("thought"):
             continue
@@ -86,7 +87,8 @@ def sign_parts(parts: list[dict[str, Any]], reasoning: str, signed: set[str]) ->
         if "answer" in signed and not (is_call and "call" not in signed):
             continue
         if reasoning:
-            part["thoughtSignature"] = encode_signature(reasoning)
+            signature = signature or encode_signature("".join(reasoning))
+            part["thoughtSignature"] = signature
         signed.add("answer")
         if is_call:
             signed.add("call")
@@ -176,7 +178,7 @@ class GoogleStream:
         return function_call_part(entry["id"], entry["name"], "".join(entry["arguments"]))
 
     def _event(self, parts: list[dict[str, Any]], finish: str | None = None) -> bytes:
-        sign_parts(parts, "".join(self.reasoning), self.signed)
+        sign_parts(parts, self.reasoning, self.signed)
         candidate: dict[str, Any] = {"index": 0}
         if parts:
             candidate["content"] = {"role": "model", "parts": parts}
