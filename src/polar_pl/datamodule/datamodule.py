@@ -140,16 +140,28 @@ class RolloutDataModule(L.LightningDataModule):
         return DataLoader(_Batches(self), batch_size=None, num_workers=0)
 
     def next_batch(self, timeout: float | None = None) -> TrainBatch:
-        """Take groups_per_step released groups, drop stale rows, collate. The groups count as
-        consumed (for resume) only when `commit_batch` says the step trained on them."""
+        """Take groups_per_step released groups, drop stale rows, collate. When every row was
+        dropped (all stale or failed), take the next groups instead of yielding an empty step.
+        The groups count as consumed (for resume) only when `commit_batch` says a step trained
+        on them."""
         service = self._start_service()
         t0 = time.monotonic()
-        groups = service.next_groups(self.groups_per_step, timeout=timeout, consume=False)
-        self._issued.append([g.seq for g in groups])
+        seqs: list[int] = []
+        groups: list[Group] = []
+        rows: list[TrajectoryRow] = []
+        while not rows:
+            taken = service.next_groups(self.groups_per_step, timeout=timeout, consume=False)
+            seqs += [g.seq for g in taken]
+            groups += taken
+            rows = self._fresh_rows(taken)
+            if not rows:
+                self.counters["batches_without_rows"] += 1
+        self._issued.append(seqs)
         wait_s = time.monotonic() - t0
-        rows = self._fresh_rows(groups)
-        batch = collate(rows, mode=self.collate_mode, token_budget=self.token_budget,
-                        pad_id=getattr(self.engine, "pad_token_id", 0))
+        budget = self.token_budget or max(len(r.input_ids) for r in rows)
+        batch = collate(
+            rows, mode=self.collate_mode, token_budget=budget, pad_id=getattr(self.engine, "pad_token_id", 0)
+        )
         self.last_metrics = self._metrics(groups, rows, batch, wait_s)
         return batch
 
@@ -163,7 +175,11 @@ class RolloutDataModule(L.LightningDataModule):
                 self.counters[f"sessions_{r.status}"] += 1
                 for row in r.rows:
                     versions = [v for v, m in zip(row.policy_version, row.loss_mask) if m]
-                    if self.max_staleness is not None and versions and current - min(versions) > self.max_staleness:
+                    if (
+                        self.max_staleness is not None
+                        and versions
+                        and current - min(versions) > self.max_staleness
+                    ):
                         self.counters["rows_stale_dropped"] += 1
                         continue
                     rows.append(row)

@@ -16,13 +16,23 @@ def render(m: dict[str, float], title: str = "rollouts") -> Table:
     t = Table(title=title, expand=False)
     for col in ("stage", "active", "queued", "busy"):
         t.add_column(col, justify="right")
-    queued = {"init": m.get("pool/init_queue", 0), "running": m.get("pool/ready_queue", 0),
-              "postrun": m.get("pool/postrun_queue", 0)}
+    queued = {
+        "init": m.get("pool/init_queue", 0),
+        "running": m.get("pool/ready_queue", 0),
+        "postrun": m.get("pool/postrun_queue", 0),
+    }
     for s in STAGES:
-        t.add_row(s.upper(), f"{m.get(f'pool/{s}_active', 0):.0f}", f"{queued[s]:.0f}",
-                  f"{m.get(f'pool/{s}_busy', 0):.0%}")
-    done = ", ".join(f"{k.removeprefix('pool/sessions_')}={v:.0f}" for k, v in sorted(m.items())
-                     if k.startswith("pool/sessions_"))
+        t.add_row(
+            s.upper(),
+            f"{m.get(f'pool/{s}_active', 0):.0f}",
+            f"{queued[s]:.0f}",
+            f"{m.get(f'pool/{s}_busy', 0):.0%}",
+        )
+    done = ", ".join(
+        f"{k.removeprefix('pool/sessions_')}={v:.0f}"
+        for k, v in sorted(m.items())
+        if k.startswith("pool/sessions_")
+    )
     t.caption = f"sessions: {done or 'none yet'} · groups ready: {m.get('pool/groups_ready', 0):.0f}"
     return t
 
@@ -33,8 +43,13 @@ class LiveProgress:
     Disabled (a no-op) when the console is not a terminal, so logs and CI stay clean.
     """
 
-    def __init__(self, source: Callable[[], dict[str, float]], period: float = 0.5,
-                 title: str = "rollouts", console: Console | None = None) -> None:
+    def __init__(
+        self,
+        source: Callable[[], dict[str, float]],
+        period: float = 0.5,
+        title: str = "rollouts",
+        console: Console | None = None,
+    ) -> None:
         self.source, self.period, self.title = source, period, title
         self.console = console or Console()
         self._stop = threading.Event()

@@ -76,7 +76,10 @@ class HarnessRolloutStages:
     async def run(self, job: RolloutJob) -> None:
         task = job.task
         session = self.gateway.create_session(
-            task_id=task.instance_id, group_id=job.group_id, rollout_id=job.rollout_id, harness=self.harness.name
+            task_id=task.instance_id,
+            group_id=job.group_id,
+            rollout_id=job.rollout_id,
+            harness=self.harness.name,
         )
         job.state["session"] = session
         job.state["eval"] = self.evaluator.prewarm(task)  # fresh sandbox, overlaps the agent's run
@@ -101,7 +104,9 @@ class HarnessRolloutStages:
         if hres is not None:
             info.update(exit_code=hres.exit_code, patch_bytes=len(hres.patch), answer=hres.answer)
         if job.status == OK and hres is not None:
-            ev = await asyncio.to_thread(self.evaluator.evaluate, job.state.pop("eval"), hres.patch, hres.answer)
+            ev = await asyncio.to_thread(
+                self.evaluator.evaluate, job.state.pop("eval"), hres.patch, hres.answer
+            )
             reward = ev.reward
             info.update(eval_status=ev.status, eval_reason=ev.reason, tests=ev.counts())
             if ev.status == "error":

@@ -139,6 +139,7 @@ class RolloutService:
         """Cancel everything; each job's cleanup runs before this returns."""
         if not self._thread.is_alive():
             return
+
         async def cancel_main() -> None:
             task = self._main_task
             if task is not None:
@@ -180,7 +181,7 @@ class RolloutService:
 
     def _in_flight(self, pending: dict[str, _Pending]) -> int:
         with self._cond:
-            return len(pending) + len(self._ready) + len(self._taken - self.consumed)
+            return len(pending) + len(self._ready)
 
     async def _feed(self, pending: dict[str, _Pending]) -> None:
         while True:

@@ -1,0 +1,213 @@
+"""RolloutDataModule end to end on CPU: embedded engine (tiny model), real gateway, local sandbox,
+the mini harness, learnable tasks. Fault cases wrap the real harness / evaluator to hang or crash."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from polar_pl.datamodule.datamodule import RolloutDataModule
+from polar_pl.datamodule.pools import FAILED, OK, TIMEOUT
+from polar_pl.datamodule.trajectory import PrefixBuilder
+from polar_pl.engine.embedded import EmbeddedEngine
+from polar_pl.harness.mini import Mini
+from polar_pl.sandbox.local import LocalSandbox
+from polar_pl.tasks.learnable import LearnableTaskSource
+
+
+class HangAfterCall(Mini):
+    """The real mini agent, then a hang: the session has a recorded call and never exits."""
+
+    def plan(self, session, prompt, paths):
+        p = super().plan(session, prompt, paths)
+        cmd = " ".join(f"'{a}'" for a in p.argv)
+        return dataclasses.replace(p, argv=("bash", "-c", f"{cmd}; sleep 600"))
+
+
+class CrashBeforeCall(Mini):
+    """A harness that dies on start-up (exit 3) before calling the model."""
+
+    def plan(self, session, prompt, paths):
+        p = super().plan(session, prompt, paths)
+        return dataclasses.replace(p, argv=("bash", "-c", "echo boom >&2; exit 3"))
+
+
+class CrashingEvaluator:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def prewarm(self, task):
+        return self.inner.prewarm(task)
+
+    def evaluate(self, handle, patch, answer=None):
+        raise RuntimeError("evaluator exploded")
+
+    def discard(self, handle):
+        self.inner.discard(handle)
+
+
+def make_dm(tiny_model_dir, tmp_path: Path, *, harness=None, evaluator_wrap=None, tasks=2, **kw) -> RolloutDataModule:
+    source = LearnableTaskSource(n_tasks=tasks)
+    sandbox = partial(LocalSandbox, base_dir=str(tmp_path / "sbx"))
+    (tmp_path / "sbx").mkdir(exist_ok=True)
+    evaluator = source.make_evaluator(sandbox)
+    if evaluator_wrap is not None:
+        evaluator = evaluator_wrap(evaluator)
+    kw.setdefault("pools", {"init": 2, "ready": 2, "running": 2, "postrun": 2, "run_timeout_s": 60})
+    return RolloutDataModule(
+        engine=EmbeddedEngine(tiny_model_dir, served_model_name="tiny"),
+        sandbox=sandbox,
+        harness=harness or Mini(max_turns=2, max_tokens=16),
+        tasks=source.tasks(),
+        evaluator=evaluator,
+        builder=PrefixBuilder(),
+        steps=2,
+        group_size=kw.pop("group_size", 2),
+        groups_per_step=kw.pop("groups_per_step", 2),
+        store_path=str(tmp_path / "traces.db"),
+        progress=False,
+        **kw,
+    )
+
+
+def assert_nothing_left(tmp_path: Path) -> None:
+    assert list((tmp_path / "sbx").iterdir()) == []  # every workspace removed
+    ps = subprocess.run(["pgrep", "-f", "mini_agent.py"], capture_output=True, text=True)
+    assert ps.stdout.strip() == "", f"harness processes left: {ps.stdout}"
+
+
+def results(dm: RolloutDataModule, n: int = 1):
+    return [r for g in dm.service.next_groups(n, timeout=240) for r in g.results]
+
+
+def test_full_batch_of_groups(tiny_model_dir, tmp_path):
+    dm = make_dm(tiny_model_dir, tmp_path)
+    dm.setup()
+    try:
+        batch = dm.next_batch(timeout=240)
+        m = dm.last_metrics
+    finally:
+        dm.teardown()
+    assert len(set(batch.group_ids)) == 2 and len(set(batch.rollout_ids)) == 4
+    assert batch.num_rows >= 4
+    assert batch.loss_mask.sum() > 0
+    sampled = batch.loss_mask.bool()
+    assert (batch.behavior_logprobs[sampled] < 0).all()  # real engine logprobs on sampled tokens
+    assert (batch.behavior_logprobs[~sampled] == 0).all()
+    assert (batch.policy_version[sampled] == 0).all()
+    assert 0.0 <= m["rollout/reward_mean"] <= 1.0
+    assert m["datamodule/sessions_ok"] == 4
+    assert m["merge/calls"] >= 4
+    assert "pool/running_busy" in m
+    assert_nothing_left(tmp_path)
+
+
+def test_hanging_harness_times_out_and_keeps_its_partial_trajectory(tiny_model_dir, tmp_path):
+    pools = {"init": 2, "ready": 2, "running": 2, "postrun": 2, "run_timeout_s": 20}
+    dm = make_dm(tiny_model_dir, tmp_path, harness=HangAfterCall(max_turns=1, max_tokens=8), pools=pools,
+                 group_size=2, groups_per_step=1)
+    dm.setup()
+    try:
+        dm._start_service()
+        res = results(dm)
+    finally:
+        dm.teardown()
+    assert [r.status for r in res] == [TIMEOUT, TIMEOUT]
+    for r in res:
+        assert r.reward == 0.0 and r.rows, "train_zero keeps the partial trajectory"
+        assert all(row.status == TIMEOUT for row in r.rows)
+        assert sum(row.num_trainable for row in r.rows) > 0
+    assert_nothing_left(tmp_path)
+
+
+def test_crashing_harness_is_recorded_and_the_pools_go_on(tiny_model_dir, tmp_path):
+    dm = make_dm(tiny_model_dir, tmp_path, harness=CrashBeforeCall(max_tokens=8), groups_per_step=1)
+    dm.setup()
+    try:
+        dm._start_service()
+        res = results(dm, 2)
+    finally:
+        dm.teardown()
+    assert len(res) == 4
+    for r in res:
+        assert r.status == OK and r.info["exit_code"] == 3 and r.info["calls"] == 0
+        assert r.reward == 0.0 and not r.rows
+    assert_nothing_left(tmp_path)
+
+
+def test_crashing_evaluator_fails_the_attempt_with_its_reason(tiny_model_dir, tmp_path):
+    dm = make_dm(tiny_model_dir, tmp_path, evaluator_wrap=CrashingEvaluator, groups_per_step=1)
+    dm.setup()
+    try:
+        dm._start_service()
+        res = results(dm, 2)
+        metrics = dm.service.metrics()
+    finally:
+        dm.teardown()
+    assert all(r.status == FAILED and r.failed_stage == "postrun" for r in res)
+    assert all("evaluator exploded" in r.error for r in res)
+    assert metrics["pool/failures_postrun"] == 4
+    assert_nothing_left(tmp_path)
+
+
+def test_stale_rows_are_dropped_and_counted(tiny_model_dir, tmp_path):
+    dm = make_dm(tiny_model_dir, tmp_path, max_staleness=0, groups_per_step=1, max_groups_in_flight=1)
+    dm.setup()
+    try:
+        dm._start_service()
+        old = dm.service.next_groups(1, timeout=240)  # sampled at policy version 0
+        engine = dm.engine
+        state = {k: v.clone() for k, v in engine.backend.model.state_dict().items()}
+        assert engine.update_weights_from_state_dict(state) == 1
+        assert dm._fresh_rows(old) == []  # engine at 1, rows at 0, max_staleness 0
+        dropped = dm.counters["rows_stale_dropped"]
+        batch = dm.next_batch(timeout=240)  # stale groups skipped until fresh ones arrive
+    finally:
+        dm.teardown()
+    assert dropped == sum(len(r.rows) for r in old[0].results) > 0
+    assert (batch.policy_version[batch.loss_mask.bool()] == 1).all()
+
+
+def test_teardown_after_an_exception_leaves_nothing_behind(tiny_model_dir, tmp_path):
+    dm = make_dm(tiny_model_dir, tmp_path, harness=HangAfterCall(max_turns=1, max_tokens=8))
+    dm.setup()
+    with pytest.raises(RuntimeError, match="training blew up"):
+        try:
+            dm._start_service()
+            import time
+
+            deadline = time.monotonic() + 120
+            while dm.service.metrics().get("pool/running_active", 0) < 1 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            raise RuntimeError("training blew up")
+        finally:
+            dm.teardown()
+    assert_nothing_left(tmp_path)
+    assert not dm.engine.health()
+
+
+def test_resume_continues_the_task_cursor(tiny_model_dir, tmp_path):
+    dm = make_dm(tiny_model_dir, tmp_path, tasks=4, groups_per_step=1, group_size=1)
+    dm.setup()
+    try:
+        trained = dm.next_batch(timeout=240).group_ids[0]
+        dm.commit_batch()
+        dm.next_batch(timeout=240)  # fetched ahead, never trained: must be redone after resume
+        state = dm.state_dict()
+    finally:
+        dm.teardown()
+    done = int(trained.rsplit("-g", 1)[1])  # groups complete out of order: seq 0 or 1
+    expected = {"start_seq": 1, "skip_seqs": []} if done == 0 else {"start_seq": 0, "skip_seqs": [1]}
+    assert state["service"] == expected
+    dm2 = make_dm(tiny_model_dir, tmp_path, tasks=4, groups_per_step=1, group_size=1, max_groups_in_flight=1)
+    dm2.load_state_dict(state)
+    dm2.setup()
+    try:
+        batch = dm2.next_batch(timeout=240)
+    finally:
+        dm2.teardown()
+    assert batch.group_ids[0].endswith(f"-g{1 - done}")  # the untrained one, never the trained one
