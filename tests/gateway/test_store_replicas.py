@@ -7,10 +7,12 @@ from contextlib import ExitStack
 
 import httpx
 import openai
+import pytest
 
 from polar_pl.engine.scripted import ScriptedBackend
 from polar_pl.engine.server import create_app as create_engine_app
 from polar_pl.gateway.gateway import Gateway
+from polar_pl.gateway.records import TraceRecord
 from polar_pl.gateway.store import TraceStore, read_records
 from polar_pl.utils.serving import ServerThread
 
@@ -87,3 +89,32 @@ def test_sessions_stick_to_a_replica_and_spread_and_skip_a_dead_one(tiny_model_d
         c = gw.create_session()  # new sessions avoid the dead replica
         _call(c.base_url)
         assert gw.records(c.session_id)[0].upstream == live.url
+
+
+def _record(i: int, session: str = "s") -> TraceRecord:
+    return TraceRecord(session_id=session, call_index=i, timestamp=float(i), provider="openai_chat",
+                       raw_request={"messages": [{"role": "user", "content": "x" * 1000}]},
+                       raw_response="data: [DONE]\n\n", normalized_request={}, prompt_ids=[1, 2],
+                       response_ids=[3], response_logprobs=[-0.5], finish_reason="stop", policy_version=0,
+                       latency_s=0.01, notes=("n",))
+
+
+def test_full_sync_store_group_commits_from_its_writer_thread(tmp_path):
+    """synchronous=FULL commits on a dedicated thread (fsync off the event loop); close() flushes."""
+    store = TraceStore(tmp_path / "t.db", synchronous="FULL")
+    assert not store.inline
+    futures = [store.append(_record(i)) for i in range(50)]
+    store.close()
+    assert all(f.done() and f.exception() is None for f in futures)
+    recs = read_records(tmp_path / "t.db", "s")
+    assert [r.call_index for r in recs] == list(range(50)) and recs[0].notes == ("n",)
+
+
+def test_normal_sync_store_commits_inline_and_rejects_bad_levels(tmp_path):
+    store = TraceStore(tmp_path / "t.db")
+    assert store.inline
+    fut = store.append(_record(0))
+    assert fut.done() and store.count("s") == 1  # committed before append returned
+    store.close()
+    with pytest.raises(ValueError, match="synchronous"):
+        TraceStore(tmp_path / "u.db", synchronous="SOMETIMES")

@@ -36,11 +36,22 @@ ADMIN_PATHS = ("/admin/", "/health")
 class GatewayRuntime:
     """Everything the routes share: store, sessions, replicas, upstream client, proxy."""
 
-    def __init__(self, upstreams: list[str], store_path: str | Path, *, admin_token: str,
-                 tokenizer_dir: str | Path | None = None, model: str | None = None,
-                 side_rules: tuple[SideCallRule, ...] | None = None, client: str = "aiohttp",
-                 store_synchronous: str = "NORMAL", public_url: str | None = None,
-                 health_interval: float = 2.0, connect_timeout: float = 5.0, read_timeout: float = 600.0):
+    def __init__(
+        self,
+        upstreams: list[str],
+        store_path: str | Path,
+        *,
+        admin_token: str,
+        tokenizer_dir: str | Path | None = None,
+        model: str | None = None,
+        side_rules: tuple[SideCallRule, ...] | None = None,
+        client: str = "aiohttp",
+        store_synchronous: str = "NORMAL",
+        public_url: str | None = None,
+        health_interval: float = 2.0,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 600.0,
+    ):
         self.admin_token = admin_token
         self.public_url = public_url.rstrip("/") if public_url else None
         self.store = TraceStore(store_path, synchronous=store_synchronous)
@@ -49,8 +60,13 @@ class GatewayRuntime:
         self.client = make_client(client, connect_timeout=connect_timeout, read_timeout=read_timeout)
         self.pool = ReplicaPool(upstreams, self.client, model=model, health_interval=health_interval)
         self.counter = TokenCounter(tokenizer_dir, self.client)
-        self.proxy = Proxy(store=self.store, sessions=self.sessions, pool=self.pool, client=self.client,
-                           side_rules=tuple(DEFAULT_SIDE_RULES if side_rules is None else side_rules))
+        self.proxy = Proxy(
+            store=self.store,
+            sessions=self.sessions,
+            pool=self.pool,
+            client=self.client,
+            side_rules=tuple(DEFAULT_SIDE_RULES if side_rules is None else side_rules),
+        )
 
     async def aclose(self) -> None:
         await self.pool.stop()
@@ -77,12 +93,15 @@ def _session_json(info, base: str) -> dict[str, Any]:
     return d
 
 
-def create_app(upstreams: list[str], store_path: str | Path, *, admin_token: str | None = None,
-               **options: Any) -> FastAPI:
+def create_app(
+    upstreams: list[str], store_path: str | Path, *, admin_token: str | None = None, **options: Any
+) -> FastAPI:
     """Build the gateway app. options: tokenizer_dir, model, side_rules, client ("aiohttp" or
     "httpx"), store_synchronous, public_url, health_interval, connect_timeout, read_timeout
     (see GatewayRuntime)."""
-    rt = GatewayRuntime(upstreams, store_path, admin_token=admin_token or secrets.token_urlsafe(24), **options)
+    rt = GatewayRuntime(
+        upstreams, store_path, admin_token=admin_token or secrets.token_urlsafe(24), **options
+    )
 
     from contextlib import asynccontextmanager
 
@@ -94,8 +113,9 @@ def create_app(upstreams: list[str], store_path: str | Path, *, admin_token: str
         finally:
             await rt.aclose()  # uvicorn has drained in-flight requests; flush the store last
 
-    app = GatewayFastAPI(title="polar_pl gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
-                         openapi_url=None)
+    app = GatewayFastAPI(
+        title="polar_pl gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.runtime = rt
     app.harness = HarnessRoutes(rt)
 
@@ -129,9 +149,16 @@ def create_app(upstreams: list[str], store_path: str | Path, *, admin_token: str
         bad = [k for k, v in fields.items() if v is not None and not isinstance(v, str)]
         if bad:
             return JSONResponse({"error": f"{', '.join(bad)}: must be strings"}, 400)
-        info = rt.sessions.create(**fields, meta=body.get("meta") if isinstance(body.get("meta"), dict) else None)
-        return JSONResponse({"session_id": info.session_id, "token": info.token,
-                             "base_url": f"{base_of(request)}/s/{info.token}"})
+        info = rt.sessions.create(
+            **fields, meta=body.get("meta") if isinstance(body.get("meta"), dict) else None
+        )
+        return JSONResponse(
+            {
+                "session_id": info.session_id,
+                "token": info.token,
+                "base_url": f"{base_of(request)}/s/{info.token}",
+            }
+        )
 
     @app.get("/admin/sessions")
     async def list_sessions(request: Request) -> Response:
@@ -173,8 +200,10 @@ def create_app(upstreams: list[str], store_path: str | Path, *, admin_token: str
 
     @app.get("/health")
     async def health() -> Response:
-        reps = [{"url": r.url, "healthy": r.healthy, "inflight": r.inflight, "sessions": len(r.sessions)}
-                for r in rt.pool.replicas]
+        reps = [
+            {"url": r.url, "healthy": r.healthy, "inflight": r.inflight, "sessions": len(r.sessions)}
+            for r in rt.pool.replicas
+        ]
         return JSONResponse({"status": "ok", "replicas": reps})
 
     return app

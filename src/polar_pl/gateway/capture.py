@@ -82,7 +82,8 @@ class CallCapture:
                 self.reasoning.append(r)
             for tc in delta.get("tool_calls") or ():
                 slot = self.tool_calls.setdefault(
-                    tc.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+                    tc.get("index", 0),
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
                 )
                 if tc.get("id"):
                     slot["id"] = tc["id"]
@@ -114,13 +115,28 @@ class CallCapture:
             calls = []
             for i in sorted(self.tool_calls):
                 tc = self.tool_calls[i]
-                calls.append({"id": tc["id"] or f"call_{self.id}_{i}", "type": "function",
-                              "function": dict(tc["function"])})
+                calls.append(
+                    {
+                        "id": tc["id"] or f"call_{self.id}_{i}",
+                        "type": "function",
+                        "function": dict(tc["function"]),
+                    }
+                )
             msg["tool_calls"] = calls
         return {
-            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-            "choices": [{"index": 0, "message": msg, "finish_reason": self.finish_reason,
-                         "logprobs": None, "token_ids": self.response_ids}],
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": msg,
+                    "finish_reason": self.finish_reason,
+                    "logprobs": None,
+                    "token_ids": self.response_ids,
+                }
+            ],
             "usage": self.usage_or_counted(),
             "prompt_token_ids": self.prompt_ids,
         }

@@ -21,7 +21,7 @@ def split_session_path(path: str) -> tuple[str | None, str]:
     """`/s/<token>/v1/messages` -> (token, "/v1/messages"); other paths -> (None, path)."""
     if not path.startswith(SESSION_PREFIX):
         return None, path
-    rest = path[len(SESSION_PREFIX):]
+    rest = path[len(SESSION_PREFIX) :]
     token, sep, tail = rest.partition("/")
     return (token or None), "/" + tail if sep else "/"
 

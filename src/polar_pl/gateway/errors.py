@@ -21,8 +21,14 @@ _RETRYABLE = frozenset({429, 500, 502, 503, 504, 529})
 
 def generic_error_body(status: int, message: str) -> dict[str, Any]:
     """For requests whose provider is unknown: OpenAI's shape, the most widely parsed one."""
-    return {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
-                      "param": None, "code": None}}
+    return {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error" if status < 500 else "server_error",
+            "param": None,
+            "code": None,
+        }
+    }
 
 
 def error_body_for(provider: str | None, status: int, message: str) -> dict[str, Any]:
@@ -38,8 +44,12 @@ def error_body_for(provider: str | None, status: int, message: str) -> dict[str,
 
 def error_response(provider: str | None, status: int, message: str) -> Response:
     headers = {"retry-after": str(RETRY_AFTER_S)} if status in _RETRYABLE else None
-    return Response(orjson.dumps(error_body_for(provider, status, message)), status_code=status,
-                    media_type="application/json", headers=headers)
+    return Response(
+        orjson.dumps(error_body_for(provider, status, message)),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 def upstream_status(provider: str, err: UpstreamError) -> int:

@@ -33,8 +33,16 @@ class SessionHandle:
 
 
 class Gateway:
-    def __init__(self, upstreams: list[str] | str, store_path: str | Path, *, host: str = "127.0.0.1",
-                 port: int | None = None, admin_token: str | None = None, **options: Any):
+    def __init__(
+        self,
+        upstreams: list[str] | str,
+        store_path: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        admin_token: str | None = None,
+        **options: Any,
+    ):
         self.admin_token = admin_token or os.environ.get("POLAR_ADMIN_TOKEN") or secrets.token_urlsafe(24)
         self.host = host
         self.port = port or free_port(host)
@@ -62,10 +70,17 @@ class Gateway:
         self.stop()
 
     # ---- in-process session API (same effect as the admin routes) -----------------------
-    def create_session(self, *, task_id: str | None = None, group_id: str | None = None,
-                       rollout_id: str | None = None, harness: str | None = None) -> SessionHandle:
-        info = self.runtime.sessions.create(task_id=task_id, group_id=group_id, rollout_id=rollout_id,
-                                            harness=harness)
+    def create_session(
+        self,
+        *,
+        task_id: str | None = None,
+        group_id: str | None = None,
+        rollout_id: str | None = None,
+        harness: str | None = None,
+    ) -> SessionHandle:
+        info = self.runtime.sessions.create(
+            task_id=task_id, group_id=group_id, rollout_id=rollout_id, harness=harness
+        )
         return SessionHandle(info.session_id, info.token, f"{self.url}/s/{info.token}", info)
 
     def delete_session(self, session_id: str) -> None:

@@ -55,16 +55,24 @@ class HarnessRoutes:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         path_token, sub = split_session_path(scope["path"])
         try:
-            resp = await self.route(scope["method"], sub, path_token, headers, scope.get("query_string", b""),
-                                    receive)
+            resp = await self.route(
+                scope["method"], sub, path_token, headers, scope.get("query_string", b""), receive
+            )
         except Exception as exc:  # the last line of defence: a provider-shaped 500, logged
             log.exception("gateway error on %s %s", scope["method"], sub)
             provider = provider_from_path(sub) or provider_from_headers(headers)
             resp = error_response(provider, 500, f"internal gateway error: {type(exc).__name__}")
         await resp(scope, receive, send)
 
-    async def route(self, method: str, sub: str, path_token: str | None, headers: dict[str, str],
-                    query_string: bytes, receive) -> Response:
+    async def route(
+        self,
+        method: str,
+        sub: str,
+        path_token: str | None,
+        headers: dict[str, str],
+        query_string: bytes,
+        receive,
+    ) -> Response:
         if method == "HEAD":  # Claude Code's reachability probes (HEAD / and HEAD /api/hello)
             return Response(status_code=200)
         if method == "GET" and sub.rstrip("/").endswith("/models"):
@@ -90,8 +98,9 @@ class HarnessRoutes:
             return error_response(provider, 501, str(exc))
         if is_count_tokens(sub) or ":countTokens" in sub:
             return await self.count_tokens(session, provider, adapter, sub, query, body)
-        return await self.rt.proxy.model_call(session=session, provider=provider, adapter=adapter,
-                                              path=sub, query=query, body=body)
+        return await self.rt.proxy.model_call(
+            session=session, provider=provider, adapter=adapter, path=sub, query=query, body=body
+        )
 
     async def count_tokens(self, session, provider, adapter, path, query, body) -> Response:
         """Not a model call (nothing recorded): the prompt rendered and tokenized as the engine would."""
@@ -127,11 +136,36 @@ class HarnessRoutes:
         except UpstreamError as exc:
             return error_response(provider, 502, exc.message)
         if provider == "google":
-            return JSONResponse({"models": [{"name": f"models/{name}", "displayName": name,
-                                             "supportedGenerationMethods": ["generateContent", "countTokens"]}]})
+            return JSONResponse(
+                {
+                    "models": [
+                        {
+                            "name": f"models/{name}",
+                            "displayName": name,
+                            "supportedGenerationMethods": ["generateContent", "countTokens"],
+                        }
+                    ]
+                }
+            )
         if provider == "anthropic":
-            return JSONResponse({"data": [{"type": "model", "id": name, "display_name": name,
-                                           "created_at": "1970-01-01T00:00:00Z"}],
-                                 "has_more": False, "first_id": name, "last_id": name})
-        return JSONResponse({"object": "list",
-                             "data": [{"id": name, "object": "model", "created": 0, "owned_by": "polar_pl"}]})
+            return JSONResponse(
+                {
+                    "data": [
+                        {
+                            "type": "model",
+                            "id": name,
+                            "display_name": name,
+                            "created_at": "1970-01-01T00:00:00Z",
+                        }
+                    ],
+                    "has_more": False,
+                    "first_id": name,
+                    "last_id": name,
+                }
+            )
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": name, "object": "model", "created": 0, "owned_by": "polar_pl"}],
+            }
+        )

@@ -31,8 +31,13 @@ from polar_pl.gateway.upstream import ChatStream, UpstreamClient, UpstreamError
 from polar_pl.gateway.volatile import strip_volatile
 
 # Added to every engine request: the capture needs token ids, logprobs and final usage.
-CAPTURE_FIELDS = {"stream": True, "stream_options": {"include_usage": True}, "logprobs": True,
-                  "top_logprobs": 0, "return_token_ids": True}
+CAPTURE_FIELDS = {
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "logprobs": True,
+    "top_logprobs": 0,
+    "return_token_ids": True,
+}
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
@@ -54,29 +59,51 @@ class Call:
     call_kind: str = "main"
     replica: Replica | None = None
 
-    def record(self, cap: CallCapture | None, raw_response: str, status: str = "ok",
-               error: str | None = None) -> TraceRecord:
+    def record(
+        self, cap: CallCapture | None, raw_response: str, status: str = "ok", error: str | None = None
+    ) -> TraceRecord:
         cap = cap or CallCapture()
         notes = self.notes
         if cap.response_ids and len(cap.logprobs) != len(cap.response_ids):
             notes = [*notes, f"engine sent {len(cap.logprobs)} logprobs for {len(cap.response_ids)} tokens"]
         s = self.session
         return TraceRecord(
-            session_id=s.session_id, call_index=self.call_index, timestamp=self.timestamp,
-            provider=self.provider, raw_request=self.raw if isinstance(self.raw, dict) else {"_raw": self.raw},
-            raw_response=raw_response, normalized_request=self.engine_body, prompt_ids=cap.prompt_ids,
-            response_ids=cap.response_ids, response_logprobs=cap.logprobs, finish_reason=cap.finish_reason,
-            policy_version=cap.policy_version, latency_s=time.monotonic() - self.t0, status=status,
-            error=error, task_id=s.task_id, group_id=s.group_id, rollout_id=s.rollout_id,
-            call_kind=self.call_kind, notes=tuple(notes),
+            session_id=s.session_id,
+            call_index=self.call_index,
+            timestamp=self.timestamp,
+            provider=self.provider,
+            raw_request=self.raw if isinstance(self.raw, dict) else {"_raw": self.raw},
+            raw_response=raw_response,
+            normalized_request=self.engine_body,
+            prompt_ids=cap.prompt_ids,
+            response_ids=cap.response_ids,
+            response_logprobs=cap.logprobs,
+            finish_reason=cap.finish_reason,
+            policy_version=cap.policy_version,
+            latency_s=time.monotonic() - self.t0,
+            status=status,
+            error=error,
+            task_id=s.task_id,
+            group_id=s.group_id,
+            rollout_id=s.rollout_id,
+            call_kind=self.call_kind,
+            notes=tuple(notes),
             response_policy_versions=cap.token_versions if cap.version_varied else None,
-            upstream=self.replica.url if self.replica else None, path=self.path,
+            upstream=self.replica.url if self.replica else None,
+            path=self.path,
         )
 
 
 class Proxy:
-    def __init__(self, *, store: TraceStore, sessions: SessionRegistry, pool: ReplicaPool,
-                 client: UpstreamClient, side_rules: tuple[SideCallRule, ...]):
+    def __init__(
+        self,
+        *,
+        store: TraceStore,
+        sessions: SessionRegistry,
+        pool: ReplicaPool,
+        client: UpstreamClient,
+        side_rules: tuple[SideCallRule, ...],
+    ):
         self.store = store
         self.sessions = sessions
         self.pool = pool
@@ -90,8 +117,9 @@ class Proxy:
             rep = call.replica = self.pool.pick(call.session.session_id)
             call.engine_body["model"] = await self.pool.model_for(rep)
             try:
-                return await self.client.stream_chat(rep.endpoint("/v1/chat/completions"),
-                                                     orjson.dumps(call.engine_body))
+                return await self.client.stream_chat(
+                    rep.endpoint("/v1/chat/completions"), orjson.dumps(call.engine_body)
+                )
             except UpstreamError as exc:
                 if exc.kind != "connect" or len(self.pool.replicas) == 1:
                     raise
@@ -101,10 +129,24 @@ class Proxy:
         raise UpstreamError("connect", "no engine replica is reachable")
 
     # ---- entry point ------------------------------------------------------------------------
-    async def model_call(self, *, session: SessionInfo, provider: str, adapter: ProviderAdapter,
-                         path: str, query: dict[str, str], body: bytes) -> Response:
-        call = Call(session=session, provider=provider, adapter=adapter, path=path, raw=None,
-                    call_index=self.sessions.next_call_index(session.session_id))
+    async def model_call(
+        self,
+        *,
+        session: SessionInfo,
+        provider: str,
+        adapter: ProviderAdapter,
+        path: str,
+        query: dict[str, str],
+        body: bytes,
+    ) -> Response:
+        call = Call(
+            session=session,
+            provider=provider,
+            adapter=adapter,
+            path=path,
+            raw=None,
+            call_index=self.sessions.next_call_index(session.session_id),
+        )
         try:
             call.raw = orjson.loads(body) if body else None
             if not isinstance(call.raw, dict):
@@ -193,15 +235,19 @@ class Proxy:
         except Exception as exc:  # a translator bug must still leave a record
             if not recorded:
                 recorded = True
-                self.store.append(call.record(cap, b"".join(sent).decode(), "error",
-                                              f"gateway error: {type(exc).__name__}: {exc}"))
+                self.store.append(
+                    call.record(
+                        cap, b"".join(sent).decode(), "error", f"gateway error: {type(exc).__name__}: {exc}"
+                    )
+                )
             raise
         finally:
             call.replica.inflight -= 1
             stream.close(abort=not recorded or cap.finish_reason is None)
             if not recorded:  # the harness went away: the engine request is already aborted
-                self.store.append(call.record(cap, b"".join(sent).decode(), "aborted",
-                                              "client disconnected mid-stream"))
+                self.store.append(
+                    call.record(cap, b"".join(sent).decode(), "aborted", "client disconnected mid-stream")
+                )
 
 
 async def _durable(fut) -> None:

@@ -29,8 +29,14 @@ class Replica:
 
 
 class ReplicaPool:
-    def __init__(self, urls: list[str], client: UpstreamClient, *, model: str | None = None,
-                 health_interval: float = 2.0):
+    def __init__(
+        self,
+        urls: list[str],
+        client: UpstreamClient,
+        *,
+        model: str | None = None,
+        health_interval: float = 2.0,
+    ):
         if not urls:
             raise ValueError("gateway upstreams: at least one engine URL is required")
         self.replicas = [Replica(u.rstrip("/").removesuffix("/v1"), model=model) for u in urls]

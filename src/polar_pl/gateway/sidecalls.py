@@ -94,9 +94,7 @@ def system_text(chat: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def classify(
-    rules: Iterable[SideCallRule], *, provider: str, model: str, chat: dict[str, Any]
-) -> str | None:
+def classify(rules: Iterable[SideCallRule], *, provider: str, model: str, chat: dict[str, Any]) -> str | None:
     """Name of the first matching rule, or None for a main-line call."""
     system = system_text(chat)
     has_tools = bool(chat.get("tools"))

@@ -190,7 +190,9 @@ class TraceStore:
             return self._read_conn.execute(sql, args).fetchall()
 
     def records(self, session_id: str) -> list[TraceRecord]:
-        rows = self._rows("SELECT data FROM records WHERE session_id=? ORDER BY call_index, id", (session_id,))
+        rows = self._rows(
+            "SELECT data FROM records WHERE session_id=? ORDER BY call_index, id", (session_id,)
+        )
         return [TraceRecord.from_dict(orjson.loads(r[0])) for r in rows]
 
     def iter_records(self, batch: int = 256) -> Iterator[TraceRecord]:

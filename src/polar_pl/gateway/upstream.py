@@ -129,18 +129,31 @@ def _json_as_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
         delta = {k: msg.get(k) for k in ("role", "content", "reasoning_content") if msg.get(k) is not None}
         if msg.get("tool_calls"):
             delta["tool_calls"] = [dict(tc, index=i) for i, tc in enumerate(msg["tool_calls"])]
-        chunks.append({
-            "id": body.get("id"), "object": "chat.completion.chunk", "created": body.get("created"),
-            "model": body.get("model"), "prompt_token_ids": body.get("prompt_token_ids"),
-            "choices": [{"index": ch.get("index", 0), "delta": delta, "logprobs": ch.get("logprobs"),
-                         "finish_reason": ch.get("finish_reason"), "token_ids": ch.get("token_ids")}],
-        })
+        chunks.append(
+            {
+                "id": body.get("id"),
+                "object": "chat.completion.chunk",
+                "created": body.get("created"),
+                "model": body.get("model"),
+                "prompt_token_ids": body.get("prompt_token_ids"),
+                "choices": [
+                    {
+                        "index": ch.get("index", 0),
+                        "delta": delta,
+                        "logprobs": ch.get("logprobs"),
+                        "finish_reason": ch.get("finish_reason"),
+                        "token_ids": ch.get("token_ids"),
+                    }
+                ],
+            }
+        )
     if body.get("usage"):
         chunks.append({"id": body.get("id"), "choices": [], "usage": body["usage"]})
     return chunks
 
 
 # ---- aiohttp ------------------------------------------------------------------------------
+
 
 class _StreamBase:
     async def __aiter__(self):
@@ -226,8 +239,11 @@ class AiohttpClient:
 
         try:
             async with self._get().request(
-                method, url, data=None if body is None else orjson.dumps(body),
-                headers={"content-type": "application/json"}, timeout=aiohttp.ClientTimeout(total=timeout),
+                method,
+                url,
+                data=None if body is None else orjson.dumps(body),
+                headers={"content-type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=timeout),
             ) as resp:
                 text = await resp.text()
                 if resp.status >= 400:
@@ -245,6 +261,7 @@ class AiohttpClient:
 
 
 # ---- httpx --------------------------------------------------------------------------------
+
 
 class _HttpxStream(_StreamBase):
     def __init__(self, resp):
@@ -290,7 +307,9 @@ class HttpxClient:
     async def stream_chat(self, url: str, body: bytes) -> ChatStream:
         import httpx
 
-        req = self._client.build_request("POST", url, content=body, headers={"content-type": "application/json"})
+        req = self._client.build_request(
+            "POST", url, content=body, headers={"content-type": "application/json"}
+        )
         try:
             resp = await self._client.send(req, stream=True)
         except httpx.TimeoutException as exc:

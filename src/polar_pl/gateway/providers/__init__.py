@@ -39,8 +39,11 @@ def get_adapter(name: str) -> ProviderAdapter:
         raise UnknownProvider(f"provider {name!r} is not available: {exc}") from exc
     adapter = getattr(module, "adapter", None) or getattr(module, "ADAPTER", None)
     if adapter is None:
-        classes = [v for k, v in vars(module).items()
-                   if k.endswith("Adapter") and isinstance(v, type) and v.__module__ == module.__name__]
+        classes = [
+            v
+            for k, v in vars(module).items()
+            if k.endswith("Adapter") and isinstance(v, type) and v.__module__ == module.__name__
+        ]
         if not classes:
             raise UnknownProvider(f"provider module {module_name} defines no adapter")
         adapter = classes[0]()

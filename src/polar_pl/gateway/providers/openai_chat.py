@@ -21,14 +21,43 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 CONTENT_PARTS = frozenset({"text", "image_url"})
 # Sampling fields the engine takes as they are.
 PASSTHROUGH = (
-    "temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty", "response_format",
-    "parallel_tool_calls", "top_k", "min_p", "repetition_penalty", "logit_bias",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "response_format",
+    "parallel_tool_calls",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "logit_bias",
 )
 # Fields that change nothing the engine does; accepted silently.
-IGNORED = frozenset({"model", "messages", "stream", "stream_options", "store", "metadata", "user",
-                     "prompt_cache_key", "service_tier", "safety_identifier", "n", "tools", "tool_choice",
-                     "functions", "function_call", "max_tokens", "max_completion_tokens", "logprobs",
-                     "top_logprobs"})
+IGNORED = frozenset(
+    {
+        "model",
+        "messages",
+        "stream",
+        "stream_options",
+        "store",
+        "metadata",
+        "user",
+        "prompt_cache_key",
+        "service_tier",
+        "safety_identifier",
+        "n",
+        "tools",
+        "tool_choice",
+        "functions",
+        "function_call",
+        "max_tokens",
+        "max_completion_tokens",
+        "logprobs",
+        "top_logprobs",
+    }
+)
 ENGINE_ONLY_TOP = ("prompt_token_ids", "prompt_text", "policy_version", "kv_transfer_params", "metrics")
 
 
@@ -89,7 +118,9 @@ def convert_tools(body: dict[str, Any], notes: list[str]) -> list[dict[str, Any]
         if not isinstance(tool, dict):
             raise RequestError(f"tools.{i}: must be an object")
         if tool.get("type", "function") != "function":
-            notes.append(f"dropped tool {tool.get('name') or i} (type {tool.get('type')}: not a function tool)")
+            notes.append(
+                f"dropped tool {tool.get('name') or i} (type {tool.get('type')}: not a function tool)"
+            )
             continue
         fn = tool.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
@@ -157,8 +188,9 @@ def to_chat(body: dict[str, Any]) -> NormalizedRequest:
         "logprobs": bool(body.get("logprobs")),
     }
     model = body.get("model") if isinstance(body.get("model"), str) else ""
-    return NormalizedRequest(chat=chat, stream=bool(body.get("stream")), model=model,
-                             notes=tuple(notes), extra=extra)
+    return NormalizedRequest(
+        chat=chat, stream=bool(body.get("stream")), model=model, notes=tuple(notes), extra=extra
+    )
 
 
 def _public_choice(ch: dict[str, Any], keep_logprobs: bool) -> dict[str, Any]:
@@ -202,12 +234,19 @@ class ChatStreamTranslator:
                 self.sent_usage = True
                 return self._event([], chunk["usage"])
             return b""
-        return self._event([_public_choice(c, self.keep_logprobs) for c in choices],
-                           chunk.get("usage") if self.include_usage else None)
+        return self._event(
+            [_public_choice(c, self.keep_logprobs) for c in choices],
+            chunk.get("usage") if self.include_usage else None,
+        )
 
     def _event(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None) -> bytes:
-        out: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                               "model": self.req.model, "choices": choices}
+        out: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.req.model,
+            "choices": choices,
+        }
         if usage is not None:
             out["usage"] = usage
         return b"data: " + orjson.dumps(out) + b"\n\n"
@@ -223,14 +262,26 @@ class ChatStreamTranslator:
         return b"data: " + orjson.dumps(error_body(status, message)) + b"\n\n"
 
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
-                404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
 _ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 429: "rate_limit_exceeded", 504: "timeout"}
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"),
-                      "param": None, "code": _ERROR_CODES.get(status)}}
+    return {
+        "error": {
+            "message": message,
+            "type": _ERROR_TYPES.get(status, "server_error"),
+            "param": None,
+            "code": _ERROR_CODES.get(status),
+        }
+    }
 
 
 class OpenAIChatAdapter:
@@ -238,7 +289,9 @@ class OpenAIChatAdapter:
 
     name = "openai_chat"
 
-    def to_chat(self, body: dict[str, Any], *, path: str = "", query: dict[str, str] | None = None) -> NormalizedRequest:
+    def to_chat(
+        self, body: dict[str, Any], *, path: str = "", query: dict[str, str] | None = None
+    ) -> NormalizedRequest:
         return to_chat(body)
 
     def from_chat(self, response: dict[str, Any], req: NormalizedRequest) -> dict[str, Any]:
