@@ -11,6 +11,7 @@ import time
 import pytest
 
 from polar_pl.tasks.evaluator import SandboxEvaluator
+from polar_pl.tasks.patching import must_restore, protected_paths
 from polar_pl.tasks.workspace import prepare_workspace
 
 # A patch that "fixes" strkit-1 by rewriting its tests instead of the code: the tests the task's
@@ -42,6 +43,32 @@ new file mode 100644
 +import sys
 +print("fake unittest: everything passed")
 +sys.exit(0)
+"""
+
+# Hooking the test machinery from a test package's __init__ (reverted: the ids load it) ...
+HOOK_FROM_TEST_PACKAGE_PATCH = """diff --git a/tests/__init__.py b/tests/__init__.py
+--- a/tests/__init__.py
++++ b/tests/__init__.py
+@@ -0,0 +1,3 @@
++import unittest
++
++unittest.TestCase.run = lambda self, result=None: result.addSuccess(self)
+"""
+
+# ... and from the code under test itself (kept, but the runner notices and marks an error).
+HOOK_FROM_SOURCE_PATCH = """diff --git a/strkit/__init__.py b/strkit/__init__.py
+--- a/strkit/__init__.py
++++ b/strkit/__init__.py
+@@ -1,5 +1,9 @@
+ \"\"\"strkit: small text helpers.\"\"\"
+ 
++import unittest
++
++unittest.TestCase.run = lambda self, result=None: result.addSuccess(self)
++
+ from strkit.case import to_snake
+ from strkit.roman import from_roman, to_roman
+ from strkit.slug import slugify
 """
 
 INFINITE_LOOP_PATCH = '''diff --git a/strkit/slug.py b/strkit/slug.py
@@ -136,6 +163,35 @@ def test_shadowing_unittest_does_not_fool_the_runner(evaluator, builtin_tasks):
     res = evaluator.evaluate(evaluator.prewarm(builtin_tasks["strkit-1"]), SHADOW_UNITTEST_PATCH)
     assert res.reward == 0.0 and res.status == "unresolved"
     assert all(t.outcome == "failed" for t in res.tests if t.kind == "FAIL_TO_PASS")
+
+
+def test_hooking_unittest_from_the_test_package_is_reverted(evaluator, builtin_tasks):
+    res = evaluator.evaluate(evaluator.prewarm(builtin_tasks["strkit-1"]), HOOK_FROM_TEST_PACKAGE_PATCH)
+    assert res.reward == 0.0 and res.restored_test_files == ("tests/__init__.py",)
+    assert all(t.outcome == "failed" for t in res.tests if t.kind == "FAIL_TO_PASS")
+
+
+def test_hooking_unittest_from_the_source_is_caught(evaluator, builtin_tasks):
+    task = builtin_tasks["strkit-1"]
+    res = evaluator.evaluate(evaluator.prewarm(task), task.patch + HOOK_FROM_SOURCE_PATCH)
+    assert res.reward == 0.0 and res.restored_test_files == ()
+    # The first test to import the package reports it; the machinery is restored for the others.
+    assert res.status == "unresolved" and res.tests[0].outcome == "error"
+    assert "modified the test machinery: TestCase.run" in res.tests[0].detail
+
+
+def test_protected_paths():
+    ids = ("tests.test_slug.SlugifyTests.test_simple", "tests/test_core.py::test_area[1]")
+    test_patch = (
+        "diff --git a/tests/test_new.py b/tests/test_new.py\n--- /dev/null\n+++ b/tests/test_new.py\n"
+    )
+    paths = protected_paths(test_patch, ids)
+    assert {"tests/__init__.py", "tests/test_slug.py", "tests/test_core.py", "tests/test_new.py"} <= paths
+    assert must_restore("pkg/sub/conftest.py", paths) and must_restore("sitecustomize.py", paths)
+    # Real source in test-looking folders stays the agent's to change.
+    assert not must_restore("django/test/utils.py", paths) and not must_restore(
+        "pkg/testing/helpers.py", paths
+    )
 
 
 def test_fuzzy_fallback_applies_a_drifted_patch(evaluator, builtin_tasks):

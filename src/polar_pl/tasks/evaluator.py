@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 from polar_pl.sandbox.protocol import Sandbox
-from polar_pl.tasks.patching import apply_patch, patch_paths, restore_test_files
+from polar_pl.tasks.patching import apply_patch, protected_paths, restore_test_files
 from polar_pl.tasks.results import EvalResult, TestOutcome
 from polar_pl.tasks.task import Task
 from polar_pl.tasks.testrun import install_runner, run_tests
@@ -165,7 +165,7 @@ class SandboxEvaluator:
                 return _fail(task, "patch_failed", f"patch does not apply:\n{applied.error}", t0, prewarm_s)
             method = applied.method
         sandbox.exec("rm -rf .polar_eval", timeout=60)  # nothing the patch put there survives
-        restored = restore_test_files(sandbox, patch_paths(task.test_patch))
+        restored = restore_test_files(sandbox, protected_paths(task.test_patch, task.test_ids))
         if task.test_patch.strip():
             tp = apply_patch(sandbox, task.test_patch, name="test")
             if not tp.ok or tp.method != "git apply":

@@ -4,7 +4,8 @@ The agent's patch is tried with `git apply`, then `git apply --3way` (uses the b
 patch's index lines), then `git apply` with reduced context and whitespace tolerance, then GNU
 `patch --fuzz` when the image has it. Afterwards every test file the agent touched is reverted to
 the baseline (or deleted, if the agent created it) before the task's test patch goes in, so a patch
-that edits the tests cannot make them pass.
+that edits the tests cannot make them pass. "Test file" means a file the test patch touches, a file
+the test ids load, or test-run hooks such as conftest.py (see `protected_paths`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,33 @@ def is_test_path(path: str) -> bool:
     return p.name.startswith("test_") or p.name.endswith("_test.py") or p.name == "conftest.py"
 
 
+# Files that configure or hook into the test run wherever they are; never part of a fix.
+_TEST_INFRA = ("conftest.py", "pytest.ini", "sitecustomize.py", "usercustomize.py")
+
+
+def protected_paths(test_patch: str, test_ids: tuple[str, ...]) -> set[str]:
+    """Paths the agent may not change: what the test patch touches and the files the test ids
+    load (a pytest id's file; a unittest id's module and the packages' __init__.py on the way).
+
+    Deliberately not every path that looks like a test: `django/test/` or `pkg/testing/` hold real
+    source code a fix may need to touch.
+    """
+    paths = patch_paths(test_patch)
+    for test_id in test_ids:
+        if "::" in test_id or test_id.endswith(".py"):
+            paths.add(test_id.split("::", 1)[0])
+            continue
+        parts = test_id.split(".")
+        for k in range(1, len(parts) + 1):
+            stem = "/".join(parts[:k])
+            paths.update((f"{stem}.py", f"{stem}/__init__.py"))
+    return paths
+
+
+def must_restore(path: str, protected: set[str]) -> bool:
+    return path in protected or PurePosixPath(path).name in _TEST_INFRA
+
+
 def apply_patch(sandbox: Sandbox, patch: str, *, name: str = "agent", timeout: float = 60.0) -> ApplyOutcome:
     """Apply a patch to the workspace, trying the strategies in order; report which one worked."""
     if not patch.endswith("\n"):
@@ -77,8 +105,8 @@ def changed_paths(sandbox: Sandbox, timeout: float = 60.0) -> list[str]:
 
 
 def restore_test_files(sandbox: Sandbox, protected: set[str], timeout: float = 60.0) -> tuple[str, ...]:
-    """Revert agent changes to test files (by pattern, or named in `protected`); return those reverted."""
-    touched = [p for p in changed_paths(sandbox, timeout) if p in protected or is_test_path(p)]
+    """Revert agent changes to protected files and test infrastructure; return the paths reverted."""
+    touched = [p for p in changed_paths(sandbox, timeout) if must_restore(p, protected)]
     for path in touched:
         q = shlex.quote(path)
         # In the baseline: restore it. Not in the baseline: the agent added it, remove it.

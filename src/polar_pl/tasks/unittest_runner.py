@@ -57,20 +57,56 @@ class _Recorder(unittest.TestResult):
             self._set(test, kind, self._exc_info_to_string(err, test))
 
 
+# The methods that decide an outcome. Code under test that replaces them (say, a package
+# __init__ patching TestCase.run to report success) gets its tests marked as errors.
+_GUARDED = [
+    (cls, name)
+    for cls, names in (
+        (unittest.TestCase, ("run", "__call__", "debug")),
+        (unittest.TestSuite, ("run",)),
+        (unittest.suite.BaseTestSuite, ("run", "__call__")),
+        (_Recorder, ("addSuccess", "addFailure", "addError", "addSkip", "addSubTest", "_set")),
+    )
+    for name in names
+]
+_ORIGINALS = {key: key[0].__dict__.get(key[1]) for key in _GUARDED}
+
+
+def _tampered():
+    """Undo and report replaced test machinery."""
+    changed = []
+    for (cls, name), original in _ORIGINALS.items():
+        if cls.__dict__.get(name) is not original:
+            changed.append(f"{cls.__name__}.{name}")
+            if original is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, original)
+    return changed
+
+
 def _run_one(test_id, timeout_s):
     try:
         suite = unittest.defaultTestLoader.loadTestsFromName(test_id)
     except Exception:  # noqa: BLE001  (an import error in the code under test is that test's outcome)
         return {"outcome": "error", "detail": traceback.format_exc()[-4000:]}
     recorder = _Recorder()
+    changed = _tampered()  # by importing the test module (and the code it imports)
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.alarm(max(1, int(timeout_s)))
     try:
-        suite.run(recorder)
+        if not changed:
+            suite.run(recorder)
     except _TestTimeout:
         return {"outcome": "timeout", "detail": "test exceeded its time limit"}
     finally:
         signal.alarm(0)
+    changed = changed or _tampered()  # ... or while running
+    if changed:
+        return {
+            "outcome": "error",
+            "detail": "the code under test modified the test machinery: " + ", ".join(changed),
+        }
     if test_id in recorder.outcomes:
         return recorder.outcomes[test_id]
     if len(recorder.outcomes) == 1:  # e.g. a _FailedTest standing in for an import error
