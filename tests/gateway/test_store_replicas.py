@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from polar_pl.engine.scripted import ScriptedBackend
+from polar_pl.engine.scripted import Reply, ScriptedBackend, serve_scripted
 from polar_pl.engine.server import create_app as create_engine_app
 from polar_pl.gateway.gateway import Gateway
 from polar_pl.gateway.records import TraceRecord
@@ -118,3 +118,36 @@ def test_normal_sync_store_commits_inline_and_rejects_bad_levels(tmp_path):
     store.close()
     with pytest.raises(ValueError, match="synchronous"):
         TraceStore(tmp_path / "u.db", synchronous="SOMETIMES")
+
+
+def test_stop_with_streams_in_flight_loses_no_record(tiny_model_dir, tmp_path, script):
+    """Gateway.stop() while harnesses are mid-stream: every call still ends up in the store."""
+    script.default = lambda chat: Reply("word " * 60)
+    path = tmp_path / "t.db"
+    with serve_scripted(script, model_dir=tiny_model_dir, token_delay=0.01) as eng:
+        gw = Gateway([eng.url], path).start()
+        sessions = [gw.create_session() for _ in range(6)]
+        started = threading.Barrier(len(sessions) + 1)
+
+        def stream(s) -> None:
+            try:
+                with httpx.stream("POST", f"{s.base_url}/v1/chat/completions", timeout=30,
+                                  json={**CHAT, "stream": True}) as r:
+                    lines = r.iter_lines()
+                    next(lines)
+                    started.wait()
+                    for _ in lines:
+                        pass
+            except httpx.HTTPError:
+                pass
+
+        threads = [threading.Thread(target=stream, args=(s,)) for s in sessions]
+        for t in threads:
+            t.start()
+        started.wait()
+        gw.stop()
+        for t in threads:
+            t.join()
+    recs = read_records(path)
+    assert sorted(r.session_id for r in recs) == sorted(s.session_id for s in sessions)
+    assert all(r.status in ("ok", "aborted") and r.response_ids for r in recs)
