@@ -18,6 +18,7 @@ from polar_pl.module.weight_sync import (
     DiskSync,
     EmbeddedStateDictSync,
     NoSync,
+    VLLMRoutes,
     VLLMWeightTransferSync,
     WeightSync,
 )
@@ -123,3 +124,15 @@ def test_disk_push_into_vllm_cpu(tiny_model_dir, engine) -> None:
         rows = sample_group(vllm, "vllm", prompt_ids(9, 4), seed=7)
         assert max_gap(module, rows) < GAP_TOL
         assert max_gap(GRPOModule(tiny_model_dir), rows) > GAP_TOL
+        # The control-plane routes VLLMWeightTransferSync drives, on the real server (the data plane,
+        # NCCL / IPC, needs a GPU).
+        routes = VLLMRoutes(vllm.url, timeout=60)
+        assert routes.world_size() == 1
+        routes.pause("keep")
+        assert httpx.get(f"{vllm.url}/is_paused", timeout=10).json()["is_paused"] is True
+        routes.update_weight_version(7)
+        routes.resume()
+        assert httpx.get(f"{vllm.url}/is_paused", timeout=10).json()["is_paused"] is False
+        assert httpx.get(f"{vllm.url}/weight_info", timeout=10).json()["weight_version"] == "7"
+        with pytest.raises(RuntimeError, match="start_weight_update"):
+            routes.start_weight_update()  # no weight-transfer backend was configured at launch

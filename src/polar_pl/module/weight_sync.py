@@ -167,6 +167,14 @@ class VLLMRoutes:
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self._post("finish_weight_update", {"weight_version": weight_version} if weight_version else None)
 
+    def pause(self, mode: str) -> None:
+        r = httpx.post(f"{self.url}/pause", params={"mode": mode}, timeout=self.timeout)
+        if r.status_code != 200:
+            raise RuntimeError(f"vLLM /pause failed ({r.status_code}): {r.text[:500]}")
+
+    def resume(self) -> None:
+        self._post("resume")
+
     def update_weight_version(self, version: int) -> None:
         self._post("update_weight_version", {"new_version": str(version)})
 
@@ -189,6 +197,10 @@ class VLLMWeightTransferSync(_Bound):
     trainer's environment), driving the HTTP routes through `VLLMRoutes`: init once (first push),
     then per push start / update / finish, then `/update_weight_version`.
 
+    pause: how in-flight requests live through the update: "keep" freezes them and resumes them
+    on the new weights (their later tokens carry the new version), "wait" drains them first,
+    "abort" drops them, None does not pause (requests see weights change between engine steps).
+
     UNTESTED here: NCCL and IPC need a GPU, and this project's CI machines have none. The route
     names, payloads and trainer-side classes are those of the vLLM 0.32 source; the CPU path
     (`DiskSync`) is the tested one.
@@ -202,11 +214,15 @@ class VLLMWeightTransferSync(_Bound):
         master_address: str = "127.0.0.1",
         master_port: int | None = None,
         packed: bool = True,
+        pause: Literal["keep", "wait", "abort"] | None = "keep",
         timeout: float = 600.0,
     ):
         if backend not in ("nccl", "ipc"):
             raise ValueError(f"module.weight_sync.backend={backend!r}: allowed 'nccl', 'ipc'")
+        if pause not in ("keep", "wait", "abort", None):
+            raise ValueError(f"module.weight_sync.pause={pause!r}: allowed 'keep', 'wait', 'abort', null")
         self.engine, self.backend, self.packed, self.timeout = engine, backend, packed, timeout
+        self.pause = pause
         self.master_address, self.master_port = master_address, master_port
         self._transfer = None
         self._routes: VLLMRoutes | None = None
@@ -240,10 +256,16 @@ class VLLMWeightTransferSync(_Bound):
     def push(self, model: nn.Module) -> int:
         if self._transfer is None:
             self._init(model)
-        self._transfer.send_weights()  # start_weight_update, update_weights (+ broadcast), finish
-        version = self.policy_version() + 1
-        self._routes.update_weight_version(version)
-        _set_engine_version(self._engine(), version)
+        if self.pause is not None:
+            self._routes.pause(self.pause)
+        try:
+            self._transfer.send_weights()  # start_weight_update, update_weights (+ broadcast), finish
+            version = self.policy_version() + 1
+            self._routes.update_weight_version(version)
+            _set_engine_version(self._engine(), version)
+        finally:
+            if self.pause is not None:
+                self._routes.resume()
         return version
 
     def close(self) -> None:
