@@ -288,8 +288,11 @@ class GRPOModule(L.LightningModule):
         n = batch.input_ids.shape[0]
         gen = torch.Generator().manual_seed(self.seed + self.optimizer_steps)
         row_rollout = batch.rollout_index
-        losses, kls, norms = [], [], []
-        clipped = tokens = push_s = 0.0
+        # Device-side sums: converting per micro-batch would make the GPU wait on the host each time.
+        zero = torch.zeros((), dtype=torch.float64, device=mask.device)
+        loss_sum, kl_sum, clipped, tokens = zero.clone(), zero.clone(), zero.clone(), zero.clone()
+        norms: list[float] = []
+        push_s = 0.0
         steps = 0
         for _ in range(self.epochs):
             order = (
@@ -301,7 +304,6 @@ class GRPOModule(L.LightningModule):
                 if mb.numel() == 0 or mask[mb].sum() == 0:
                     continue
                 weights = self.aggregation(mask[mb], batch.row_index[mb], row_rollout)
-                total = kl_total = 0.0
                 for pos in self._micro(torch.arange(mb.numel(), device=mb.device)):
                     idx = mb[pos]
                     logp, _ = token_logprobs(
@@ -321,21 +323,19 @@ class GRPOModule(L.LightningModule):
                     if ref is not None:
                         k = self.kl(logp, ref[idx])
                         per_token = per_token + self.kl_coef * k
-                        kl_total += float((k.detach() * weights[pos]).sum())
+                        kl_sum += (k.detach() * weights[pos]).sum()
                     loss = (per_token * weights[pos]).sum()
                     self._backward(loss)
-                    total += float(loss.detach())
-                    clipped += float((was_clipped * mask[idx]).sum())
-                    tokens += float(mask[idx].sum())
+                    loss_sum += loss.detach()
+                    clipped += (was_clipped * mask[idx]).sum()
+                    tokens += mask[idx].sum()
                 norms.append(self._step(optimizer))
-                losses.append(total)
-                kls.append(kl_total)
                 steps += 1
                 push_s += self._maybe_push()
         return {
-            "train/loss": sum(losses) / max(len(losses), 1),
-            "train/clip_frac": clipped / max(tokens, 1.0),
-            "train/kl": sum(kls) / max(len(kls), 1),
+            "train/loss": float(loss_sum) / max(steps, 1),  # mean over optimiser steps
+            "train/clip_frac": float(clipped / tokens.clamp(min=1.0)),
+            "train/kl": float(kl_sum) / max(steps, 1),
             "train/grad_norm": sum(norms) / max(len(norms), 1),
             "train/optimizer_steps": float(steps),
             "train/push_s": push_s,
