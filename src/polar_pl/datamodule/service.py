@@ -48,7 +48,8 @@ class RolloutService:
 
     tasks: indexable task source; task `seq` i is `tasks[i % len(tasks)]`.
     group_size: attempts per task (G). group_deadline_s: a group is released with what finished
-    by then. start_seq / skip_seqs: resume point (see `state_dict`).
+    by then. start_seq / skip_seqs: resume point (see `state_dict`). limit: feed only seqs below
+    it (a bounded run, such as SFT data generation, starts no group it will not collect).
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class RolloutService:
         start_seq: int = 0,
         skip_seqs: Sequence[int] = (),
         id_prefix: str | None = None,
+        limit: int | None = None,
     ) -> None:
         if len(tasks) == 0:
             raise ValueError("task source is empty: datamodule needs at least one task")
@@ -71,6 +73,7 @@ class RolloutService:
         self.max_groups_in_flight = max_groups_in_flight
         self.group_deadline_s = group_deadline_s
         self.next_seq = start_seq
+        self.limit = limit
         self.consumed: set[int] = set(skip_seqs)
         self._taken: set[int] = set(skip_seqs)  # handed out (consumed or not): never fed again
         self.id_prefix = id_prefix or uuid.uuid4().hex[:6]
@@ -188,6 +191,8 @@ class RolloutService:
             while self._in_flight(pending) >= max(self.max_groups_in_flight, self._demand):
                 await asyncio.sleep(0.01)
             seq = self.next_seq
+            if self.limit is not None and seq >= self.limit:
+                return
             self.next_seq += 1
             if seq in self._taken:
                 continue
