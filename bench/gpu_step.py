@@ -83,7 +83,10 @@ def build_model(shape: str, device: torch.device, dtype: torch.dtype, gradient_c
     attn = "flash_attention_2" if device.type == "cuda" and importlib.util.find_spec("flash_attn") else "sdpa"
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
+        except TypeError:  # transformers < 4.56 names it torch_dtype
+            model = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation=attn)
     if gradient_checkpointing:
         enable_checkpointing(model)
     return model, attn
