@@ -1,30 +1,23 @@
-"""Training entry point: `python train.py [group=option ...]` (Hydra).
+"""Training entry point (Hydra): `python train.py [group=option ...]`, sweeps with `-m`.
 
-Until the GRPO loop lands this composes the config, starts the engine, checks that it answers,
-reports what started and tears everything down in `finally`. It does not train.
+    python train.py                                   # CPU default: tiny model, mini harness
+    python train.py harness=claude_code merge=prefix
+    python train.py -m harness=claude_code,codex,qwen_code,pi
+    python train.py experiment=sanity                 # the learning-sanity run
 """
 
 from __future__ import annotations
 
 import hydra
-from hydra.utils import instantiate
 from omegaconf import DictConfig
+
+from polar_pl.training import train
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
-    engine = instantiate(cfg.engine)
-    try:
-        engine.start()
-        if not engine.health():
-            raise RuntimeError(f"engine at {engine.url} started but GET /health fails")
-        print(
-            f"engine: {type(engine).__name__} serving {engine.model!r} at {engine.base_url} "
-            f"(policy version {engine.policy_version()})"
-        )
-        print("training: not implemented yet (GRPO issue); nothing was trained.")
-    finally:
-        engine.stop()
+def main(cfg: DictConfig) -> float | None:
+    metrics = train(cfg)
+    return metrics.get("rollout/reward_mean")
 
 
 if __name__ == "__main__":

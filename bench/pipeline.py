@@ -92,8 +92,9 @@ def pooled(sessions: int, slots: int, init_s: float, run_s: float, post_s: float
     post_workers = max(1, round(slots * post_s / run_s) + 1)
     sizes = PoolSizes(init=init_workers, ready=slots, running=slots, postrun=post_workers, run_timeout_s=1e6)
     n_groups = sessions // group
-    svc = RolloutService(stages, list(range(n_groups)), group_size=group, sizes=sizes,
-                         max_groups_in_flight=n_groups)
+    svc = RolloutService(
+        stages, list(range(n_groups)), group_size=group, sizes=sizes, max_groups_in_flight=n_groups
+    )
     engine.occ.reset()
     t0 = time.monotonic()
     svc.start()
@@ -117,14 +118,40 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every stage cost")
     a = ap.parse_args()
     i, r, p = a.init * a.scale, a.run * a.scale, a.post * a.scale
-    table = Table(title=f"{a.sessions} sessions, INIT {a.init}s RUNNING {a.run}s POSTRUN {a.post}s (x{a.scale})")
-    for col in ("engine slots", "mode", "pools (init/run/post)", "wall s", "engine busy", "busy (steady)", "speed-up"):
+    table = Table(
+        title=f"{a.sessions} sessions, INIT {a.init}s RUNNING {a.run}s POSTRUN {a.post}s (x{a.scale})"
+    )
+    for col in (
+        "engine slots",
+        "mode",
+        "pools (init/run/post)",
+        "wall s",
+        "engine busy",
+        "busy (steady)",
+        "speed-up",
+    ):
         table.add_column(col)
     for slots in a.slots:
         sw, sb, ss = asyncio.run(sequential(a.sessions, slots, i, r, p))
         pw, pb, ps, (iw, pw_) = pooled(a.sessions, slots, i, r, p, a.group)
-        table.add_row(str(slots), "one stage after another", f"-/{slots}/-", f"{sw:.2f}", f"{sb:.1%}", f"{ss:.1%}", "1.00x")
-        table.add_row(str(slots), "stage pools", f"{iw}/{slots}/{pw_}", f"{pw:.2f}", f"{pb:.1%}", f"{ps:.1%}", f"{sw / pw:.2f}x")
+        table.add_row(
+            str(slots),
+            "one stage after another",
+            f"-/{slots}/-",
+            f"{sw:.2f}",
+            f"{sb:.1%}",
+            f"{ss:.1%}",
+            "1.00x",
+        )
+        table.add_row(
+            str(slots),
+            "stage pools",
+            f"{iw}/{slots}/{pw_}",
+            f"{pw:.2f}",
+            f"{pb:.1%}",
+            f"{ps:.1%}",
+            f"{sw / pw:.2f}x",
+        )
     Console(width=140).print(table)
 
 

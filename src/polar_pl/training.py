@@ -26,7 +26,13 @@ def build_parts(cfg: DictConfig) -> dict[str, Any]:
     datamodule: RolloutDataModule = instantiate(cfg.datamodule)(
         engine=engine, sandbox=sandbox, harness=harness, tasks=tasks, evaluator=evaluator, builder=builder
     )
-    return {"harness": harness, "tasks": tasks, "evaluator": evaluator, "engine": engine, "datamodule": datamodule}
+    return {
+        "harness": harness,
+        "tasks": tasks,
+        "evaluator": evaluator,
+        "engine": engine,
+        "datamodule": datamodule,
+    }
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -39,9 +45,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     try:
         module = instantiate(cfg.module)
         module.bind_engine(parts["engine"])
-        checkpoints = ModelCheckpoint(dirpath=out_dir / "checkpoints", every_n_train_steps=cfg.checkpoint_every,
-                                      save_last=True, save_top_k=-1)
-        trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=[CommitBatches(), checkpoints])
+        checkpoints = ModelCheckpoint(
+            dirpath=out_dir / "checkpoints",
+            every_n_train_steps=cfg.checkpoint_every,
+            save_last=True,
+            save_top_k=-1,
+        )
+        trainer: L.Trainer = instantiate(
+            cfg.trainer, logger=loggers, callbacks=[CommitBatches(), checkpoints]
+        )
         for lg in loggers:
             lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
         trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("ckpt_path"))

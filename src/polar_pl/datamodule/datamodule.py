@@ -78,7 +78,7 @@ class RolloutDataModule(L.LightningDataModule):
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.counters: Counter[str] = Counter()
         self._issued: deque[list[int]] = deque()
-        self.last_metrics: dict[str, float] = {}
+        self._batch_metrics: deque[dict[str, float]] = deque()
 
     # ---- lifecycle ------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -156,14 +156,20 @@ class RolloutDataModule(L.LightningDataModule):
             rows = self._fresh_rows(taken)
             if not rows:
                 self.counters["batches_without_rows"] += 1
-        self._issued.append(seqs)
         wait_s = time.monotonic() - t0
         budget = self.token_budget or max(len(r.input_ids) for r in rows)
         batch = collate(
             rows, mode=self.collate_mode, token_budget=budget, pad_id=getattr(self.engine, "pad_token_id", 0)
         )
-        self.last_metrics = self._metrics(groups, rows, batch, wait_s)
+        self._issued.append(seqs)
+        self._batch_metrics.append(self._metrics(groups, rows, batch, wait_s))
         return batch
+
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        """Rollout metrics of the batch being trained now: the oldest one not yet committed
+        (Lightning fetches the next batch before training this one)."""
+        return self._batch_metrics[0] if self._batch_metrics else {}
 
     def _fresh_rows(self, groups: list[Group]) -> list[TrajectoryRow]:
         current = self.engine.policy_version()
@@ -211,6 +217,8 @@ class RolloutDataModule(L.LightningDataModule):
 
     def commit_batch(self) -> None:
         """Called after a training step used the oldest issued batch (see `CommitBatches`)."""
+        if self._batch_metrics:
+            self._batch_metrics.popleft()
         if self._issued and self.service is not None:
             self.service.mark_consumed(self._issued.popleft())
 
