@@ -69,4 +69,4 @@ def test_gpu_variant_extends_the_default(tiny_model_dir) -> None:
     assert (cfg.gradient_checkpointing, cfg.micro_batch_size, cfg.lr) == (True, 1, 1e-6)
     assert cfg.eps_high == 0.28 and cfg.weight_sync._target_.endswith("DiskSync")
     module = instantiate(cfg)
-    assert module.model.is_gradient_checkpointing
+    assert module.model.is_activation_checkpointing
