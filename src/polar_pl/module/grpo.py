@@ -383,6 +383,8 @@ class GRPOModule(L.LightningModule):
         return {
             "train/skipped": 1.0,
             "train/skipped_batches": float(self.skipped_batches),
+            "train/optimizer_steps": 0.0,
+            "train/policy_version": float(self.current_version()),
             **{f"train/{k}": float(v) for k, v in extra.items()},
         }
 
