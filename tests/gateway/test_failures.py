@@ -117,7 +117,15 @@ def test_malformed_request_is_400_in_shape_never_500(gateway, body):
     r = httpx.post(f"{s.base_url}/v1/messages", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert r.json()["type"] == "error"
-    assert [rec.status for rec in gateway.records(s.session_id)] == ["error", "error"]
+    recs = gateway.records(s.session_id)
+    assert [rec.status for rec in recs] == ["error", "error"]
+    try:  # the raw request is kept: parsed if it was a JSON object, else the bytes as sent
+        expected = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        expected = None
+    if not isinstance(expected, dict):
+        expected = {"_unparsed_body": body.decode()}
+    assert recs[0].raw_request == expected
 
 
 def test_disconnect_mid_stream_aborts_engine_and_records_partial(tiny_model_dir, tmp_path, script):

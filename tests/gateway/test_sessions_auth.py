@@ -30,6 +30,9 @@ def test_admin_session_lifecycle(gateway, admin):
     assert admin.delete(f"/admin/sessions/{sid}").json() == {"session_id": sid, "deleted": True}
     assert admin.get(f"/admin/sessions/{sid}").json()["deleted"] is True
     assert admin.get("/admin/sessions/nope").status_code == 404
+    stats = admin.get("/admin/stats").json()
+    assert stats["gateway/calls"] == 1 and stats["gateway/status_ok"] == 1
+    assert stats["gateway/latency_ms_p99"] > 0 and stats["gateway/response_tokens"] > 0
 
 
 def test_admin_routes_need_the_admin_token(gateway):

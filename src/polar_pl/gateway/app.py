@@ -198,6 +198,15 @@ def create_app(
         rt.pool.release(session_id)
         return JSONResponse({"session_id": session_id, "deleted": True})
 
+    @app.get("/admin/stats")
+    async def stats(request: Request) -> Response:
+        if denied := admin_denied(request):
+            return denied
+        snap = rt.proxy.stats.snapshot()
+        snap["gateway/inflight"] = float(sum(r.inflight for r in rt.pool.replicas))
+        snap["gateway/healthy_replicas"] = float(sum(r.healthy for r in rt.pool.replicas))
+        return JSONResponse(snap)
+
     @app.get("/health")
     async def health() -> Response:
         reps = [

@@ -87,5 +87,9 @@ class Gateway:
         self.runtime.sessions.delete(session_id)
         self.runtime.pool.release(session_id)
 
+    def stats(self) -> dict[str, float]:
+        """Counters and latency percentiles with slash keys (gateway/calls, gateway/latency_ms_p99)."""
+        return self.runtime.proxy.stats.snapshot()
+
     def records(self, session_id: str) -> list[TraceRecord]:
         return self.runtime.store.records(session_id)

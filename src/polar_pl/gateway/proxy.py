@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ from polar_pl.gateway.records import SessionInfo, TraceRecord
 from polar_pl.gateway.replicas import Replica, ReplicaPool
 from polar_pl.gateway.sessions import SessionRegistry
 from polar_pl.gateway.sidecalls import SideCallRule, classify
+from polar_pl.gateway.stats import GatewayStats
 from polar_pl.gateway.store import TraceStore
 from polar_pl.gateway.upstream import ChatStream, UpstreamClient, UpstreamError
 from polar_pl.gateway.volatile import strip_volatile
@@ -72,7 +74,7 @@ class Call:
             call_index=self.call_index,
             timestamp=self.timestamp,
             provider=self.provider,
-            raw_request=self.raw if isinstance(self.raw, dict) else {"_raw": self.raw},
+            raw_request=self.raw,
             raw_response=raw_response,
             normalized_request=self.engine_body,
             prompt_ids=cap.prompt_ids,
@@ -109,6 +111,11 @@ class Proxy:
         self.pool = pool
         self.client = client
         self.side_rules = side_rules
+        self.stats = GatewayStats()
+
+    def _append(self, rec: TraceRecord) -> Future:
+        self.stats.observe(rec)
+        return self.store.append(rec)
 
     # ---- the engine step: token-faithful mode will branch here to /v1/completions ----------
     async def open_engine_stream(self, call: Call) -> ChatStream:
@@ -153,6 +160,8 @@ class Proxy:
                 raise RequestError("request body must be a JSON object")
             call.norm = adapter.to_chat(call.raw, path=path, query=query)
         except (RequestError, orjson.JSONDecodeError) as exc:
+            if not isinstance(call.raw, dict):  # keep the bytes the harness sent, whatever they were
+                call.raw = {"_unparsed_body": body.decode("utf-8", "replace")}
             return await self._fail(call, 400, f"invalid request: {exc}")
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # adapter tripped on odd input
             return await self._fail(call, 400, f"malformed request: {type(exc).__name__}: {exc}")
@@ -176,7 +185,7 @@ class Proxy:
 
     async def _fail(self, call: Call, status: int, message: str) -> Response:
         resp = error_response(call.provider, status, message)
-        await self.store.append_async(call.record(None, resp.body.decode(), "error", message))
+        await _durable(self._append(call.record(None, resp.body.decode(), "error", message)))
         return resp
 
     async def _collect(self, call: Call, stream: ChatStream) -> Response:
@@ -188,13 +197,13 @@ class Proxy:
         except UpstreamError as exc:
             status = upstream_status(call.provider, exc)
             resp = error_response(call.provider, status, exc.message)
-            await self.store.append_async(call.record(cap, resp.body.decode(), "error", exc.message))
+            await _durable(self._append(call.record(cap, resp.body.decode(), "error", exc.message)))
             return resp
         finally:
             call.replica.inflight -= 1
             stream.close(abort=cap.finish_reason is None)
         body = orjson.dumps(call.adapter.from_chat(cap.completion(), call.norm))
-        await self.store.append_async(call.record(cap, body.decode()))
+        await _durable(self._append(call.record(cap, body.decode())))
         return Response(body, media_type="application/json")
 
     async def _relay(self, call: Call, stream: ChatStream) -> AsyncIterator[bytes]:
@@ -221,21 +230,21 @@ class Proxy:
                     yield out
             tail = translator.finish(cap.finish_reason, cap.usage_or_counted())
             sent.append(tail)
-            fut = self.store.append(call.record(cap, b"".join(sent).decode()))
+            fut = self._append(call.record(cap, b"".join(sent).decode()))
             recorded = True
             await _durable(fut)  # durable before the harness sees the end
             yield tail
         except UpstreamError as exc:
             tail = translator.error(upstream_status(call.provider, exc), exc.message)
             sent.append(tail)
-            fut = self.store.append(call.record(cap, b"".join(sent).decode(), "error", exc.message))
+            fut = self._append(call.record(cap, b"".join(sent).decode(), "error", exc.message))
             recorded = True
             await _durable(fut)
             yield tail
         except Exception as exc:  # a translator bug must still leave a record
             if not recorded:
                 recorded = True
-                self.store.append(
+                self._append(
                     call.record(
                         cap, b"".join(sent).decode(), "error", f"gateway error: {type(exc).__name__}: {exc}"
                     )
@@ -245,7 +254,7 @@ class Proxy:
             call.replica.inflight -= 1
             stream.close(abort=not recorded or cap.finish_reason is None)
             if not recorded:  # the harness went away: the engine request is already aborted
-                self.store.append(
+                self._append(
                     call.record(cap, b"".join(sent).decode(), "aborted", "client disconnected mid-stream")
                 )
 
