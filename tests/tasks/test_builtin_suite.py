@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import subprocess
 
 import pytest
 
@@ -28,6 +29,23 @@ def test_suite_shape():
         assert all(is_test_path(p) for p in patch_paths(t.test_patch)), t.instance_id
         assert not set(t.fail_to_pass) & set(t.pass_to_pass)
     assert len({t.instance_id for t in tasks}) == len(tasks)
+
+
+def test_patches_apply_to_their_snapshots(tmp_path):
+    """Fast drift guard (the slow self-checks below prove the rest): if a snapshot file is edited
+    or reformatted, its patches stop applying and this says which."""
+    from polar_pl.tasks.workspace import materialize_snapshot
+
+    failures = []
+    for t in BuiltinTaskSource().tasks():
+        repo = tmp_path / t.instance_id
+        materialize_snapshot(t, repo)
+        for name, patch in (("fix", t.patch), ("test", t.test_patch)):
+            res = subprocess.run(["git", "apply", "--check", "-"], cwd=repo, input=patch, text=True,
+                                 capture_output=True, check=False)  # fmt: skip
+            if res.returncode != 0:
+                failures.append(f"{t.instance_id} {name}.patch: {res.stderr.strip()}")
+    assert not failures, failures
 
 
 def _check_all(factory) -> None:
