@@ -100,3 +100,29 @@ def test_resume_continues_step_count_and_task_cursor(tiny_model_dir, tmp_path):
     steps = [int(r["step"]) for r in metrics(second) if r.get("rollout/reward_mean")]
     assert steps == [2]  # only the third step ran
     assert not (group_seqs(second) & trained), "resumed run repeated groups it had trained on"
+
+
+@pytest.mark.slow
+def test_vllm_engine_with_disk_weight_updates_matches_the_trainer(tiny_model_dir, tmp_path):
+    """engine=vllm (CPU build) with from-disk weight pushes: after each update the engine's
+    logprobs on its sampled tokens equal the trainer's (only fresh rows: max_staleness=0)."""
+    vllm_python = Path(os.environ.get("POLAR_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
+    if not vllm_python.exists():
+        pytest.skip(f"vLLM CPU environment missing at {vllm_python} (make vllm-env installs it)")
+    run = tmp_path / "vllm"
+    train(
+        "debug=fast",
+        "engine=vllm",
+        "engine.dtype=float32",
+        "module/weight_sync=disk",
+        "datamodule.max_staleness=0",
+        "trainer.max_steps=3",
+        f"hydra.run.dir={run}",
+    )
+    rows = [r for r in metrics(run) if r.get("train/logprob_gap_mean")]
+    assert len(rows) == 3
+    gaps = [float(r["train/logprob_gap_mean"]) for r in rows]
+    versions = [int(float(r["train/policy_version"])) for r in rows]
+    print(f"vLLM trainer/engine logprob gap by step: {gaps}, versions {versions}")
+    assert max(gaps) < 0.01
+    assert versions == [1, 2, 3]
