@@ -78,8 +78,12 @@ class NpmHarness:
         cmd = [npm, "install", "--prefix", str(target), "--save-exact", "--no-audit", "--no-fund",
                "--loglevel=error", f"{self.package}@{self.version}"]  # fmt: skip
         subprocess.run(cmd, check=True)
+        self.post_install(prefix)
         if not self.is_installed(prefix):
             raise RuntimeError(f"npm installed {self.package} but version {self.version} is not in {target}")
+
+    def post_install(self, prefix: Path) -> None:
+        """Fix-ups npm leaves undone (idempotent; `harness install` runs it on existing installs too)."""
 
     def executable(self, prefix: str | None) -> str:
         if prefix is None:

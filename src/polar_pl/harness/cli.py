@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     for name in names:
         h = build_harness(name)
         if h.is_installed(prefix):
+            getattr(h, "post_install", lambda prefix: None)(prefix)
             print(f"{name}: {h.version} already installed")
             continue
         if args.name == "all" and shutil.which("npm") is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from polar_pl.harness.base import QUIET_ENV, NpmHarness, dump_json
 from polar_pl.harness.protocol import GatewaySession, LaunchPlan, SandboxPaths
 
@@ -14,6 +16,12 @@ class QwenCode(NpmHarness):
     bin = "qwen"
     pinned = "0.24.4"
     providers = ("openai_chat", "anthropic", "openai_responses")
+
+    def post_install(self, prefix: Path) -> None:
+        # The package ships its ripgrep without the exec bit; the CLI then falls back to a slow grep.
+        vendor = self.home_dir(prefix) / "node_modules" / self.package / "vendor" / "ripgrep"
+        for rg in vendor.glob("*/rg"):
+            rg.chmod(0o755)
 
     def plan(self, session: GatewaySession, prompt: str, paths: SandboxPaths) -> LaunchPlan:
         if self.provider == "anthropic":
