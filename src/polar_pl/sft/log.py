@@ -3,9 +3,9 @@
 `rollouts.jsonl` is append-only, one line per finished group (every attempt's outcome; accepted
 attempts also carry their token rows and conversations). A group is written with one `write` and
 fsynced before the run moves on, so a group is either in the log or not: a line torn by a kill is
-cut off when the log is opened again, and that group is simply run again. `state.json` (replaced
-atomically after each group) holds the cursor and the run's fingerprint; the log stays the source
-of truth, so a state file one group behind the log loses and duplicates nothing.
+cut off when the log is opened again, and that group is simply run again. `run_state.json`
+(replaced atomically after each group) holds the cursor and the run's fingerprint; the log stays
+the source of truth, so a state file one group behind the log loses and duplicates nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 LOG_NAME = "rollouts.jsonl"
-STATE_NAME = "state.json"
+STATE_NAME = "run_state.json"  # `datasets` takes a directory with a state.json for save_to_disk output
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -108,7 +108,12 @@ class RolloutLog:
         return {"start_seq": start, "skip_seqs": sorted(s for s in self.groups if s > start)}
 
     def write_state(self, **extra: Any) -> None:
-        state = {"fingerprint": self.fingerprint, "cursor": self.cursor(), "groups": len(self.groups), **extra}
+        state = {
+            "fingerprint": self.fingerprint,
+            "cursor": self.cursor(),
+            "groups": len(self.groups),
+            **extra,
+        }
         write_atomic(self.state_path, json.dumps(state, indent=2) + "\n")
 
     def attempts(self) -> Iterator[dict[str, Any]]:

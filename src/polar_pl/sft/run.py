@@ -65,7 +65,9 @@ class SFTOptions:
             raise ValueError("sft.tokenizer is null: give the served model's tokenizer directory")
 
 
-def fingerprint(tasks: list[Any], group_size: int, threshold: float, merge: str, harness: str) -> dict[str, Any]:
+def fingerprint(
+    tasks: list[Any], group_size: int, threshold: float, merge: str, harness: str
+) -> dict[str, Any]:
     ids = "\n".join(str(getattr(t, "instance_id", t)) for t in tasks)
     return {
         "tasks": f"{len(tasks)}:{hashlib.sha256(ids.encode()).hexdigest()[:16]}",
