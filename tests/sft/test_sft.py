@@ -91,7 +91,7 @@ def test_stats_count_every_attempt_and_keep_the_verified(full_run):
     card = (out / "README.md").read_text()
     assert "config_name: chat" in card and "| acceptance_rate | 0.6667 |" in card
     assert "engine:\n  _target_: polar_pl.engine.vllm_engine.VLLMEngine" in card  # the resolved config
-    assert "threshold: 1.0" in card
+    assert "threshold: 1.0" in card and f"store_path: {out}/traces.db" in card  # resolved
 
 
 def test_exported_forms_load_with_datasets_and_hold_no_rejected_attempt(full_run):

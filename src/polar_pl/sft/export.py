@@ -144,7 +144,8 @@ def export(log: RolloutLog, out_dir: str | Path, *, num_groups: int, config_yaml
     chat_rows, token_rows = examples(log)
     chat_features, token_features = _features()
     for name, rows, features in (("chat", chat_rows, chat_features), ("tokens", token_rows, token_features)):
-        ds = Dataset.from_list(rows, features=features)
+        # columns from the features (not from the rows): an empty export still has its schema
+        ds = Dataset.from_dict({k: [r[k] for r in rows] for k in features}, features=features)
         ds.to_parquet(str(out / f"{name}.parquet"))
         ds.to_json(str(out / f"{name}.jsonl"), lines=True, force_ascii=False)
     stats = compute_stats(log, chat_rows, token_rows, num_groups)

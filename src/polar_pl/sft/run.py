@@ -153,7 +153,9 @@ def _load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-def _resolved_yaml(cfg: DictConfig) -> str:
+def resolved_config_yaml(cfg: DictConfig) -> str:
+    """The run's configuration for the card, without Hydra's own node (present when composed)."""
+    cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     try:
         return OmegaConf.to_yaml(cfg, resolve=True)
     except Exception:  # noqa: BLE001 — outside a Hydra run some interpolations cannot resolve
@@ -192,7 +194,7 @@ def generate(
         close = getattr(parts["evaluator"], "close", None)
         if close is not None:
             close()
-    return export(log, out_dir, num_groups=num_groups, config_yaml=_resolved_yaml(cfg))
+    return export(log, out_dir, num_groups=num_groups, config_yaml=resolved_config_yaml(cfg))
 
 
 def _run_groups(dm, tasks, log: RolloutLog, todo: list[int], opts: SFTOptions, num_groups: int,
