@@ -44,14 +44,16 @@ def engine(tiny_model_dir, script) -> Iterator[ScriptedServer]:
 
 @pytest.fixture
 def gateway(engine, tmp_path, tiny_model_dir) -> Iterator[Gateway]:
-    gw = Gateway([engine.url], tmp_path / "traces.db", tokenizer_dir=tiny_model_dir,
-                 store_synchronous="NORMAL").start()
+    gw = Gateway(
+        [engine.url], tmp_path / "traces.db", tokenizer_dir=tiny_model_dir, store_synchronous="NORMAL"
+    ).start()
     yield gw
     gw.stop()
 
 
 @pytest.fixture
 def admin(gateway) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.url, headers={"authorization": f"Bearer {gateway.admin_token}"},
-                      timeout=30) as c:
+    with httpx.Client(
+        base_url=gateway.url, headers={"authorization": f"Bearer {gateway.admin_token}"}, timeout=30
+    ) as c:
         yield c

@@ -41,8 +41,13 @@ def check_chat(events, include_usage: bool) -> dict[str, Any]:
     else:
         assert not usage
     text = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
-    tools = [tc["function"]["name"] for c in chunks for ch in c["choices"]
-             for tc in ch["delta"].get("tool_calls") or () if tc.get("function", {}).get("name")]
+    tools = [
+        tc["function"]["name"]
+        for c in chunks
+        for ch in c["choices"]
+        for tc in ch["delta"].get("tool_calls") or ()
+        if tc.get("function", {}).get("name")
+    ]
     return {"text": text, "tools": tools, "finish": finishes[0]}
 
 
@@ -94,12 +99,20 @@ def check_responses(events) -> dict[str, Any]:
             done_items.append(d["item"])
             if d["item"]["type"] == "function_call":
                 tools.append(d["item"]["name"])
-        elif t in ("response.output_text.delta", "response.function_call_arguments.delta",
-                   "response.content_part.added", "response.content_part.done", "response.output_text.done",
-                   "response.function_call_arguments.done", "response.reasoning_text.delta",
-                   "response.reasoning_text.done", "response.reasoning_summary_text.delta",
-                   "response.reasoning_summary_text.done", "response.reasoning_summary_part.added",
-                   "response.reasoning_summary_part.done"):
+        elif t in (
+            "response.output_text.delta",
+            "response.function_call_arguments.delta",
+            "response.content_part.added",
+            "response.content_part.done",
+            "response.output_text.done",
+            "response.function_call_arguments.done",
+            "response.reasoning_text.delta",
+            "response.reasoning_text.done",
+            "response.reasoning_summary_text.delta",
+            "response.reasoning_summary_text.done",
+            "response.reasoning_summary_part.added",
+            "response.reasoning_summary_part.done",
+        ):
             assert d["output_index"] in open_items, f"{t} outside its item"
             if t == "response.output_text.delta":
                 text += d["delta"]
@@ -115,7 +128,9 @@ def check_google(events) -> dict[str, Any]:
     assert all(n is None for n, _ in events)
     chunks = [d for _, d in events]
     assert chunks and all("candidates" in c for c in chunks)
-    finishes = [c["candidates"][0].get("finishReason") for c in chunks if c["candidates"][0].get("finishReason")]
+    finishes = [
+        c["candidates"][0].get("finishReason") for c in chunks if c["candidates"][0].get("finishReason")
+    ]
     assert len(finishes) == 1 and chunks[-1]["candidates"][0].get("finishReason"), finishes
     assert "usageMetadata" in chunks[-1]
     parts = [p for c in chunks for p in c["candidates"][0].get("content", {}).get("parts", [])]

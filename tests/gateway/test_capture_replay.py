@@ -16,13 +16,23 @@ from sse_grammar import check_anthropic, check_chat, check_google, check_respons
 from polar_pl.engine.scripted import Reply, ToolCall
 
 CAPTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "harness-captures"
-RECORDS = sorted(p for p in CAPTURES.glob("*/*.request.record.json")
-                 if json.loads(p.read_text())["method"] == "POST")
-SIDE = {"04-interactive-title-side-request": "claude_code_title",
-        "03-chat-memory-extraction-side-request": "qwen_code_memory_extraction",
-        "01-gemini-router-classifier-generateContent": "gemini_cli_router"}
-DROP_HEADERS = {"host", "content-length", "authorization", "x-api-key", "x-goog-api-key", "accept-encoding",
-                "connection"}
+RECORDS = sorted(
+    p for p in CAPTURES.glob("*/*.request.record.json") if json.loads(p.read_text())["method"] == "POST"
+)
+SIDE = {
+    "04-interactive-title-side-request": "claude_code_title",
+    "03-chat-memory-extraction-side-request": "qwen_code_memory_extraction",
+    "01-gemini-router-classifier-generateContent": "gemini_cli_router",
+}
+DROP_HEADERS = {
+    "host",
+    "content-length",
+    "authorization",
+    "x-api-key",
+    "x-goog-api-key",
+    "accept-encoding",
+    "connection",
+}
 BILLING = "x-anthropic-billing-header"
 
 
@@ -85,8 +95,13 @@ def test_replay(gateway, script, record_path: Path, kind: str):
     s = gateway.create_session(harness=record_path.parent.name)
     headers = {k: v for k, v in rec["headers"].items() if k.lower() not in DROP_HEADERS}
     query = {k: v[0] for k, v in (rec.get("query") or {}).items()}
-    r = httpx.post(f"{s.base_url}{rec['path']}", params=query, content=json.dumps(body).encode(),
-                   headers=headers, timeout=120)
+    r = httpx.post(
+        f"{s.base_url}{rec['path']}",
+        params=query,
+        content=json.dumps(body).encode(),
+        headers=headers,
+        timeout=120,
+    )
     assert r.status_code == 200, r.text[:500]
     (trace,) = gateway.records(s.session_id)
     assert trace.status == "ok" and trace.prompt_ids and trace.response_ids
@@ -94,8 +109,14 @@ def test_replay(gateway, script, record_path: Path, kind: str):
     stream = bool(body.get("stream")) or "streamGenerateContent" in rec["path"]
     if stream:
         events = parse_sse(r.text)
-        check = {"openai_chat": lambda e: check_chat(e, bool((body.get("stream_options") or {}).get("include_usage"))),
-                 "anthropic": check_anthropic, "openai_responses": check_responses, "google": check_google}[provider]
+        check = {
+            "openai_chat": lambda e: check_chat(
+                e, bool((body.get("stream_options") or {}).get("include_usage"))
+            ),
+            "anthropic": check_anthropic,
+            "openai_responses": check_responses,
+            "google": check_google,
+        }[provider]
         result = check(events)
         has_tools = bool(trace.normalized_request.get("tools"))
         if kind == "tool" and has_tools:

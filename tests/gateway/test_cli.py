@@ -31,8 +31,23 @@ def test_gateway_process_and_session_new(engine, tmp_path):
     store = tmp_path / "traces.db"
     env = {**os.environ, "POLAR_ADMIN_TOKEN": "admin-secret"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "polar_pl.cli", "gateway", "--upstream", engine.url, "--port", str(port),
-         "--store", str(store)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "polar_pl.cli",
+            "gateway",
+            "--upstream",
+            engine.url,
+            "--port",
+            str(port),
+            "--store",
+            str(store),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -45,9 +60,28 @@ def test_gateway_process_and_session_new(engine, tmp_path):
                 time.sleep(0.2)
         out = {}
         for harness in ("qwen_code", "claude_code", "gemini_cli", "codex"):
-            r = subprocess.run([sys.executable, "-m", "polar_pl.cli", "session", "new", "--gateway", url,
-                                "--harness", harness, "--model", "tiny", "--home", str(tmp_path / harness)],
-                               check=False, env=env, capture_output=True, text=True, timeout=60)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "polar_pl.cli",
+                    "session",
+                    "new",
+                    "--gateway",
+                    url,
+                    "--harness",
+                    harness,
+                    "--model",
+                    "tiny",
+                    "--home",
+                    str(tmp_path / harness),
+                ],
+                check=False,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert r.returncode == 0, r.stderr
             out[harness] = _env_from_lines(r.stdout)
         q = out["qwen_code"]
@@ -56,12 +90,28 @@ def test_gateway_process_and_session_new(engine, tmp_path):
         assert c["ANTHROPIC_BASE_URL"].startswith(f"{url}/s/") and c["ANTHROPIC_API_KEY"].startswith("plr-")
         assert out["gemini_cli"]["GEMINI_API_KEY"].startswith("plr-")
         assert (tmp_path / "codex").exists()  # codex's config.toml lives under its home
-        r = openai.OpenAI(base_url=q["OPENAI_BASE_URL"], api_key=q["OPENAI_API_KEY"], max_retries=0) \
-            .chat.completions.create(model=q["OPENAI_MODEL"], messages=[{"role": "user", "content": "hi"}])
+        r = openai.OpenAI(
+            base_url=q["OPENAI_BASE_URL"], api_key=q["OPENAI_API_KEY"], max_retries=0
+        ).chat.completions.create(model=q["OPENAI_MODEL"], messages=[{"role": "user", "content": "hi"}])
         assert r.choices[0].message.content == "Hello from the engine."
-        bad = subprocess.run([sys.executable, "-m", "polar_pl.cli", "session", "new", "--gateway", url,
-                              "--harness", "qwen_code", "--admin-token", "wrong"],
-                             check=False, capture_output=True, text=True)
+        bad = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "polar_pl.cli",
+                "session",
+                "new",
+                "--gateway",
+                url,
+                "--harness",
+                "qwen_code",
+                "--admin-token",
+                "wrong",
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
         assert bad.returncode != 0 and "401" in bad.stderr
     finally:
         proc.send_signal(signal.SIGINT)
@@ -74,8 +124,23 @@ def test_generated_admin_token_is_printed(engine, tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "POLAR_ADMIN_TOKEN"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "polar_pl.cli", "gateway", "--upstream", engine.url, "--port", str(port),
-         "--store", str(tmp_path / "t.db")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "polar_pl.cli",
+            "gateway",
+            "--upstream",
+            engine.url,
+            "--port",
+            str(port),
+            "--store",
+            str(tmp_path / "t.db"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         proc.stdout.readline()
         line = proc.stdout.readline()
@@ -84,8 +149,12 @@ def test_generated_admin_token_is_printed(engine, tmp_path):
         deadline = time.monotonic() + 60
         while True:
             try:
-                r = httpx.post(f"http://127.0.0.1:{port}/admin/sessions", json={},
-                               headers={"authorization": f"Bearer {token}"}, timeout=1)
+                r = httpx.post(
+                    f"http://127.0.0.1:{port}/admin/sessions",
+                    json={},
+                    headers={"authorization": f"Bearer {token}"},
+                    timeout=1,
+                )
                 break
             except httpx.HTTPError:
                 assert time.monotonic() < deadline

@@ -52,7 +52,9 @@ def test_engine_down_is_502_in_shape(tmp_path):
     with Gateway([dead], tmp_path / "t.db", model="tiny") as gw:
         s = gw.create_session()
         with pytest.raises(openai.APIStatusError) as exc:
-            openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="x", max_retries=0).chat.completions.create(**CHAT)
+            openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="x", max_retries=0).chat.completions.create(
+                **CHAT
+            )
         assert exc.value.status_code == 502
         assert "unreachable" in exc.value.message
         (rec,) = gw.records(s.session_id)
@@ -71,12 +73,28 @@ def _slow_engine(delay_before_headers: float = 0.0, chunks_then_cut: int | None 
         await asyncio.sleep(delay_before_headers)
 
         async def gen():
-            yield b'data: {"id":"c1","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],' \
-                  b'"prompt_token_ids":[1,2,3]}\n\n'
+            yield (
+                b'data: {"id":"c1","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],'
+                b'"prompt_token_ids":[1,2,3]}\n\n'
+            )
             for i in range(chunks_then_cut or 0):
-                yield b'data: ' + orjson.dumps({"id": "c1", "choices": [{"index": 0, "delta": {"content": f"t{i}"},
-                                                 "token_ids": [10 + i], "logprobs": {"content": [
-                                                     {"token": f"t{i}", "logprob": -0.5}]}}]}) + b"\n\n"
+                yield (
+                    b"data: "
+                    + orjson.dumps(
+                        {
+                            "id": "c1",
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "delta": {"content": f"t{i}"},
+                                    "token_ids": [10 + i],
+                                    "logprobs": {"content": [{"token": f"t{i}", "logprob": -0.5}]},
+                                }
+                            ],
+                        }
+                    )
+                    + b"\n\n"
+                )
             raise RuntimeError("engine crashed mid-stream")
 
         return StreamingResponse(gen(), media_type="text/event-stream")
@@ -85,8 +103,10 @@ def _slow_engine(delay_before_headers: float = 0.0, chunks_then_cut: int | None 
 
 
 def test_engine_timeout_is_504(tmp_path):
-    with ServerThread(_slow_engine(delay_before_headers=5.0)) as eng, \
-            Gateway([eng.url], tmp_path / "t.db", read_timeout=0.5) as gw:
+    with (
+        ServerThread(_slow_engine(delay_before_headers=5.0)) as eng,
+        Gateway([eng.url], tmp_path / "t.db", read_timeout=0.5) as gw,
+    ):
         s = gw.create_session()
         r = httpx.post(f"{s.base_url}/v1/chat/completions", json=CHAT, timeout=30)
         assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
@@ -95,8 +115,10 @@ def test_engine_timeout_is_504(tmp_path):
 
 
 def test_stream_broken_mid_way_sends_error_event_and_keeps_partial(tmp_path):
-    with ServerThread(_slow_engine(chunks_then_cut=3), log_level="critical") as eng, \
-            Gateway([eng.url], tmp_path / "t.db") as gw:
+    with (
+        ServerThread(_slow_engine(chunks_then_cut=3), log_level="critical") as eng,
+        Gateway([eng.url], tmp_path / "t.db") as gw,
+    ):
         s = gw.create_session()
         with httpx.stream("POST", f"{s.base_url}/v1/chat/completions", json={**CHAT, "stream": True}) as r:
             assert r.status_code == 200
@@ -112,7 +134,9 @@ def test_stream_broken_mid_way_sends_error_event_and_keeps_partial(tmp_path):
 @pytest.mark.parametrize("body", [b"{not json", b"[1, 2]", b'{"model": "m"}', b'{"messages": "x"}'])
 def test_malformed_request_is_400_in_shape_never_500(gateway, body):
     s = gateway.create_session()
-    r = httpx.post(f"{s.base_url}/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{s.base_url}/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.post(f"{s.base_url}/v1/messages", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
@@ -130,8 +154,10 @@ def test_malformed_request_is_400_in_shape_never_500(gateway, body):
 
 def test_disconnect_mid_stream_aborts_engine_and_records_partial(tiny_model_dir, tmp_path, script):
     script.queue.append(Reply("word " * 400))
-    with serve_scripted(script, model_dir=tiny_model_dir, token_delay=0.02) as eng, \
-            Gateway([eng.url], tmp_path / "t.db") as gw:
+    with (
+        serve_scripted(script, model_dir=tiny_model_dir, token_delay=0.02) as eng,
+        Gateway([eng.url], tmp_path / "t.db") as gw,
+    ):
         s = gw.create_session()
         with httpx.stream("POST", f"{s.base_url}/v1/chat/completions", json={**CHAT, "stream": True}) as r:
             got = 0

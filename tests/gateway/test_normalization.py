@@ -22,16 +22,33 @@ chat_adapter = get_adapter("openai_chat")
 
 def test_chat_adapter_normalizes_without_touching_the_raw_request():
     raw = {
-        "model": "m", "n": 1, "max_completion_tokens": 64, "stop": ["\n\n"], "temperature": 0.2, "store": False,
-        "messages": [{"role": "developer", "content": "rules"},
-                     {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "input_audio"}]},
-                     {"role": "assistant", "content": None, "reasoning": "think",
-                      "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-                     {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
-        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}},
-                  {"type": "custom", "name": "apply_patch"}],
+        "model": "m",
+        "n": 1,
+        "max_completion_tokens": 64,
+        "stop": ["\n\n"],
+        "temperature": 0.2,
+        "store": False,
+        "messages": [
+            {"role": "developer", "content": "rules"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "input_audio"}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning": "think",
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ],
+        "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": {}}},
+            {"type": "custom", "name": "apply_patch"},
+        ],
         "tool_choice": {"type": "function", "function": {"name": "f"}},
-        "stream": True, "stream_options": {"include_usage": True}, "frobnicate": 1,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "frobnicate": 1,
     }
     before = json.dumps(raw, sort_keys=True)
     norm = chat_adapter.to_chat(raw, path="/v1/chat/completions", query={})
@@ -45,25 +62,43 @@ def test_chat_adapter_normalizes_without_touching_the_raw_request():
     assert (chat["max_tokens"], chat["stop"], chat["temperature"]) == (64, ["\n\n"], 0.2)
     assert norm.stream and norm.extra["include_usage"] and norm.model == "m"
     notes = " | ".join(norm.notes)
-    for expected in ("developer role", "dropped input_audio", "dropped tool apply_patch", "ignored field frobnicate"):
+    for expected in (
+        "developer role",
+        "dropped input_audio",
+        "dropped tool apply_patch",
+        "ignored field frobnicate",
+    ):
         assert expected in notes
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"messages": []}, "messages"), ({"messages": [{"role": "robot", "content": "x"}]}, "role"),
-    ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "n=3"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "tool_call_id"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "role"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "n=3"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "tool_call_id"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
+            "max_completion_tokens",
+        ),
+    ],
+)
 def test_chat_adapter_rejects_malformed(body, message):
     with pytest.raises(RequestError, match=message):
         chat_adapter.to_chat(body, path="", query={})
 
 
 def test_chat_legacy_functions_become_tools():
-    norm = chat_adapter.to_chat({"messages": [{"role": "user", "content": "x"}],
-                                 "functions": [{"name": "g", "parameters": {}}], "function_call": {"name": "g"}},
-                                path="", query={})
+    norm = chat_adapter.to_chat(
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "functions": [{"name": "g", "parameters": {}}],
+            "function_call": {"name": "g"},
+        },
+        path="",
+        query={},
+    )
     assert norm.chat["tools"][0]["function"]["name"] == "g"
     assert norm.chat["tool_choice"] == {"type": "function", "function": {"name": "g"}}
 
@@ -71,9 +106,20 @@ def test_chat_legacy_functions_become_tools():
 def test_chat_stream_translator_hides_engine_fields_and_usage_unless_asked():
     req = NormalizedRequest(chat={}, stream=True, model="harness-model", extra={"include_usage": False})
     tr = chat_adapter.stream(req)
-    chunk = {"id": "c", "created": 1, "model": "served", "prompt_token_ids": [1, 2],
-             "choices": [{"index": 0, "delta": {"content": "a"}, "token_ids": [5],
-                          "logprobs": {"content": [{"logprob": -1}]}}]}
+    chunk = {
+        "id": "c",
+        "created": 1,
+        "model": "served",
+        "prompt_token_ids": [1, 2],
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"content": "a"},
+                "token_ids": [5],
+                "logprobs": {"content": [{"logprob": -1}]},
+            }
+        ],
+    }
     out = orjson.loads(tr.feed(chunk)[6:])
     assert out["model"] == "harness-model" and "prompt_token_ids" not in out
     assert out["choices"][0] == {"index": 0, "delta": {"content": "a"}, "logprobs": None}
@@ -82,11 +128,17 @@ def test_chat_stream_translator_hides_engine_fields_and_usage_unless_asked():
 
 
 def test_billing_header_stripped_from_string_and_parts_and_noted():
-    raw_parts = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1.2.abc;"},
-                 {"type": "text", "text": "You are Claude."}]
-    chat = {"messages": [{"role": "system", "content": "x-anthropic-billing-header: cc=1;\nYou are Claude."},
-                         {"role": "system", "content": raw_parts},
-                         {"role": "user", "content": "x-anthropic-billing-header: in a user turn stays"}]}
+    raw_parts = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=1.2.abc;"},
+        {"type": "text", "text": "You are Claude."},
+    ]
+    chat = {
+        "messages": [
+            {"role": "system", "content": "x-anthropic-billing-header: cc=1;\nYou are Claude."},
+            {"role": "system", "content": raw_parts},
+            {"role": "user", "content": "x-anthropic-billing-header: in a user turn stays"},
+        ]
+    }
     original_parts = list(raw_parts)
     notes = strip_volatile(chat)
     assert chat["messages"][0]["content"] == "You are Claude."
@@ -109,17 +161,24 @@ def test_claude_code_billing_header_fixture_prefix_is_stable():
 
 
 def test_side_rules_are_configurable_data():
-    rule = SideCallRule.from_dict({"name": "summarizer", "tools": "none", "system_contains": "Summarize",
-                                   "model_regex": "mini$"})
+    rule = SideCallRule.from_dict(
+        {"name": "summarizer", "tools": "none", "system_contains": "Summarize", "model_regex": "mini$"}
+    )
     chat = {"messages": [{"role": "system", "content": "Summarize the chat."}]}
     assert classify([rule], provider="openai_chat", model="gpt-mini", chat=chat) == "summarizer"
     assert classify([rule], provider="openai_chat", model="gpt-large", chat=chat) is None
     assert classify([rule], provider="openai_chat", model="gpt-mini", chat={**chat, "tools": [{}]}) is None
     with pytest.raises(ValueError, match="tools"):
         SideCallRule(name="x", tools="some")
-    opencode = {"messages": [{"role": "system", "content": "You are a title generator. You output ONLY a thread "
-                                                           "title. Nothing else."},
-                             {"role": "user", "content": "Generate a title for this conversation: hi"}]}
+    opencode = {
+        "messages": [
+            {
+                "role": "system",
+                "content": "You are a title generator. You output ONLY a thread title. Nothing else.",
+            },
+            {"role": "user", "content": "Generate a title for this conversation: hi"},
+        ]
+    }
     assert classify(DEFAULT_SIDE_RULES, provider="openai_chat", model="m", chat=opencode) == "opencode_title"
 
 

@@ -9,9 +9,20 @@ import openai
 
 from polar_pl.engine.scripted import Reply, ToolCall
 
-TOOLS = [{"type": "function", "function": {
-    "name": "bash", "description": "Run a shell command",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+            },
+        },
+    }
+]
 
 
 def _client(base_url: str, key: str = "unused") -> openai.OpenAI:
@@ -21,7 +32,8 @@ def _client(base_url: str, key: str = "unused") -> openai.OpenAI:
 def test_non_streaming_call_is_recorded_token_by_token(gateway, engine):
     s = gateway.create_session(task_id="t1", group_id="g1", harness="pi")
     r = _client(f"{s.base_url}/v1").chat.completions.create(
-        model="my-model", messages=[{"role": "user", "content": "say hi"}])
+        model="my-model", messages=[{"role": "user", "content": "say hi"}]
+    )
     assert r.choices[0].message.content == "Hello from the engine."
     assert r.choices[0].finish_reason == "stop"
     assert r.model == "my-model"  # the harness's name is echoed, not the served one
@@ -43,8 +55,11 @@ def test_non_streaming_call_is_recorded_token_by_token(gateway, engine):
 def test_streaming_with_usage_and_api_key_auth_on_bare_path(gateway):
     s = gateway.create_session()
     stream = _client(f"{gateway.url}/v1", key=s.token).chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "hi"}], stream=True,
-        stream_options={"include_usage": True})
+        model="m",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "Hello from the engine."
@@ -57,7 +72,9 @@ def test_streaming_with_usage_and_api_key_auth_on_bare_path(gateway):
 
 
 def test_tool_round_trip(gateway, script):
-    script.queue.extend([Reply(tool_calls=[ToolCall("bash", {"command": "echo hello > f.txt"})]), Reply("done")])
+    script.queue.extend(
+        [Reply(tool_calls=[ToolCall("bash", {"command": "echo hello > f.txt"})]), Reply("done")]
+    )
     s = gateway.create_session()
     client = _client(f"{s.base_url}/v1")
     messages = [{"role": "user", "content": "create f.txt"}]
@@ -75,8 +92,17 @@ def test_tool_round_trip(gateway, script):
     (call,) = calls.values()
     assert call["name"] == "bash" and json.loads(call["arguments"]) == {"command": "echo hello > f.txt"}
     messages += [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": call["id"], "type": "function", "function": {"name": "bash", "arguments": call["arguments"]}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": call["arguments"]},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": call["id"], "content": "(no output)"},
     ]
     r = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
@@ -94,7 +120,8 @@ def test_n_greater_than_one_is_rejected_in_openai_shape(gateway):
     s = gateway.create_session()
     try:
         _client(f"{s.base_url}/v1").chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "x"}], n=2)
+            model="m", messages=[{"role": "user", "content": "x"}], n=2
+        )
     except openai.BadRequestError as exc:
         assert exc.status_code == 400 and "n=2" in exc.message
     else:

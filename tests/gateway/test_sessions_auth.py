@@ -13,15 +13,22 @@ MESSAGES = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "conte
 
 
 def test_admin_session_lifecycle(gateway, admin):
-    r = admin.post("/admin/sessions", json={"task_id": "t", "group_id": "g", "harness": "claude_code",
-                                            "rollout_id": "r1"})
+    r = admin.post(
+        "/admin/sessions",
+        json={"task_id": "t", "group_id": "g", "harness": "claude_code", "rollout_id": "r1"},
+    )
     assert r.status_code == 200
     body = r.json()
     assert set(body) == {"session_id", "token", "base_url"}
     assert body["base_url"] == f"{gateway.url}/s/{body['token']}"
     sid = body["session_id"]
     info = admin.get(f"/admin/sessions/{sid}").json()
-    assert (info["task_id"], info["group_id"], info["harness"], info["rollout_id"]) == ("t", "g", "claude_code", "r1")
+    assert (info["task_id"], info["group_id"], info["harness"], info["rollout_id"]) == (
+        "t",
+        "g",
+        "claude_code",
+        "r1",
+    )
     assert "token" not in info and info["calls"] == 0
     httpx.post(f"{body['base_url']}/v1/chat/completions", json=CHAT, timeout=30).raise_for_status()
     records = admin.get(f"/admin/sessions/{sid}/records").json()
@@ -69,8 +76,10 @@ def test_bad_token_is_401_in_anthropic_shape(gateway):
 
 
 def test_bad_token_is_401_in_google_shape(gateway):
-    r = httpx.post(f"{gateway.url}/v1beta/models/g:generateContent?key=nope",
-                   json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
+    r = httpx.post(
+        f"{gateway.url}/v1beta/models/g:generateContent?key=nope",
+        json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+    )
     assert r.status_code == 401
     assert r.json()["error"]["code"] == 401
     assert gateway.runtime.store.count() == 0
@@ -83,8 +92,12 @@ def test_token_accepted_in_every_key_position(gateway):
     assert httpx.post(chat, json=CHAT, headers={"authorization": f"Bearer {s.token}"}).status_code == 200
     assert httpx.post(f"{url}/v1/messages", json=MESSAGES, headers={"x-api-key": s.token}).status_code == 200
     google = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
-    assert httpx.post(f"{url}/v1beta/models/g:generateContent", json=google,
-                      headers={"x-goog-api-key": s.token}).status_code == 200
+    assert (
+        httpx.post(
+            f"{url}/v1beta/models/g:generateContent", json=google, headers={"x-goog-api-key": s.token}
+        ).status_code
+        == 200
+    )
     assert httpx.post(f"{url}/v1beta/models/g:generateContent?key={s.token}", json=google).status_code == 200
     assert len(gateway.records(s.session_id)) == 4
 

@@ -41,7 +41,9 @@ def test_clean_shutdown_loses_no_record_under_concurrency(engine, tmp_path):
     path = tmp_path / "traces.db"
     gw = Gateway([engine.url], path).start()
     sessions = [gw.create_session() for _ in range(8)]
-    threads = [threading.Thread(target=_call, args=(s.base_url,), kwargs={"stream": True}) for s in sessions * 3]
+    threads = [
+        threading.Thread(target=_call, args=(s.base_url,), kwargs={"stream": True}) for s in sessions * 3
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -66,7 +68,9 @@ def test_sessions_stick_to_a_replica_and_spread_and_skip_a_dead_one(tiny_model_d
     with ExitStack() as stack:
         for srv, _ in engines:
             stack.enter_context(srv)
-        gw = stack.enter_context(Gateway([srv.url for srv, _ in engines], tmp_path / "t.db", health_interval=0.2))
+        gw = stack.enter_context(
+            Gateway([srv.url for srv, _ in engines], tmp_path / "t.db", health_interval=0.2)
+        )
         a, b = gw.create_session(), gw.create_session()
         for _ in range(3):
             _call(a.base_url)
@@ -92,11 +96,22 @@ def test_sessions_stick_to_a_replica_and_spread_and_skip_a_dead_one(tiny_model_d
 
 
 def _record(i: int, session: str = "s") -> TraceRecord:
-    return TraceRecord(session_id=session, call_index=i, timestamp=float(i), provider="openai_chat",
-                       raw_request={"messages": [{"role": "user", "content": "x" * 1000}]},
-                       raw_response="data: [DONE]\n\n", normalized_request={}, prompt_ids=[1, 2],
-                       response_ids=[3], response_logprobs=[-0.5], finish_reason="stop", policy_version=0,
-                       latency_s=0.01, notes=("n",))
+    return TraceRecord(
+        session_id=session,
+        call_index=i,
+        timestamp=float(i),
+        provider="openai_chat",
+        raw_request={"messages": [{"role": "user", "content": "x" * 1000}]},
+        raw_response="data: [DONE]\n\n",
+        normalized_request={},
+        prompt_ids=[1, 2],
+        response_ids=[3],
+        response_logprobs=[-0.5],
+        finish_reason="stop",
+        policy_version=0,
+        latency_s=0.01,
+        notes=("n",),
+    )
 
 
 def test_full_sync_store_group_commits_from_its_writer_thread(tmp_path):
@@ -131,8 +146,9 @@ def test_stop_with_streams_in_flight_loses_no_record(tiny_model_dir, tmp_path, s
 
         def stream(s) -> None:
             try:
-                with httpx.stream("POST", f"{s.base_url}/v1/chat/completions", timeout=30,
-                                  json={**CHAT, "stream": True}) as r:
+                with httpx.stream(
+                    "POST", f"{s.base_url}/v1/chat/completions", timeout=30, json={**CHAT, "stream": True}
+                ) as r:
                     lines = r.iter_lines()
                     next(lines)
                     started.wait()

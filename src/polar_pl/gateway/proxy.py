@@ -40,6 +40,8 @@ CAPTURE_FIELDS = {
     "top_logprobs": 0,
     "return_token_ids": True,
 }
+# What an adapter raises when it trips over input it did not expect (not a RequestError).
+ADAPTER_BUGS = (KeyError, TypeError, ValueError, AttributeError, IndexError)
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
@@ -122,12 +124,14 @@ class Proxy:
         """Send the call to its replica; on a refused connection fail over to another one."""
         for _ in range(len(self.pool.replicas)):
             rep = call.replica = self.pool.pick(call.session.session_id)
-            call.engine_body["model"] = await self.pool.model_for(rep)
+            rep.inflight += 1  # counted from the start: prefill is load too
             try:
+                call.engine_body["model"] = await self.pool.model_for(rep)
                 return await self.client.stream_chat(
                     rep.endpoint("/v1/chat/completions"), orjson.dumps(call.engine_body)
                 )
             except UpstreamError as exc:
+                rep.inflight -= 1
                 if exc.kind != "connect" or len(self.pool.replicas) == 1:
                     raise
                 self.pool.mark_dead(rep)
@@ -163,7 +167,7 @@ class Proxy:
             if not isinstance(call.raw, dict):  # keep the bytes the harness sent, whatever they were
                 call.raw = {"_unparsed_body": body.decode("utf-8", "replace")}
             return await self._fail(call, 400, f"invalid request: {exc}")
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # adapter tripped on odd input
+        except ADAPTER_BUGS as exc:  # the adapter tripped on input it did not expect
             return await self._fail(call, 400, f"malformed request: {type(exc).__name__}: {exc}")
         chat = dict(call.norm.chat)
         call.notes = [*call.norm.notes, *strip_volatile(chat)]
@@ -176,16 +180,15 @@ class Proxy:
             stream = await self.open_engine_stream(call)
         except UpstreamError as exc:
             return await self._fail(call, upstream_status(provider, exc), exc.message)
-        call.replica.inflight += 1
         call.replica.served += 1
         if call.norm.stream:
             media = call.norm.extra.get("media_type", "text/event-stream")
             return RelayResponse(self._relay(call, stream), media, SSE_HEADERS)
         return await self._collect(call, stream)
 
-    async def _fail(self, call: Call, status: int, message: str) -> Response:
+    async def _fail(self, call: Call, status: int, message: str, cap: CallCapture | None = None) -> Response:
         resp = error_response(call.provider, status, message)
-        await _durable(self._append(call.record(None, resp.body.decode(), "error", message)))
+        await _durable(self._append(call.record(cap, resp.body.decode(), "error", message)))
         return resp
 
     async def _collect(self, call: Call, stream: ChatStream) -> Response:
@@ -202,7 +205,10 @@ class Proxy:
         finally:
             call.replica.inflight -= 1
             stream.close(abort=cap.finish_reason is None)
-        body = orjson.dumps(call.adapter.from_chat(cap.completion(), call.norm))
+        try:
+            body = orjson.dumps(call.adapter.from_chat(cap.completion(), call.norm))
+        except ADAPTER_BUGS as exc:  # the sampled tokens are still recorded
+            return await self._fail(call, 500, f"gateway error: {type(exc).__name__}: {exc}", cap)
         await _durable(self._append(call.record(cap, body.decode())))
         return Response(body, media_type="application/json")
 
