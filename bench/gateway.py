@@ -10,7 +10,28 @@ real trace store, translation and capture included) or LiteLLM, and this load ge
 concurrency level (1, 64, 256 sessions) every session sends streaming chat requests back to back
 for --seconds. Reported: requests/s, errors, latency p50/p99 (request sent -> last byte), the
 latency added over the direct upstream, and the target process's CPU time per request (from
-/proc, user+system, children included).
+/proc, user+system, children included). A minimal ASGI pass-through (aiohttp, bytes forwarded,
+nothing parsed or stored) runs first as the floor any proxy in Python pays on the same machine.
+
+LiteLLM lives in its own venv: `python3 -m venv .cache/litellm-venv &&
+.cache/litellm-venv/bin/pip install 'litellm[proxy]'`.
+
+Measured 2026-11-30 on the shared 2-CPU dev box (load average 10-16 from other jobs, so
+latencies are inflated for every target; CPU per request is the stable number), 6 s per level:
+
+    target                  sessions  req/s  p50 ms  added p50  CPU ms/req
+    minimal pass-through        1      448     1.3      0.83       0.58
+    gateway (aiohttp)           1      160     5.1      4.72       1.54
+    gateway (aiohttp)          64      347   168.0    134.96       1.15
+    gateway (aiohttp)         256      385   612.7    437.60       0.98   (0 errors)
+    gateway (httpx)           256      172  1395.9   1220.85       3.03
+    gateway (aiohttp, FULL)   256      170  1388.4   1213.36       1.63
+    litellm proxy               1        7   131.8    131.40      53.04
+    litellm proxy             256        9 29802.4  29627.29      49.84
+
+aiohttp is the default upstream client (2-3x less CPU than httpx); LiteLLM spends 34-51x more CPU
+per request than the gateway. A hand-written httptools client was also tried and measured no
+better than aiohttp within this box's noise, so it was dropped.
 """
 
 from __future__ import annotations
