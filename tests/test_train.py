@@ -56,7 +56,7 @@ def test_learning_sanity_improves_only_when_weights_reach_the_engine(tiny_model_
     train("experiment=sanity", "logger=csv", f"hydra.run.dir={push}")
     train("experiment=sanity_no_push", "logger=csv", f"hydra.run.dir={no_push}")
     r_push, r_none = rewards_by_step(push), rewards_by_step(no_push)
-    assert len(r_push) == len(r_none) == 30
+    assert len(r_push) >= 30 and len(r_none) >= 30  # one row per batch (a skipped batch adds one)
     gain = sum(r_push[-5:]) / 5 - sum(r_push[:5]) / 5
     control = sum(r_none[-5:]) / 5 - sum(r_none[:5]) / 5
     print(f"sanity reward by step (push):    {[round(x, 3) for x in r_push]}")
