@@ -1,7 +1,7 @@
 """The run's durable record in its output directory: what makes an interrupted run resumable.
 
 `rollouts.jsonl` is append-only, one line per finished group (every attempt's outcome; accepted
-attempts also carry their token rows and conversations). A group is written with one `write` and
+attempts also carry their token rows and conversation). A group is written with one `write` and
 fsynced before the run moves on, so a group is either in the log or not: a line torn by a kill is
 cut off when the log is opened again, and that group is simply run again. `run_state.json`
 (replaced atomically after each group) holds the cursor and the run's fingerprint; the log stays

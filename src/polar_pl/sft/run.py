@@ -93,7 +93,7 @@ def attempt_record(
     read_records: Callable[[str], list[TraceRecord]],
     tokenizer: Any,
 ) -> dict[str, Any]:
-    """One attempt as logged: its outcome always; token rows and conversations when accepted."""
+    """One attempt as logged: its outcome always; token rows and the conversation when accepted."""
     reason = verdict(result, threshold)
     out: dict[str, Any] = {
         "rollout_id": result.rollout_id,
