@@ -21,7 +21,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from polar_pl.sandbox.protocol import Sandbox
 from polar_pl.tasks.patching import apply_patch, protected_paths, restore_test_files
-from polar_pl.tasks.results import EvalResult, TestOutcome
+from polar_pl.tasks.results import EvalResult, EvalStatus, TestOutcome
 from polar_pl.tasks.task import Task
 from polar_pl.tasks.testrun import install_runner, run_tests
 from polar_pl.tasks.workspace import prepare_workspace
@@ -168,11 +168,9 @@ class SandboxEvaluator:
         restored = restore_test_files(sandbox, protected_paths(task.test_patch, task.test_ids))
         if task.test_patch.strip():
             tp = apply_patch(sandbox, task.test_patch, name="test")
-            if not tp.ok or tp.method != "git apply":
-                sandbox.exec("git checkout -q -f HEAD -- .", timeout=60)
-                return _fail(
-                    task, "error", f"the task's test patch does not apply:\n{tp.error}", t0, prewarm_s
-                )
+            if not tp.ok or tp.method != "git apply":  # a task bug: its test patch must apply cleanly
+                why = f"applies only with {tp.method}" if tp.ok else f"does not apply:\n{tp.error}"
+                return _fail(task, "error", f"the task's test patch {why}", t0, prewarm_s)
         install_runner(sandbox)
         remaining = max(1.0, self.timeout_s - (time.monotonic() - t0))
         run = run_tests(sandbox, task, timeout=remaining, per_test_timeout=self.per_test_timeout_s)
@@ -189,7 +187,7 @@ class SandboxEvaluator:
         )  # fmt: skip
 
 
-def _fail(task: Task, status, reason: str, t0: float, prewarm_s: float = 0.0) -> EvalResult:
+def _fail(task: Task, status: EvalStatus, reason: str, t0: float, prewarm_s: float = 0.0) -> EvalResult:
     return EvalResult(
         task.instance_id, 0.0, status, reason, prewarm_s=prewarm_s, duration_s=time.monotonic() - t0
     )
