@@ -32,7 +32,28 @@ CASES = [(n, b) for b in ("local", "docker") for n in SHELL_TOOL] + [
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "backend"), CASES)
 def test_two_turn_tool_task(name, backend, backend_sandbox, gateway, script, harness_prefix):
-    harness = build_harness(name)
+    _two_turn(build_harness(name), backend, backend_sandbox, gateway, script, harness_prefix)
+
+
+# The other API formats of the harnesses that speak several (the gateway translates each).
+PROVIDER_CASES = [("pi", p) for p in ("openai_responses", "anthropic", "google")] + [
+    (n, p) for n in ("qwen_code", "opencode") for p in ("anthropic", "openai_responses")
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["local"])
+@pytest.mark.parametrize(("name", "provider"), PROVIDER_CASES)
+def test_two_turn_tool_task_other_providers(
+    name, provider, backend, backend_sandbox, gateway, script, harness_prefix
+):
+    _two_turn(
+        build_harness(name, provider=provider), backend, backend_sandbox, gateway, script, harness_prefix
+    )
+
+
+def _two_turn(harness, backend, backend_sandbox, gateway, script, harness_prefix):
+    name = harness.name
     if not harness.is_installed(harness_prefix):
         pytest.skip(f"{name} is not installed: polar-pl harness install {name} --prefix {harness_prefix}")
     content = f"hello from {name} in {backend}"
