@@ -39,8 +39,9 @@ def rootfs_tarball(cache: Path | None = None, mirror: str | None = None) -> Path
     if os.geteuid() != 0:
         raise RuntimeError("building the sandbox rootfs needs root (debootstrap)")
     if not shutil.which("debootstrap"):
-        subprocess.run(["apt-get", "install", "-y", "-qq", "debootstrap"], check=True,
-                       env=os.environ | {"DEBIAN_FRONTEND": "noninteractive"})  # fmt: skip
+        env = os.environ | {"DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "debootstrap"], check=True, env=env)
     cache.mkdir(parents=True, exist_ok=True)
     mirror = mirror or os.environ.get("POLAR_DEBIAN_MIRROR", "http://deb.debian.org/debian")
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
