@@ -5,7 +5,9 @@ a 200-file tree), diff, stop — medians over --reps. Per harness CLI and backen
 launch, as `--version` (process start only) and as the full two-turn tool task through the real
 gateway against a scripted engine (so the model's time is ~0 and what is left is the harness).
 
-    python bench/sandbox.py [--reps 5] [--backends local,bwrap,docker] [--harnesses all]
+    python bench/sandbox.py [--reps 5] [--harness-reps 1] [--backends local,bwrap,docker] [--harnesses all]
+
+Numbers are wall-clock on whatever else the machine runs: compare columns of one run, not runs.
 
 Docker: a private dockerd is started (root) under .cache/dockerd and stopped at the end.
 """
@@ -129,6 +131,7 @@ def bench_harness(name: str, make, gateway, script) -> tuple[float, float, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--harness-reps", type=int, default=1, help="launches per harness and backend (median)")
     ap.add_argument("--backends", default="local,bwrap,docker")
     ap.add_argument("--harnesses", default="all")
     args = ap.parse_args()
@@ -175,7 +178,9 @@ def main() -> None:
                 )
         console.print(ops)
 
-        launches = Table(title="one harness launch, seconds (--version | two-turn task via gateway)")
+        launches = Table(
+            title=f"one harness launch, seconds, median of {args.harness_reps} (--version | two-turn task via gateway)"
+        )
         launches.add_column("harness")
         for b in backends:
             launches.add_column(f"{b} --version", justify="right")
@@ -183,7 +188,9 @@ def main() -> None:
         for name in names:
             row = [name]
             for b in backends:
-                v, task, status = bench_harness(name, factories[b], gateway, script)
+                runs = [bench_harness(name, factories[b], gateway, script) for _ in range(args.harness_reps)]
+                v, task = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+                status = next((r[2] for r in runs if r[2] != "ok"), "ok")
                 row += [f"{v:6.2f}", f"{task:6.2f}" + ("" if status == "ok" else f" ({status})")]
             launches.add_row(*row)
             console.print(f"  {name} done", style="dim")
