@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import Self
 
 from polar_pl.sandbox import gitdiff
-from polar_pl.sandbox.image import DEFAULT_TAG, USER_UID, build_image, cache_dir
+from polar_pl.sandbox.image import DEFAULT_TAG, USER_UID, build_image, cache_dir, default_harness_prefix
 from polar_pl.sandbox.local import parse_bytes
 from polar_pl.sandbox.protocol import ExecResult
 from polar_pl.sandbox.relay import Relay, inside_url, unix_to_tcp
@@ -70,14 +70,14 @@ class DockerSandbox:
         self.pids = pids
         self.cpus = cpus
         self.owner = owner
-        self.host_prefix = harness_prefix
+        self.host_prefix = default_harness_prefix(harness_prefix)
         self.node = node or shutil.which("node")
         deps = Path(pydeps) if pydeps else cache_dir() / "pydeps"
         self.host_pydeps = str(deps) if (deps / ".complete").exists() or pydeps else None
         self.default_timeout = default_timeout
         self.workdir = "/workspace"
         self.home = "/home/polar"
-        self.harness_prefix = PREFIX_IN if harness_prefix else None
+        self.harness_prefix = PREFIX_IN if self.host_prefix else None
         self.python = ["env", f"PYTHONPATH={PYDEPS_IN}", "python3"] if self.host_pydeps else ["python3"]
         self.client = None
         self._exec_client = None

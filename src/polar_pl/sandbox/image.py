@@ -76,6 +76,15 @@ def _add_user(root: Path) -> None:
         os.chown(root / d, USER_UID, USER_UID)
 
 
+def default_harness_prefix(given: str | None = None) -> str | None:
+    """The host folder with the installed harness CLIs: `given`, else $POLAR_HARNESS_PREFIX, else
+    ./.cache/harness when it exists (where `make test` installs them); absolute, or None."""
+    prefix = given or os.environ.get("POLAR_HARNESS_PREFIX")
+    if not prefix and Path(".cache/harness").is_dir():
+        prefix = ".cache/harness"
+    return str(Path(prefix).resolve()) if prefix else None
+
+
 def pydeps_dir(cache: Path | None = None) -> Path:
     """A `pip install --target` folder with the mini agent's dependencies, for mounting read-only."""
     cache = cache or cache_dir()

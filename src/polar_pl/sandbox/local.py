@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Self
 
 from polar_pl.sandbox import cgroups, gitdiff
+from polar_pl.sandbox.image import default_harness_prefix
 from polar_pl.sandbox.protocol import ExecResult
 from polar_pl.sandbox.relay import Relay, inside_url, unix_to_tcp
 
@@ -56,8 +57,7 @@ class LocalSandbox:
             raise ValueError("sandbox limits (memory/pids/cpus) on the local backend need root and cgroups")
         self.owner = owner
         self.base_dir = base_dir
-        prefix = harness_prefix or os.environ.get("POLAR_HARNESS_PREFIX")
-        self.harness_prefix = str(Path(prefix).resolve()) if prefix else None  # execs run elsewhere
+        self.harness_prefix = default_harness_prefix(harness_prefix)  # absolute: execs run elsewhere
         self.default_timeout = default_timeout
         self.python = [sys.executable]
         self.root: Path | None = None
