@@ -131,3 +131,16 @@ def test_callable_script_sees_the_request(tiny_model_dir):
         for word in ("a", "b"):
             r = client.chat.completions.create(model=srv.model, messages=[{"role": "user", "content": word}])
             assert r.choices[0].message.content == f"you said {word}"
+
+
+def test_scripted_server_is_an_engine_handle(engine, tmp_path):
+    from polar_pl.engine.protocol import Engine
+
+    assert isinstance(engine, Engine) and engine.health()
+    assert engine.update_weights_from_state_dict({}) == 1
+    assert engine.update_weights_from_disk(str(tmp_path)) == 2 == engine.policy_version()
+    client = openai.OpenAI(base_url=engine.base_url, api_key="x")
+    raw = client.chat.completions.with_raw_response.create(
+        model=engine.model, messages=[{"role": "user", "content": "x"}]
+    )
+    assert raw.headers["x-policy-version"] == "2" and raw.parse().model_extra["policy_version"] == 2

@@ -316,3 +316,23 @@ def test_real_tool_call_parse(tool_engine, tool_case):
         model="tool", messages=TOOL_MESSAGES, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=80
     )
     assert plain.choices[0].finish_reason == "stop" and "<tool_call>" in plain.choices[0].message.content
+
+
+def test_client_disconnect_aborts_generation(engine):
+    """A stream the client abandons must stop consuming batch slots."""
+    import time
+
+    body = {"model": "tiny", "messages": MSGS, "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{engine.base_url}/chat/completions", json=body, timeout=60) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen >= 3:
+                break
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        stats = httpx.get(f"{engine.url}/stats").json()
+        if stats.get("active_sequences") == 0 and stats.get("active_requests") == 0:
+            break
+        time.sleep(0.1)
+    assert stats["active_sequences"] == 0 and stats["active_requests"] == 0

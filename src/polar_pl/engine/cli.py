@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, help="float32 / bfloat16 / auto (default: float32 on CPU)")
     parser.add_argument("--max-batch-size", type=int, default=64, help="sequences stepped together")
     parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: half the cores, <= 8)"
+    )
     parser.add_argument("--log-level", default="info")
 
 
@@ -27,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from polar_pl.engine.server import create_app
-    from polar_pl.engine.transformers_backend import TransformersBackend
+    from polar_pl.engine.transformers_backend import TransformersBackend, default_threads
 
     if not (Path(args.model) / "config.json").exists():
         print(f"polar-pl engine: no config.json in {args.model}")
@@ -39,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         max_model_len=args.max_model_len,
         max_batch_size=args.max_batch_size,
+        num_threads=args.threads or default_threads(),
     )
     uvicorn.run(create_app(backend), host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -4,6 +4,8 @@ mode="thread": model and server live in this process (uvicorn on a thread); weig
 a state dict are a direct in-memory copy, no serialization.
 mode="subprocess": `polar-pl engine` in a child process (isolates the GIL from the trainer);
 state-dict updates go through a safetensors directory and POST /update_weights_from_disk.
+
+num_threads sets torch's intra-op threads; in thread mode that is process-wide (the trainer too).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class EmbeddedEngine:
         device: str | None = None,
         max_batch_size: int = 64,
         max_model_len: int | None = None,
+        num_threads: int | None = None,
         startup_timeout: float = 300.0,
     ):
         if mode not in ("thread", "subprocess"):
@@ -48,6 +51,7 @@ class EmbeddedEngine:
         self.device = device
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
+        self.num_threads = num_threads
         self.startup_timeout = startup_timeout
         self.backend = None  # TransformersBackend, thread mode only
         self._thread: ServerThread | None = None
@@ -79,6 +83,7 @@ class EmbeddedEngine:
                 device=self.device,
                 max_batch_size=self.max_batch_size,
                 max_model_len=self.max_model_len,
+                num_threads=self.num_threads,
             )
             self._thread = ServerThread(create_app(self.backend), host=self.host, port=self.port)
             self._thread.start(timeout=self.startup_timeout)
@@ -103,6 +108,8 @@ class EmbeddedEngine:
                 cmd += ["--device", self.device]
             if self.max_model_len:
                 cmd += ["--max-model-len", str(self.max_model_len)]
+            if self.num_threads:
+                cmd += ["--threads", str(self.num_threads)]
             self._proc = ServerProcess(cmd, self.url, name="embedded-engine")
             self._proc.start(self.startup_timeout)
         return self

@@ -264,7 +264,9 @@ class Scheduler:
                     s.out.abort()
                 self._emit(req)
         self._running = [r for r in self._running if not r.closed]
+        self.stats.extra["active_requests"] = len(self._running)
         keep = [i for i, (_, s) in enumerate(self._seqs) if not s.out.finished]
+        self.stats.extra["active_sequences"] = len(keep)
         if len(keep) == len(self._seqs):
             return
         if not keep:

@@ -215,16 +215,50 @@ def _assistant_text(tokenizer, reply: Reply) -> str:
     return "\n".join(parts) + (tokenizer.convert_ids_to_tokens(tokenizer.eos_token_id) or "")
 
 
-@dataclass(slots=True)
 class ScriptedServer:
-    url: str
-    backend: ScriptedBackend
-    model: str
+    """A ScriptedBackend served over HTTP on 127.0.0.1; also an `Engine` handle
+    (`polar_pl.engine.protocol`), so code that drives a real engine can drive this one."""
+
+    def __init__(self, backend: ScriptedBackend, *, port: int | None = None):
+        from polar_pl.engine.server import create_app
+        from polar_pl.utils.serving import ServerThread
+
+        self.backend = backend
+        self._thread = ServerThread(create_app(backend), port=port)
+
+    @property
+    def url(self) -> str:
+        return self._thread.url
 
     @property
     def base_url(self) -> str:
         """The OpenAI SDK base URL (ends with /v1)."""
         return f"{self.url}/v1"
+
+    @property
+    def model(self) -> str:
+        return self.backend.model_name
+
+    def start(self) -> ScriptedServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._thread.stop()
+
+    def health(self) -> bool:
+        from polar_pl.engine.process import healthy
+
+        return healthy(self.url)
+
+    def policy_version(self) -> int:
+        return self.backend.policy_version
+
+    def update_weights_from_state_dict(self, state_dict) -> int:
+        return self.backend.update_weights_from_state_dict(state_dict)
+
+    def update_weights_from_disk(self, path: str) -> int:
+        return self.backend.update_weights_from_disk(path)
 
 
 @contextmanager
@@ -232,9 +266,9 @@ def serve_scripted(
     script, model_dir: str | os.PathLike | None = None, *, port: int | None = None, **kwargs
 ) -> Iterator[ScriptedServer]:
     """Serve a ScriptedBackend over real HTTP on 127.0.0.1 for the duration of the block."""
-    from polar_pl.engine.server import create_app
-    from polar_pl.utils.serving import ServerThread
-
     backend = ScriptedBackend.from_model_dir(model_dir or default_model_dir(), script, **kwargs)
-    with ServerThread(create_app(backend), port=port) as srv:
-        yield ScriptedServer(srv.url, backend, backend.model_name)
+    server = ScriptedServer(backend, port=port).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -5,7 +5,7 @@ Routes (thin; conversion lives in `engine/serving.py`):
   POST /v1/completions           token-id (or text) prompt in, tokens + logprobs out
   GET  /v1/models, GET /health   discovery and liveness
   POST /update_weights_from_disk {"path": DIR} -> {"policy_version": v}
-  GET  /policy_version, GET /stats
+  GET  /policy_version, GET /weight_info (vLLM's shape), GET /stats
 Every response carries the header `x-policy-version`.
 """
 
@@ -154,6 +154,11 @@ def create_app(backend: GenerationBackend, served_model_name: str | None = None)
     @app.get("/policy_version")
     async def policy_version():
         return JSONResponse({"policy_version": backend.policy_version}, headers=headers())
+
+    @app.get("/weight_info")
+    async def weight_info():
+        # vLLM's route (dev mode) for the same number, so a version poller works against either.
+        return JSONResponse({"weight_version": str(backend.policy_version)}, headers=headers())
 
     @app.get("/stats")
     async def stats():

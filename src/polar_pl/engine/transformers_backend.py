@@ -8,6 +8,7 @@ bump the policy version; tokens sampled afterwards carry the new version.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -24,11 +25,17 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def default_threads() -> int:
+    """Half the cores, at most 8: vLLM's CPU build likewise keeps cores free for its server."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
 class TransformersBackend:
     """GenerationBackend over a HF causal LM directory.
 
     dtype: None = float32 on CPU (what vLLM's CPU build is checked against), the checkpoint's dtype
     on GPU.
+    num_threads: torch intra-op threads (process-wide); None leaves torch's setting alone.
     """
 
     def __init__(
@@ -41,7 +48,12 @@ class TransformersBackend:
         max_model_len: int | None = None,
         max_batch_size: int = 64,
         prefill_chunk: int = 2048,
+        num_threads: int | None = None,
     ):
+        if num_threads is not None:
+            # Process-wide. Oversubscribed intra-op threads make small CPU kernels crawl (a decode
+            # step of the tiny model: ~40 ms with 2 threads on a busy 2-core box, ~3 ms with 1).
+            torch.set_num_threads(num_threads)
         self.model_dir = Path(model_dir)
         self.model_name = model_name or str(model_dir)
         self.device = torch.device(device) if device is not None else default_device()

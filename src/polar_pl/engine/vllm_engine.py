@@ -141,6 +141,13 @@ class VLLMEngine:
     def policy_version(self) -> int:
         return self._version
 
+    def set_policy_version(self, version: int) -> None:
+        """Record a version reached by another path (the NCCL/IPC weight-transfer routes)."""
+        r = httpx.post(f"{self.url}/update_weight_version", json={"new_version": str(version)}, timeout=60)
+        if r.status_code != 200:
+            raise RuntimeError(f"vLLM update_weight_version failed ({r.status_code}): {r.text[:500]}")
+        self._version = version
+
     def _read_version(self) -> int:
         try:
             r = httpx.get(f"{self.url}/weight_info", timeout=10)
