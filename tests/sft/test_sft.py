@@ -5,6 +5,7 @@ reference fix for two tasks and gives up on the third."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -15,6 +16,7 @@ import datasets
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
+from rich.console import Console
 from sft_upstream import solver
 
 from polar_pl.engine.scripted import serve_scripted
@@ -59,9 +61,12 @@ def sft_cfg(upstream, out_dir: Path, tiny_model_dir: Path, *extra: str):
 
 @pytest.fixture(scope="module")
 def full_run(upstream, tiny_model_dir, tmp_path_factory):
+    """One uninterrupted run, its progress drawn on a (recorded) terminal."""
     out = tmp_path_factory.mktemp("sft-full")
-    stats = generate(sft_cfg(upstream, out, tiny_model_dir))
-    return out, stats
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=120)
+    stats = generate(sft_cfg(upstream, out, tiny_model_dir, "datamodule.progress=true"), console=console)
+    return out, stats, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())  # without ANSI codes
 
 
 def load(out: Path, name: str, fmt: str) -> datasets.Dataset:
@@ -76,7 +81,7 @@ def logged_attempts(out: Path) -> list[dict]:
 
 
 def test_stats_count_every_attempt_and_keep_the_verified(full_run):
-    out, stats = full_run
+    out, stats, _ = full_run
     assert stats["complete"] and stats["groups_done"] == stats["groups_total"] == len(TASKS)
     assert stats["attempts"] == len(TASKS) * GROUP_SIZE
     assert stats["accepted"] == len(SOLVED) * GROUP_SIZE
@@ -94,8 +99,14 @@ def test_stats_count_every_attempt_and_keep_the_verified(full_run):
     assert "threshold: 1.0" in card and f"store_path: {out}/traces.db" in card  # resolved
 
 
+def test_progress_is_drawn_live_and_each_group_reported(full_run):
+    _, _, screen = full_run
+    assert "sft rollouts" in screen and "RUNNING" in screen  # the LiveProgress stage table
+    assert "group 3/3" in screen and "total 4/6 (67%)" in screen
+
+
 def test_exported_forms_load_with_datasets_and_hold_no_rejected_attempt(full_run):
-    out, _ = full_run
+    out, _, _ = full_run
     rejected = {a["rollout_id"] for a in logged_attempts(out) if a["reason"] != "accepted"}
     accepted = {a["rollout_id"] for a in logged_attempts(out) if a["reason"] == "accepted"}
     assert len(rejected) == GROUP_SIZE and len(accepted) == len(SOLVED) * GROUP_SIZE
@@ -110,7 +121,7 @@ def test_exported_forms_load_with_datasets_and_hold_no_rejected_attempt(full_run
 
 
 def test_chat_form_is_the_conversation_with_parsed_tool_calls(full_run, tiny_model_dir):
-    out, _ = full_run
+    out, _, _ = full_run
     chat = load(out, "chat", "parquet")
     tasks = {t.instance_id: t for t in load_suite()}
     for ex in chat:
@@ -134,7 +145,7 @@ def test_chat_form_is_the_conversation_with_parsed_tool_calls(full_run, tiny_mod
 
 
 def test_token_form_is_what_the_trace_store_recorded(full_run):
-    out, _ = full_run
+    out, _, _ = full_run
     tokens = load(out, "tokens", "parquet")
     assert len(tokens) > 0
     for ex in tokens:
@@ -176,7 +187,7 @@ def test_an_interrupted_run_resumes_to_the_same_set(full_run, upstream, tiny_mod
     stats = generate(sft_cfg(upstream, out, tiny_model_dir))
     seqs = [json.loads(line)["seq"] for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert sorted(seqs) == list(range(len(TASKS)))  # nothing run twice, nothing lost
-    full_out, full_stats = full_run
+    full_out, full_stats, _ = full_run
     for key in ("attempts", "accepted", "rejected", "token_rows", "tokens", "trainable_tokens"):
         assert stats[key] == full_stats[key], key
     for name in ("chat", "tokens"):

@@ -219,7 +219,7 @@ def _run_groups(dm, tasks, log: RolloutLog, todo: list[int], opts: SFTOptions, n
                 (group,) = service.next_groups(1, timeout=opts.group_timeout_s)
                 record = group_record(group, opts.threshold, dm.gateway.records, tokenizer)
                 log.append(record)
-                console.print(_progress_line(log, record, num_groups))
+                console.print(_progress_line(log, record, num_groups), markup=False, highlight=False)
                 if on_group is not None:
                     on_group(record)
     finally:
