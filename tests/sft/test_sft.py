@@ -46,6 +46,7 @@ def sft_cfg(upstream, out_dir: Path, tiny_model_dir: Path, *extra: str):
         "engine=vllm",
         f"engine.url={upstream.url}",
         f"task.instance_ids=[{','.join(TASKS)}]",
+        "harness.max_tokens=null",  # the scripted fix is one long tool call (the CPU default cuts at 64)
         f"datamodule.group_size={GROUP_SIZE}",
         "datamodule.progress=false",
         "datamodule.pools.running=2",
@@ -201,6 +202,7 @@ def test_command_line_stops_at_max_groups_and_resumes(upstream, tiny_model_dir, 
     out = tmp_path / "cli"
     base = [sys.executable, "-m", "polar_pl.sft", f"model_dir={tiny_model_dir}", "engine=vllm",
             f"engine.url={upstream.url}", "task.instance_ids=[calc-1,strkit-1]", "datamodule.group_size=1",
+            "harness.max_tokens=null",
             f"sft.output_dir={out}"]  # fmt: skip
 
     def run(*extra: str) -> subprocess.CompletedProcess:
