@@ -44,9 +44,24 @@ def engine(tiny_model_dir, script) -> Iterator[ScriptedServer]:
 
 @pytest.fixture
 def gateway(engine, tmp_path, tiny_model_dir) -> Iterator[Gateway]:
+    """The chat path (token_faithful off): these tests' scripts read the chat body, and a
+    token-in request reaches the scripted engine without one."""
     gw = Gateway(
-        [engine.url], tmp_path / "traces.db", tokenizer_dir=tiny_model_dir, store_synchronous="NORMAL"
+        [engine.url],
+        tmp_path / "traces.db",
+        tokenizer_dir=tiny_model_dir,
+        store_synchronous="NORMAL",
+        token_faithful=False,
     ).start()
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture
+def faithful_gateway(engine, tmp_path, tiny_model_dir) -> Iterator[Gateway]:
+    """The default with a tokenizer: token-faithful prompts, token-in engine calls."""
+    gw = Gateway([engine.url], tmp_path / "faithful.db", tokenizer_dir=tiny_model_dir).start()
+    assert gw.stats()["gateway/token_faithful"] == 1.0
     yield gw
     gw.stop()
 

@@ -8,6 +8,7 @@ handler routes by hand (detect.py).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from dataclasses import asdict
@@ -20,6 +21,8 @@ from starlette.responses import JSONResponse, Response
 
 from polar_pl.gateway.detect import provider_from_headers, provider_from_path, split_session_path
 from polar_pl.gateway.errors import error_response
+from polar_pl.gateway.faithful_mode import TokenFaithful
+from polar_pl.gateway.gate import PAUSE_MODES, EngineGate
 from polar_pl.gateway.harness_routes import HarnessRoutes
 from polar_pl.gateway.proxy import Proxy
 from polar_pl.gateway.replicas import ReplicaPool
@@ -51,7 +54,15 @@ class GatewayRuntime:
         health_interval: float = 2.0,
         connect_timeout: float = 5.0,
         read_timeout: float = 600.0,
+        token_faithful: bool | None = None,
+        max_tokens_cap: int | None = None,
+        pause_timeout: float = 300.0,
     ):
+        """token_faithful: splice sampled tokens into prompts and call the engine's token-in
+        route (faithful.py); None = on when the gateway has a tokenizer (tokenizer_dir), since
+        both engines (vLLM, embedded) accept token prompts. max_tokens_cap: upper bound on each
+        call's response length (None: the harness's request). pause_timeout: how long a call
+        waits at a paused gate before a 503 / 529 with Retry-After."""
         self.admin_token = admin_token
         self.public_url = public_url.rstrip("/") if public_url else None
         self.store = TraceStore(store_path, synchronous=store_synchronous)
@@ -60,13 +71,28 @@ class GatewayRuntime:
         self.client = make_client(client, connect_timeout=connect_timeout, read_timeout=read_timeout)
         self.pool = ReplicaPool(upstreams, self.client, model=model, health_interval=health_interval)
         self.counter = TokenCounter(tokenizer_dir, self.client)
+        if token_faithful is None:
+            token_faithful = tokenizer_dir is not None
+        if token_faithful and tokenizer_dir is None:
+            raise ValueError("token_faithful: needs tokenizer_dir (the served model's directory)")
+        self.gate = EngineGate(wait_timeout=pause_timeout)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the serving loop, set at startup
         self.proxy = Proxy(
             store=self.store,
             sessions=self.sessions,
             pool=self.pool,
             client=self.client,
             side_rules=tuple(DEFAULT_SIDE_RULES if side_rules is None else side_rules),
+            faithful=TokenFaithful(self.counter.tokenizer) if token_faithful else None,
+            max_tokens_cap=max_tokens_cap,
+            gate=self.gate,
         )
+
+    def stats(self) -> dict[str, float]:
+        snap = self.proxy.stats.snapshot() | self.gate.snapshot()
+        snap["gateway/token_faithful"] = float(self.proxy.faithful is not None)
+        snap["gateway/healthy_replicas"] = float(sum(r.healthy for r in self.pool.replicas))
+        return snap
 
     async def aclose(self) -> None:
         await self.pool.stop()
@@ -97,8 +123,8 @@ def create_app(
     upstreams: list[str], store_path: str | Path, *, admin_token: str | None = None, **options: Any
 ) -> FastAPI:
     """Build the gateway app. options: tokenizer_dir, model, side_rules, client ("aiohttp" or
-    "httpx"), store_synchronous, public_url, health_interval, connect_timeout, read_timeout
-    (see GatewayRuntime)."""
+    "httpx"), store_synchronous, public_url, health_interval, connect_timeout, read_timeout,
+    token_faithful, max_tokens_cap, pause_timeout (see GatewayRuntime)."""
     rt = GatewayRuntime(
         upstreams, store_path, admin_token=admin_token or secrets.token_urlsafe(24), **options
     )
@@ -107,6 +133,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        rt.loop = asyncio.get_running_loop()
         rt.pool.start()
         try:
             yield
@@ -196,15 +223,38 @@ def create_app(
         if info is None:
             return JSONResponse({"error": f"no session {session_id}"}, 404)
         rt.pool.release(session_id)
+        rt.proxy.forget(session_id)
         return JSONResponse({"session_id": session_id, "deleted": True})
+
+    @app.post("/admin/pause")
+    async def pause(request: Request) -> Response:
+        """Body {"mode": "drain"|"keep"} (default drain): new engine calls wait at the gate;
+        drain answers once the calls in flight have finished."""
+        if denied := admin_denied(request):
+            return denied
+        try:
+            body = orjson.loads(await request.body() or b"{}")
+        except orjson.JSONDecodeError:
+            return JSONResponse({"error": "body must be JSON"}, 400)
+        mode = body.get("mode", "drain") if isinstance(body, dict) else None
+        if mode not in PAUSE_MODES:
+            return JSONResponse({"error": f"mode: {mode!r}; allowed: {', '.join(PAUSE_MODES)}"}, 400)
+        await rt.gate.pause(mode)
+        return JSONResponse({"paused": True, "mode": mode, "in_flight": rt.gate.in_flight})
+
+    @app.post("/admin/resume")
+    async def resume(request: Request) -> Response:
+        if denied := admin_denied(request):
+            return denied
+        rt.gate.resume()
+        return JSONResponse({"paused": False, "in_flight": rt.gate.in_flight})
 
     @app.get("/admin/stats")
     async def stats(request: Request) -> Response:
         if denied := admin_denied(request):
             return denied
-        snap = rt.proxy.stats.snapshot()
+        snap = rt.stats()
         snap["gateway/inflight"] = float(sum(r.inflight for r in rt.pool.replicas))
-        snap["gateway/healthy_replicas"] = float(sum(r.healthy for r in rt.pool.replicas))
         return JSONResponse(snap)
 
     @app.get("/health")

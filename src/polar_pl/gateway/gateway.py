@@ -11,6 +11,8 @@ trace store, so no record is lost on a clean shutdown.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import secrets
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from polar_pl.gateway.app import GatewayRuntime, create_app
+from polar_pl.gateway.gate import PAUSE_MODES, PauseMode
 from polar_pl.gateway.records import SessionInfo, TraceRecord
 from polar_pl.utils.serving import ServerThread, free_port
 
@@ -86,10 +89,46 @@ class Gateway:
     def delete_session(self, session_id: str) -> None:
         self.runtime.sessions.delete(session_id)
         self.runtime.pool.release(session_id)
+        self.runtime.proxy.forget(session_id)
 
     def stats(self) -> dict[str, float]:
-        """Counters and latency percentiles with slash keys (gateway/calls, gateway/latency_ms_p99)."""
-        return self.runtime.proxy.stats.snapshot()
+        """Counters and latency percentiles with slash keys (gateway/calls, gateway/latency_ms_p99),
+        gateway/in_flight (engine calls now), gateway/engine_busy (share of wall time since start
+        with at least one engine call in flight), gateway/paused."""
+        return self.runtime.stats()  # plain reads: no loop hop, safe from any thread
+
+    # ---- weight-update pause (callable from any thread, e.g. the trainer's) ----------------
+    def pause(self, mode: PauseMode = "drain", timeout: float | None = None) -> None:
+        """New engine calls wait at the gate until `resume()`. mode="drain" returns once the
+        calls in flight have finished (the engine is idle); "keep" returns at once and lets them
+        run on. timeout: seconds to wait for the drain (TimeoutError; the gateway stays paused)."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode: {mode!r}; allowed: {', '.join(PAUSE_MODES)}")
+        self._on_loop(self.runtime.gate.pause(mode), timeout)
+
+    def resume(self) -> None:
+        """Let waiting and new engine calls through."""
+        self._on_loop(self._async(self.runtime.gate.resume), timeout=10.0)
+
+    @property
+    def paused(self) -> bool:
+        return self.runtime.gate.paused
+
+    @staticmethod
+    async def _async(fn):
+        return fn()
+
+    def _on_loop(self, coro, timeout: float | None):
+        """Run a coroutine on the gateway's event loop (its state lives there) and wait for it."""
+        loop = self.runtime.loop
+        if self._server is None or loop is None or loop.is_closed():
+            return asyncio.run(coro)  # not serving: no other thread touches the gate
+        fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise TimeoutError(f"gateway: no answer from its event loop in {timeout}s") from None
 
     def records(self, session_id: str) -> list[TraceRecord]:
         return self.runtime.store.records(session_id)

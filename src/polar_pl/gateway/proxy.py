@@ -1,11 +1,16 @@
 """The core request path for one model call.
 
 adapter.to_chat -> volatile-content removal -> side-call tagging -> engine request (always a
-stream, with logprobs and token ids) -> each engine chunk is captured and, for a streaming
+stream, with logprobs and token ids; in token-faithful mode a token-id prompt to /v1/completions whose
+stream is translated back to chat chunks, faithful_mode.py) -> each engine chunk is captured and, for a streaming
 harness, translated and forwarded at once -> one TraceRecord, committed to the store before the
 harness receives the last bytes of its response. Failed calls are recorded with their error; a
 harness that goes away mid-stream aborts the engine request and leaves an "aborted" record with
 the partial response.
+
+Every engine call passes the engine gate (gate.py) first: it counts calls in flight and holds new
+ones while a weight update has paused the gateway. A `max_tokens_cap` bounds each call's response
+length whatever the harness asks for (Claude Code asks for 32000).
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from starlette.responses import Response
 
 from polar_pl.gateway.capture import CallCapture
 from polar_pl.gateway.errors import error_response, upstream_status
+from polar_pl.gateway.faithful import FaithfulPrompt, completion_body
+from polar_pl.gateway.faithful_mode import CompletionStream, TokenFaithful
+from polar_pl.gateway.gate import EngineGate
 from polar_pl.gateway.providers import ProviderAdapter, RequestError
 from polar_pl.gateway.records import SessionInfo, TraceRecord
 from polar_pl.gateway.replicas import Replica, ReplicaPool
@@ -62,6 +70,7 @@ class Call:
     notes: list[str] = field(default_factory=list)
     call_kind: str = "main"
     replica: Replica | None = None
+    faithful: FaithfulPrompt | None = None
 
     def record(
         self, cap: CallCapture | None, raw_response: str, status: str = "ok", error: str | None = None
@@ -79,7 +88,7 @@ class Call:
             raw_request=self.raw,
             raw_response=raw_response,
             normalized_request=self.engine_body,
-            prompt_ids=cap.prompt_ids,
+            prompt_ids=cap.prompt_ids or (self.faithful.prompt_ids if self.faithful else []),
             response_ids=cap.response_ids,
             response_logprobs=cap.logprobs,
             finish_reason=cap.finish_reason,
@@ -95,6 +104,7 @@ class Call:
             response_policy_versions=cap.token_versions if cap.version_varied else None,
             upstream=self.replica.url if self.replica else None,
             path=self.path,
+            rendered_prompt_ids=self.faithful.rendered_if_different if self.faithful else None,
         )
 
 
@@ -107,29 +117,53 @@ class Proxy:
         pool: ReplicaPool,
         client: UpstreamClient,
         side_rules: tuple[SideCallRule, ...],
+        faithful: TokenFaithful | None = None,
+        max_tokens_cap: int | None = None,
+        gate: EngineGate | None = None,
     ):
+        if max_tokens_cap is not None and (not isinstance(max_tokens_cap, int) or max_tokens_cap < 1):
+            raise ValueError(f"max_tokens_cap: {max_tokens_cap!r}; allowed: a positive integer or None")
         self.store = store
         self.sessions = sessions
         self.pool = pool
         self.client = client
         self.side_rules = side_rules
+        self.faithful = faithful
+        self.max_tokens_cap = max_tokens_cap
+        self.gate = gate or EngineGate()
         self.stats = GatewayStats()
 
     def _append(self, rec: TraceRecord) -> Future:
         self.stats.observe(rec)
+        if self.faithful is not None:
+            self.faithful.remember(rec)
         return self.store.append(rec)
 
-    # ---- the engine step: token-faithful mode will branch here to /v1/completions ----------
+    def forget(self, session_id: str) -> None:
+        """Drop a deleted session's in-memory history."""
+        if self.faithful is not None:
+            self.faithful.forget(session_id)
+
+    def _engine_done(self, call: Call) -> None:
+        call.replica.inflight -= 1
+        self.gate.leave()
+
+    # ---- the engine step ------------------------------------------------------------------
     async def open_engine_stream(self, call: Call) -> ChatStream:
-        """Send the call to its replica; on a refused connection fail over to another one."""
+        """Send the call to its replica (chat, or token-in when `call.faithful` holds a prompt);
+        on a refused connection fail over to another one."""
         for _ in range(len(self.pool.replicas)):
             rep = call.replica = self.pool.pick(call.session.session_id)
             rep.inflight += 1  # counted from the start: prefill is load too
             try:
                 call.engine_body["model"] = await self.pool.model_for(rep)
-                return await self.client.stream_chat(
-                    rep.endpoint("/v1/chat/completions"), orjson.dumps(call.engine_body)
-                )
+                if call.faithful is None:
+                    return await self.client.stream_chat(
+                        rep.endpoint("/v1/chat/completions"), orjson.dumps(call.engine_body)
+                    )
+                body = completion_body(call.engine_body, call.faithful.prompt_ids)
+                stream = await self.client.stream_chat(rep.endpoint("/v1/completions"), orjson.dumps(body))
+                return CompletionStream(stream, call.engine_body)
             except UpstreamError as exc:
                 rep.inflight -= 1
                 if exc.kind != "connect" or len(self.pool.replicas) == 1:
@@ -175,16 +209,40 @@ class Proxy:
         if side:
             call.call_kind = "side"
             call.notes.append(f"side call: {side}")
-        call.engine_body = {**chat, **CAPTURE_FIELDS}
+        self._cap_max_tokens(chat, call.notes)
+        if self.faithful is None:
+            call.engine_body = {**chat, **CAPTURE_FIELDS}
+        else:  # the record keeps the chat body; the engine gets its token-in equivalent
+            call.engine_body = chat
+            try:
+                call.faithful = await self.faithful.prompt(session.session_id, chat)
+            except ValueError as exc:  # the template cannot render these messages (as the engine)
+                return await self._fail(call, 400, f"invalid request: {exc}")
+            if call.faithful.anchor is not None and call.faithful.rendered_if_different is not None:
+                call.notes.append(f"token-faithful: sampled tokens of call {call.faithful.anchor} spliced in")
+        if not await self.gate.enter():
+            status = 529 if provider == "anthropic" else 503
+            return await self._fail(call, status, "engine paused for a weight update; retry shortly")
         try:
             stream = await self.open_engine_stream(call)
         except UpstreamError as exc:
+            self.gate.leave()
             return await self._fail(call, upstream_status(provider, exc), exc.message)
         call.replica.served += 1
         if call.norm.stream:
             media = call.norm.extra.get("media_type", "text/event-stream")
             return RelayResponse(self._relay(call, stream), media, SSE_HEADERS)
         return await self._collect(call, stream)
+
+    def _cap_max_tokens(self, chat: dict[str, Any], notes: list[str]) -> None:
+        """max_tokens = min(requested or cap, cap); a clipped request is noted in the record."""
+        cap = self.max_tokens_cap
+        if cap is None:
+            return
+        requested = chat.pop("max_completion_tokens", None) or chat.get("max_tokens")
+        chat["max_tokens"] = min(requested or cap, cap)
+        if requested is not None and requested > cap:
+            notes.append(f"max_tokens capped: requested {requested}, sent {cap}")
 
     async def _fail(self, call: Call, status: int, message: str, cap: CallCapture | None = None) -> Response:
         resp = error_response(call.provider, status, message)
@@ -203,7 +261,7 @@ class Proxy:
             await _durable(self._append(call.record(cap, resp.body.decode(), "error", exc.message)))
             return resp
         finally:
-            call.replica.inflight -= 1
+            self._engine_done(call)
             stream.close(abort=cap.finish_reason is None)
         try:
             body = orjson.dumps(call.adapter.from_chat(cap.completion(), call.norm))
@@ -257,7 +315,7 @@ class Proxy:
                 )
             raise
         finally:
-            call.replica.inflight -= 1
+            self._engine_done(call)
             stream.close(abort=not recorded or cap.finish_reason is None)
             if not recorded:  # the harness went away: the engine request is already aborted
                 self._append(

@@ -23,6 +23,16 @@ class TokenCounter:
         self._tokenizer = None
         self._lock = threading.Lock()
 
+    @property
+    def local(self) -> bool:
+        return self._dir is not None
+
+    def tokenizer(self):
+        """The served model's tokenizer (loaded once, thread-safe); needs tokenizer_dir."""
+        if self._dir is None:
+            raise ValueError("no tokenizer_dir: the gateway has no tokenizer")
+        return self._load()
+
     def _load(self):
         with self._lock:
             if self._tokenizer is None:

@@ -1,0 +1,73 @@
+"""Token-faithful mode in the request path: per-session history, prompt building, stream view.
+
+`TokenFaithful` keeps, per session, slim copies of the session's successful records (in memory:
+the prompt of call n is built from calls < n, so a store read per call is not needed), builds the
+prompt with `faithful.faithful_prompt` off the event loop (rendering a long conversation takes
+milliseconds), and `CompletionStream` shows the engine's `/v1/completions` stream to the rest of
+the proxy as `chat.completion.chunk`s (`faithful.CompletionToChat`), so capture and the provider
+adapters are the same on both paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from polar_pl.gateway.faithful import CompletionToChat, FaithfulPrompt, faithful_prompt
+from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.upstream import ChatStream
+
+# A harness session rarely makes more calls than this; older ones are only needed as anchors of a
+# conversation that has moved on (their successors carry the same spliced tokens).
+MAX_HISTORY = 1024
+
+
+class TokenFaithful:
+    def __init__(self, tokenizer: Callable[[], Any]) -> None:
+        self._tokenizer = tokenizer  # loads lazily, once
+        self._history: dict[str, list[TraceRecord]] = {}
+
+    async def prompt(self, session_id: str, chat: dict[str, Any]) -> FaithfulPrompt:
+        """Raises ValueError (RenderError) on messages the template cannot render."""
+        history = list(self._history.get(session_id, ()))
+        return await asyncio.to_thread(faithful_prompt, self._tokenizer(), chat, history)
+
+    def remember(self, rec: TraceRecord) -> None:
+        if rec.status != "ok" or not rec.response_ids:
+            return
+        slim = dataclasses.replace(rec, raw_request={}, raw_response="", response_logprobs=[])
+        hist = self._history.setdefault(rec.session_id, [])
+        hist.append(slim)
+        if len(hist) > MAX_HISTORY:
+            del hist[0]
+
+    def forget(self, session_id: str) -> None:
+        self._history.pop(session_id, None)
+
+    def sessions(self) -> int:
+        return len(self._history)
+
+
+class CompletionStream:
+    """A ChatStream over an engine `/v1/completions` stream (chunks translated on the way)."""
+
+    def __init__(self, stream: ChatStream, chat: dict[str, Any]) -> None:
+        self._stream = stream
+        self._translate = CompletionToChat(chat)
+        self.policy_version = stream.policy_version
+
+    async def batches(self):
+        async for batch in self._stream.batches():
+            out = [c for chunk in batch for c in self._translate.feed(chunk)]
+            if out:
+                yield out
+
+    async def __aiter__(self):
+        async for batch in self.batches():
+            for chunk in batch:
+                yield chunk
+
+    def close(self, abort: bool = False) -> None:
+        self._stream.close(abort)
