@@ -118,7 +118,7 @@ def main() -> None:
             f"{e['p50'] / v['p50']:.2f}" if v else "-",
             f"{e['p95']:.2f}", f"{v['p95']:.2f}" if v else "-",
         )  # fmt: skip
-    Console().print(table)
+    Console(width=160).print(table)
 
 
 if __name__ == "__main__":

@@ -136,14 +136,18 @@ class Scheduler:
                     admit.append(req)
             for fn, _ in exclusive:
                 fn()
-            try:
-                with torch.inference_mode():
-                    for req in admit:
+            with torch.inference_mode():
+                for req in admit:
+                    try:
                         self._admit(req)
+                    except Exception as exc:  # noqa: BLE001 -- a prompt that fails (OOM) fails alone
+                        req.closed = True
+                        req.sink(exc)
+                try:
                     if self._seqs:
                         self._decode_step()
-            except Exception as exc:  # noqa: BLE001 -- a failed step fails its requests, not the engine
-                self._fail_all(exc)
+                except Exception as exc:  # noqa: BLE001 -- a failed step fails its requests, not the engine
+                    self._fail_all(exc)
             self._retire()
         self._fail_all(RuntimeError("engine stopped"))
 
