@@ -1,0 +1,174 @@
+"""The engine gate (weight-update pause: drain / keep, waiting calls, timeout answer, in-flight and
+engine-busy stats) and the per-call response-length cap, against a slow scripted engine."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from polar_pl.engine.scripted import Reply, serve_scripted
+from polar_pl.gateway.gateway import Gateway
+
+LONG = "one two three four five six seven eight nine ten " * 3
+
+
+@pytest.fixture
+def slow_engine(tiny_model_dir):
+    """~30 tokens at 40 ms each: a call stays in flight for about a second."""
+    with serve_scripted(lambda chat: Reply(LONG), model_dir=tiny_model_dir, token_delay=0.04) as srv:
+        yield srv
+
+
+@pytest.fixture
+def gw(slow_engine, tmp_path, tiny_model_dir) -> Iterator[Gateway]:
+    with Gateway([slow_engine.url], tmp_path / "t.db", tokenizer_dir=tiny_model_dir, pause_timeout=20) as g:
+        yield g
+
+
+def call_in_thread(gw: Gateway, session_id_out: list, done: list, *, stream: bool = True) -> threading.Thread:
+    s = gw.create_session()
+    session_id_out.append(s.session_id)
+
+    def run() -> None:
+        client = openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="unused", max_retries=0)
+        kw = {"model": "m", "messages": [{"role": "user", "content": "count"}]}
+        if stream:
+            text = "".join(
+                ev.choices[0].delta.content or ""
+                for ev in client.chat.completions.create(stream=True, **kw)
+                if ev.choices
+            )
+        else:
+            text = client.chat.completions.create(**kw).choices[0].message.content
+        done.append((time.monotonic(), text))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def wait_for(pred, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_drain_waits_for_the_calls_in_flight(gw) -> None:
+    sids, done = [], []
+    t = call_in_thread(gw, sids, done)
+    wait_for(lambda: gw.stats()["gateway/in_flight"] == 1)
+    gw.pause("drain")
+    # the engine call is over (its record is durable before the harness gets the last bytes)
+    assert [r.status for r in gw.records(sids[0])] == ["ok"], "drain returned before the call finished"
+    assert gw.paused and gw.stats()["gateway/in_flight"] == 0
+    gw.resume()
+    t.join(10)
+    assert done[0][1].strip() == LONG.strip()
+    (rec,) = gw.records(sids[0])
+    assert rec.status == "ok" and rec.finish_reason == "stop"
+
+
+def test_keep_lets_calls_in_flight_run_and_new_calls_wait_until_resume(gw) -> None:
+    sids, done = [], []
+    first = call_in_thread(gw, sids, done)
+    wait_for(lambda: gw.stats()["gateway/in_flight"] == 1)
+    gw.pause("keep")
+    assert gw.stats()["gateway/in_flight"] == 1 and not done, "keep returned at once"
+    late_done: list = []
+    late = call_in_thread(gw, sids, late_done, stream=False)
+    wait_for(lambda: gw.stats()["gateway/gate_waiting"] == 1)
+    first.join(10)
+    assert done, "the call in flight ran on while paused"
+    time.sleep(0.3)
+    assert not late_done and gw.stats()["gateway/in_flight"] == 0, "a new call passed a paused gate"
+    resumed = time.monotonic()
+    gw.resume()
+    late.join(20)
+    assert late_done and late_done[0][0] > resumed and late_done[0][1].strip() == LONG.strip()
+    assert [r.status for sid in sids for r in gw.records(sid)] == ["ok", "ok"]
+    stats = gw.stats()
+    assert stats["gateway/gate_held"] == 1 and stats["gateway/paused_s"] > 0.3
+    assert 0 < stats["gateway/engine_busy"] < 1
+
+
+def test_a_call_waiting_past_the_pause_timeout_gets_a_retryable_provider_error(slow_engine, tmp_path) -> None:
+    with Gateway([slow_engine.url], tmp_path / "t.db", pause_timeout=0.3) as gw:
+        gw.pause("keep")
+        s = gw.create_session()
+        with pytest.raises(anthropic.InternalServerError) as err:
+            anthropic.Anthropic(base_url=s.base_url, api_key="unused", max_retries=0).messages.create(
+                model="c", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+        assert err.value.status_code == 529 and err.value.response.headers["retry-after"]
+        assert err.value.body["error"]["type"] == "overloaded_error"
+        with pytest.raises(openai.InternalServerError) as oerr:
+            openai.OpenAI(
+                base_url=f"{s.base_url}/v1", api_key="unused", max_retries=0
+            ).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert oerr.value.status_code == 503
+        assert [r.status for r in gw.records(s.session_id)] == ["error", "error"]
+        assert gw.stats()["gateway/gate_refused"] == 2
+        gw.resume()
+
+
+def test_admin_pause_and_resume_routes(gw) -> None:
+    with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {gw.admin_token}"}) as admin:
+        assert admin.post("/admin/pause", json={"mode": "sideways"}).status_code == 400
+        assert httpx.post(f"{gw.url}/admin/pause").status_code == 401
+        r = admin.post("/admin/pause", json={"mode": "keep"})
+        assert r.json() == {"paused": True, "mode": "keep", "in_flight": 0} and gw.paused
+        assert admin.get("/admin/stats").json()["gateway/paused"] == 1.0
+        assert admin.post("/admin/pause").json()["mode"] == "drain"  # idle engine: drained at once
+        assert admin.post("/admin/resume").json()["paused"] is False and not gw.paused
+
+
+def test_pause_rejects_an_unknown_mode(gw) -> None:
+    with pytest.raises(ValueError, match="drain, keep"):
+        gw.pause("later")
+
+
+# ---- max_tokens_cap -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("faithful", [False, True])
+def test_max_tokens_cap_clips_requests_and_notes_it(slow_engine, tmp_path, tiny_model_dir, faithful) -> None:
+    """Claude Code asks for 32000 tokens; the run's budget wins, and the record says so."""
+    slow_engine.backend.token_delay = 0.0
+    with Gateway(
+        [slow_engine.url],
+        tmp_path / "t.db",
+        tokenizer_dir=tiny_model_dir,
+        token_faithful=faithful,
+        max_tokens_cap=6,
+    ) as gw:
+        s = gw.create_session()
+        client = anthropic.Anthropic(base_url=s.base_url, api_key="unused", max_retries=0)
+        big = client.messages.create(
+            model="c", max_tokens=32000, messages=[{"role": "user", "content": "hi"}], timeout=60
+        )
+        small = client.messages.create(model="c", max_tokens=3, messages=[{"role": "user", "content": "hi"}])
+        oa = openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="unused", max_retries=0)
+        unset = oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        records = gw.records(s.session_id)
+    assert big.stop_reason == "max_tokens" and big.usage.output_tokens == 6
+    assert small.usage.output_tokens == 3 and unset.usage.completion_tokens == 6
+    assert [r.params.max_tokens for r in slow_engine.backend.requests] == [6, 3, 6]
+
+    rb, rs, ru = records
+    assert (
+        "max_tokens capped: requested 32000, sent 6" in rb.notes and rb.normalized_request["max_tokens"] == 6
+    )
+    assert not any("capped" in n for n in rs.notes + ru.notes)
+    assert len(rb.response_ids) == 6 and rb.finish_reason == "length"
+
+
+def test_max_tokens_cap_must_be_positive(slow_engine, tmp_path) -> None:
+    with pytest.raises(ValueError, match="max_tokens_cap"):
+        Gateway([slow_engine.url], tmp_path / "t.db", max_tokens_cap=0)
