@@ -26,6 +26,7 @@ class CallCapture:
         "prompt_ids",
         "reasoning",
         "response_ids",
+        "stop_reason",
         "token_versions",
         "tool_calls",
         "usage",
@@ -40,6 +41,8 @@ class CallCapture:
         self.reasoning: list[str] = []
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
+        # vLLM's matched stop string (or stop token id): Anthropic reports it as stop_sequence
+        self.stop_reason: str | int | None = None
         self.usage: dict[str, Any] = {}
         self.policy_version = policy_version if policy_version is not None else 0
         self.id = ""
@@ -94,6 +97,7 @@ class CallCapture:
                     slot["function"]["arguments"] += fn["arguments"]
             if ch.get("finish_reason"):
                 self.finish_reason = ch["finish_reason"]
+                self.stop_reason = ch.get("stop_reason")
 
     @property
     def version_varied(self) -> bool:
@@ -133,6 +137,7 @@ class CallCapture:
                     "index": 0,
                     "message": msg,
                     "finish_reason": self.finish_reason,
+                    "stop_reason": self.stop_reason,
                     "logprobs": None,
                     "token_ids": self.response_ids,
                 }
