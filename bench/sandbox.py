@@ -153,7 +153,9 @@ def main() -> None:
     model_dir = Path(os.environ.get("POLAR_TINY_MODEL", REPO / ".cache" / "tiny-model"))
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         engine = stack.enter_context(serve_scripted(script, model_dir=model_dir))
-        gateway = stack.enter_context(Gateway([engine.url], Path(tmp) / "t.db", tokenizer_dir=model_dir))
+        gateway = stack.enter_context(
+            Gateway([engine.url], Path(tmp) / "t.db", tokenizer_dir=model_dir, token_faithful=False)
+        )
         factories = {b: make_factory(b, stack) for b in backends}
 
         ops = Table(title=f"sandbox operations, median ms over {args.reps} runs")

@@ -45,7 +45,15 @@ def script() -> Script:
 def gateway(tiny_model_dir, script, tmp_path_factory) -> Iterator[Gateway]:
     with serve_scripted(script, model_dir=tiny_model_dir) as engine:
         store = tmp_path_factory.mktemp("gateway") / "traces.db"
-        with Gateway([engine.url], store, tokenizer_dir=tiny_model_dir, store_synchronous="NORMAL") as gw:
+        # The chat path (token_faithful off): the script reads the chat body (tools, tool results),
+        # which token-in requests do not carry.
+        with Gateway(
+            [engine.url],
+            store,
+            tokenizer_dir=tiny_model_dir,
+            store_synchronous="NORMAL",
+            token_faithful=False,
+        ) as gw:
             yield gw
 
 
