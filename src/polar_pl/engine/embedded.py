@@ -5,7 +5,9 @@ a state dict are a direct in-memory copy, no serialization.
 mode="subprocess": `polar-pl engine` in a child process (isolates the GIL from the trainer);
 state-dict updates go through a safetensors directory and POST /update_weights_from_disk.
 
-num_threads sets torch's intra-op threads; in thread mode that is process-wide (the trainer too).
+num_threads sets torch's intra-op threads of the engine's scheduler thread only (torch keeps that
+setting per thread), so in thread mode the trainer's own torch threads are not changed; the two
+still share the CPU cores, so on a small machine keep their sum at or below the core count.
 """
 
 from __future__ import annotations

@@ -60,8 +60,10 @@ class Scheduler:
         max_batch_size: int = 64,
         prefill_chunk: int = 2048,
         version: Callable[[], int],
+        num_threads: int | None = None,
     ):
         self.model = model
+        self.num_threads = num_threads
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.stats = stats
@@ -118,6 +120,9 @@ class Scheduler:
 
     # -- scheduler thread --------------------------------------------------------------------
     def _loop(self) -> None:
+        if self.num_threads is not None:
+            set_thread_local_num_threads(self.num_threads)
+        self.stats.extra["num_threads"] = torch.get_num_threads()
         while True:
             with self._cond:
                 while not (self._stop or self._waiting or self._exclusive or self._seqs):
@@ -296,6 +301,21 @@ class Scheduler:
         for req in reqs:
             req.sink(exc)
         self._running, self._seqs, self._cache, self._mask = [], [], None, None
+
+
+def set_thread_local_num_threads(n: int) -> None:
+    """Give the calling thread n torch intra-op threads without changing any other thread's.
+
+    torch.set_num_threads sets the caller's OpenMP thread count, which is per thread, but also a
+    process-wide default that threads apply when they first touch torch: in thread mode that would
+    silently change the trainer's new threads. So the default is put back from a throwaway thread,
+    whose own count dies with it.
+    """
+    default = torch.get_num_threads()  # on a fresh thread: the process-wide default
+    torch.set_num_threads(n)
+    restore = threading.Thread(target=torch.set_num_threads, args=(default,), name="num-threads-restore")
+    restore.start()
+    restore.join()
 
 
 def _left_pad(x: torch.Tensor, t: int) -> torch.Tensor:

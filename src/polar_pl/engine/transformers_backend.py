@@ -35,7 +35,9 @@ class TransformersBackend:
 
     dtype: None = float32 on CPU (what vLLM's CPU build is checked against), the checkpoint's dtype
     on GPU.
-    num_threads: torch intra-op threads (process-wide); None leaves torch's setting alone.
+    num_threads: torch intra-op threads of the scheduler thread (which runs every forward pass);
+    set on that thread only, so the caller's (the trainer's) setting is left alone; None keeps
+    torch's default.
     """
 
     def __init__(
@@ -50,10 +52,6 @@ class TransformersBackend:
         prefill_chunk: int = 2048,
         num_threads: int | None = None,
     ):
-        if num_threads is not None:
-            # Process-wide. Oversubscribed intra-op threads make small CPU kernels crawl (a decode
-            # step of the tiny model: ~40 ms with 2 threads on a busy 2-core box, ~3 ms with 1).
-            torch.set_num_threads(num_threads)
         self.model_dir = Path(model_dir)
         self.model_name = model_name or str(model_dir)
         self.device = torch.device(device) if device is not None else default_device()
@@ -81,6 +79,9 @@ class TransformersBackend:
             max_batch_size=max_batch_size,
             prefill_chunk=prefill_chunk,
             version=lambda: self.policy_version,
+            # Oversubscribed intra-op threads make small CPU kernels crawl (a decode step of the
+            # tiny model: ~40 ms with 2 threads on a busy 2-core box, ~3 ms with 1).
+            num_threads=num_threads,
         )
         self._started = False
 
