@@ -56,7 +56,7 @@ def test_learning_sanity_improves_only_when_weights_reach_the_engine(tiny_model_
     train("experiment=sanity", "logger=csv", f"hydra.run.dir={push}")
     train("experiment=sanity_no_push", "logger=csv", f"hydra.run.dir={no_push}")
     r_push, r_none = rewards_by_step(push), rewards_by_step(no_push)
-    assert len(r_push) >= 30 and len(r_none) >= 30  # one row per batch (a skipped batch adds one)
+    assert len(r_push) == len(r_none) == 30  # one row per batch, skipped (zero-signal) ones included
     gain = sum(r_push[-5:]) / 5 - sum(r_push[:5]) / 5
     control = sum(r_none[-5:]) / 5 - sum(r_none[:5]) / 5
     print(f"sanity reward by step (push):    {[round(x, 3) for x in r_push]}")
@@ -64,7 +64,7 @@ def test_learning_sanity_improves_only_when_weights_reach_the_engine(tiny_model_
     assert gain > 0.15, f"reward did not improve: first5 -> last5 gain {gain:.3f}"
     assert control < 0.05, f"no-push control improved by {control:.3f}: rewards do not depend on pushes"
     versions = [int(float(r["train/policy_version"])) for r in metrics(push) if r.get("train/policy_version")]
-    assert versions[-1] == 30  # one push per step reached the engine
+    assert versions == sorted(versions) and versions[-1] >= 15  # a push per optimiser step
 
 
 @pytest.mark.slow
@@ -74,7 +74,7 @@ def test_sweep_writes_one_wandb_offline_run_per_value(tiny_model_dir, tmp_path):
         "-m",
         "debug=fast",
         "logger=default",
-        "trainer.max_steps=1",
+        "steps=1",
         "merge=prefix,per_request",
         f"hydra.sweep.dir={sweep}",
     )
@@ -88,7 +88,7 @@ def test_sweep_writes_one_wandb_offline_run_per_value(tiny_model_dir, tmp_path):
 @pytest.mark.slow
 def test_resume_continues_step_count_and_task_cursor(tiny_model_dir, tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
-    train("debug=fast", "trainer.max_steps=2", "checkpoint_every=1", f"hydra.run.dir={first}")
+    train("debug=fast", "steps=2", "checkpoint_every=1", f"hydra.run.dir={first}")
     ckpt = first / "checkpoints" / "last.ckpt"
     state = torch.load(ckpt, weights_only=False)
     assert state["global_step"] == 2
@@ -96,7 +96,7 @@ def test_resume_continues_step_count_and_task_cursor(tiny_model_dir, tmp_path):
     cursor = dm_state["service"]
     trained = set(range(cursor["start_seq"])) | set(cursor["skip_seqs"])
     assert len(trained) == 2  # one group per step, both committed
-    train("debug=fast", "trainer.max_steps=3", f"ckpt_path={ckpt}", f"hydra.run.dir={second}")
+    train("debug=fast", "steps=3", f"ckpt_path={ckpt}", f"hydra.run.dir={second}")
     steps = [int(r["step"]) for r in metrics(second) if r.get("rollout/reward_mean")]
     assert steps == [2]  # only the third step ran
     assert not (group_seqs(second) & trained), "resumed run repeated groups it had trained on"
@@ -116,7 +116,7 @@ def test_vllm_engine_with_disk_weight_updates_matches_the_trainer(tiny_model_dir
         "engine.dtype=float32",
         "module/weight_sync=disk",
         "datamodule.max_staleness=0",
-        "trainer.max_steps=3",
+        "steps=3",
         f"hydra.run.dir={run}",
     )
     rows = [r for r in metrics(run) if r.get("train/logprob_gap_mean")]

@@ -78,6 +78,7 @@ class RolloutDataModule(L.LightningDataModule):
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.counters: Counter[str] = Counter()
         self._issued: deque[list[int]] = deque()
+        self.batches_done = 0  # batches a training step consumed (survives resume)
         self._batch_metrics: deque[dict[str, float]] = deque()
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -221,10 +222,14 @@ class RolloutDataModule(L.LightningDataModule):
             self._batch_metrics.popleft()
         if self._issued and self.service is not None:
             self.service.mark_consumed(self._issued.popleft())
+            self.batches_done += 1
 
     # ---- resume ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"policy_version": int(self.engine.policy_version())}
+        state: dict[str, Any] = {
+            "policy_version": int(self.engine.policy_version()),
+            "batches_done": self.batches_done,
+        }
         if self.service is not None:
             state["service"] = self.service.state_dict()
         elif "service" in self._resume:
@@ -233,16 +238,19 @@ class RolloutDataModule(L.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume = dict(state_dict)
+        self.batches_done = int(state_dict.get("batches_done", 0))
 
 
 class _Batches(IterableDataset):
-    """One batch per training step, `steps` of them (the trainer's max_steps bounds the run)."""
+    """One batch per training step until `steps` batches were trained over the whole run (a resumed
+    run yields only the rest). The run length is counted in batches, not optimiser steps: GRPO skips
+    a batch whose groups carry no signal, and a converged run must still end."""
 
     def __init__(self, dm: RolloutDataModule) -> None:
         self.dm = dm
 
     def __iter__(self) -> Iterator[TrainBatch]:
-        for _ in range(self.dm.steps):
+        for _ in range(max(0, self.dm.steps - self.dm.batches_done)):
             yield self.dm.next_batch()
 
 
