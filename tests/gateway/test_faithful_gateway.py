@@ -11,8 +11,10 @@ import openai
 import pytest
 
 from polar_pl.datamodule.trajectory import PrefixBuilder
-from polar_pl.engine.scripted import Reply, ToolCall
+from polar_pl.engine.scripted import Reply, ScriptedBackend, ToolCall
+from polar_pl.engine.server import create_app
 from polar_pl.gateway.gateway import Gateway
+from polar_pl.utils.serving import ServerThread
 
 OPENAI_TOOLS = [
     {
@@ -103,7 +105,12 @@ def anthropic_session(gw: Gateway) -> tuple[str, list[Any]]:
         ) as st:  # fmt: skip
             final = st.get_final_message()
         blocks = [b.model_dump(exclude_none=True) for b in final.content]
-        answers.append((final.stop_reason, [(b["type"], b.get("text") or b.get("input")) for b in blocks]))
+        answers.append(
+            (
+                final.stop_reason,
+                [(b["type"], b.get("text") or b.get("thinking") or b.get("input")) for b in blocks],
+            )
+        )
         messages.append({"role": "assistant", "content": blocks})
         uses = [b for b in blocks if b["type"] == "tool_use"]
         if uses:
@@ -195,3 +202,29 @@ def test_unrenderable_messages_are_a_provider_shaped_400(engine, faithful_gatewa
     assert "does not accept images" in str(err.value)
     (rec,) = faithful_gateway.records(s.session_id)
     assert rec.status == "error" and not engine.backend.requests
+
+
+def test_reasoning_parser_parity_on_the_token_in_path(tiny_model_dir, tmp_path) -> None:
+    """An engine with a reasoning parser (vLLM `--reasoning-parser qwen3`) sends thinking as
+    `reasoning` on its chat route; the token-in path, given the same parser name, must too, or
+    the harness would get the <think> block as answer text."""
+    backend = ScriptedBackend.from_model_dir(tiny_model_dir, three_turns() * 2)
+    with ServerThread(create_app(backend, reasoning_parser="qwen3")) as eng:
+        with Gateway(
+            [eng.url], tmp_path / "a.db", tokenizer_dir=tiny_model_dir, token_faithful=False
+        ) as plain:
+            _, want = anthropic_session(plain)
+        with Gateway(
+            [eng.url], tmp_path / "b.db", tokenizer_dir=tiny_model_dir, reasoning_parser="qwen3"
+        ) as gw:
+            sid, got = anthropic_session(gw)
+            stats, _ = stats_of(gw, sid)
+    assert got == want
+    first = [(kind, v.strip() if isinstance(v, str) else v) for kind, v in got[0][1]]
+    assert first == [("thinking", "I should look."), ("text", "Let me look."), ("tool_use", {"path": "src"})]
+    assert stats.breaks == {} and stats.rows == 1
+
+
+def test_unknown_reasoning_parser_is_a_config_error(engine, tmp_path, tiny_model_dir) -> None:
+    with pytest.raises(ValueError, match="reasoning_parser"):
+        Gateway([engine.url], tmp_path / "t.db", tokenizer_dir=tiny_model_dir, reasoning_parser="r1-ish")

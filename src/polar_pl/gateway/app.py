@@ -19,6 +19,7 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
+from polar_pl.engine.reasoning import check_reasoning_parser
 from polar_pl.gateway.detect import provider_from_headers, provider_from_path, split_session_path
 from polar_pl.gateway.errors import error_response
 from polar_pl.gateway.faithful_mode import TokenFaithful
@@ -57,12 +58,15 @@ class GatewayRuntime:
         token_faithful: bool | None = None,
         max_tokens_cap: int | None = None,
         pause_timeout: float = 300.0,
+        reasoning_parser: str | None = None,
     ):
         """token_faithful: splice sampled tokens into prompts and call the engine's token-in
         route (faithful.py); None = on when the gateway has a tokenizer (tokenizer_dir), since
         both engines (vLLM, embedded) accept token prompts. max_tokens_cap: upper bound on each
         call's response length (None: the harness's request). pause_timeout: how long a call
-        waits at a paused gate before a 503 / 529 with Retry-After."""
+        waits at a paused gate before a 503 / 529 with Retry-After. reasoning_parser: the
+        engine's (vLLM `--reasoning-parser`, "qwen3"), applied to token-in answers as the engine
+        applies it to chat answers."""
         self.admin_token = admin_token
         self.public_url = public_url.rstrip("/") if public_url else None
         self.store = TraceStore(store_path, synchronous=store_synchronous)
@@ -83,7 +87,9 @@ class GatewayRuntime:
             pool=self.pool,
             client=self.client,
             side_rules=tuple(DEFAULT_SIDE_RULES if side_rules is None else side_rules),
-            faithful=TokenFaithful(self.counter.tokenizer) if token_faithful else None,
+            faithful=TokenFaithful(self.counter.tokenizer, check_reasoning_parser(reasoning_parser))
+            if token_faithful
+            else None,
             max_tokens_cap=max_tokens_cap,
             gate=self.gate,
         )
@@ -124,7 +130,7 @@ def create_app(
 ) -> FastAPI:
     """Build the gateway app. options: tokenizer_dir, model, side_rules, client ("aiohttp" or
     "httpx"), store_synchronous, public_url, health_interval, connect_timeout, read_timeout,
-    token_faithful, max_tokens_cap, pause_timeout (see GatewayRuntime)."""
+    token_faithful, max_tokens_cap, pause_timeout, reasoning_parser (see GatewayRuntime)."""
     rt = GatewayRuntime(
         upstreams, store_path, admin_token=admin_token or secrets.token_urlsafe(24), **options
     )

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from polar_pl.engine.reasoning import ReasoningStream, check_reasoning_parser, thinking_enabled
 from polar_pl.engine.render import conversation_for_template, render_chat
 from polar_pl.engine.toolparse import HermesStreamParser, parse_tool_calls
 from polar_pl.gateway.records import TraceRecord
@@ -219,11 +220,19 @@ def completion_body(
 
 
 class CompletionToChat:
-    """Per-stream state: `/v1/completions` chunks in, `chat.completion.chunk` dicts out (n=1)."""
+    """Per-stream state: `/v1/completions` chunks in, `chat.completion.chunk` dicts out (n=1).
 
-    def __init__(self, chat: dict[str, Any]) -> None:
+    reasoning_parser: the engine's (vLLM `--reasoning-parser`, e.g. "qwen3"); with it the
+    `<think>` block goes to `delta.reasoning` exactly as the engine's chat route would send it."""
+
+    def __init__(self, chat: dict[str, Any], reasoning_parser: str | None = None) -> None:
         self.parser = HermesStreamParser() if uses_tool_parser(chat) else None
+        thinking = check_reasoning_parser(reasoning_parser) and thinking_enabled(
+            chat.get("chat_template_kwargs")
+        )
+        self.reasoner = ReasoningStream() if thinking else None
         self.text = ""
+        self.content_sent = 0
         self.started = False
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
@@ -244,10 +253,18 @@ class CompletionToChat:
             out.append(first)
         piece = ch.get("text") or ""
         self.text += piece
-        if self.parser is not None:
-            delta = (self.parser.feed(self.text) if piece else None) or {}
-        else:
-            delta = {"content": piece} if piece else {}
+        # the engine's chat route, step for step: reasoning split first, then tools on the content
+        reasoning, content = self.reasoner.feed(self.text) if self.reasoner else (None, self.text)
+        delta = None
+        if content is not None and piece:
+            if self.parser is not None:
+                delta = self.parser.feed(content)
+            elif len(content) > self.content_sent:
+                delta = {"content": content[self.content_sent :]}
+                self.content_sent = len(content)
+        if reasoning:
+            delta = {"reasoning": reasoning, **(delta or {})}
+        delta = delta or {}
         choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": _chat_logprobs(ch.get("logprobs")),
                                   "finish_reason": None, "token_ids": ch.get("token_ids")}  # fmt: skip
         finish = ch.get("finish_reason")

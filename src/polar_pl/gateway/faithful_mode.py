@@ -25,8 +25,9 @@ MAX_HISTORY = 1024
 
 
 class TokenFaithful:
-    def __init__(self, tokenizer: Callable[[], Any]) -> None:
+    def __init__(self, tokenizer: Callable[[], Any], reasoning_parser: str | None = None) -> None:
         self._tokenizer = tokenizer  # loads lazily, once
+        self.reasoning_parser = reasoning_parser
         self._history: dict[str, list[TraceRecord]] = {}
 
     async def prompt(self, session_id: str, chat: dict[str, Any]) -> FaithfulPrompt:
@@ -53,9 +54,9 @@ class TokenFaithful:
 class CompletionStream:
     """A ChatStream over an engine `/v1/completions` stream (chunks translated on the way)."""
 
-    def __init__(self, stream: ChatStream, chat: dict[str, Any]) -> None:
+    def __init__(self, stream: ChatStream, chat: dict[str, Any], reasoning_parser: str | None = None) -> None:
         self._stream = stream
-        self._translate = CompletionToChat(chat)
+        self._translate = CompletionToChat(chat, reasoning_parser)
         self.policy_version = stream.policy_version
 
     async def batches(self):

@@ -163,7 +163,7 @@ class Proxy:
                     )
                 body = completion_body(call.engine_body, call.faithful.prompt_ids)
                 stream = await self.client.stream_chat(rep.endpoint("/v1/completions"), orjson.dumps(body))
-                return CompletionStream(stream, call.engine_body)
+                return CompletionStream(stream, call.engine_body, self.faithful.reasoning_parser)
             except UpstreamError as exc:
                 rep.inflight -= 1
                 if exc.kind != "connect" or len(self.pool.replicas) == 1:
