@@ -40,6 +40,12 @@ TOOL_REPLY = (
     + "}\n</tool_call>"
 )
 
+# A think block, text with surrounding whitespace, then a tool call: what Qwen3 writes with
+# thinking on (the reasoning-parser reference test).
+THINK_REPLY = (
+    "<think>\nThe user wants a file.\n</think>\n\nok\n" + TOOL_REPLY[TOOL_REPLY.index("<tool_call>") :]
+)
+
 
 def memorize(src: Path, out: Path, messages, tools, reply: str, steps: int = 400) -> Path:
     """Copy the model at src to out and train it until greedy decoding of the rendered request
@@ -93,6 +99,13 @@ def tool_case() -> ToolCase:
 def tool_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     return memorize(
         Path(tiny_model_dir), tmp_path_factory.mktemp("tool-model"), TOOL_MESSAGES, TOOLS, TOOL_REPLY
+    )
+
+
+@pytest.fixture(scope="session")
+def think_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    return memorize(
+        Path(tiny_model_dir), tmp_path_factory.mktemp("think-model"), TOOL_MESSAGES, TOOLS, THINK_REPLY
     )
 
 

@@ -21,6 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: half the cores, <= 8)"
     )
+    parser.add_argument(
+        "--reasoning-parser", default=None, choices=["qwen3"], help="split <think> output into `reasoning`"
+    )
     parser.add_argument("--log-level", default="info")
 
 
@@ -44,5 +47,10 @@ def run(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch_size,
         num_threads=args.threads or default_threads(),
     )
-    uvicorn.run(create_app(backend), host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(
+        create_app(backend, reasoning_parser=args.reasoning_parser),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+    )
     return 0

@@ -1,5 +1,6 @@
 """EmbeddedEngine: the transformers engine of this package behind the `Engine` handle.
 
+reasoning_parser: None or "qwen3", as vLLM's `--reasoning-parser` (engine/reasoning.py).
 mode="thread": model and server live in this process (uvicorn on a thread); weight updates from
 a state dict are a direct in-memory copy, no serialization.
 mode="subprocess": `polar-pl engine` in a child process (isolates the GIL from the trainer);
@@ -41,8 +42,11 @@ class EmbeddedEngine:
         max_batch_size: int = 64,
         max_model_len: int | None = None,
         num_threads: int | None = None,
+        reasoning_parser: str | None = None,
         startup_timeout: float = 300.0,
     ):
+        from polar_pl.engine.reasoning import check_reasoning_parser
+
         if mode not in ("thread", "subprocess"):
             raise ValueError(f"engine.mode must be 'thread' or 'subprocess', got {mode!r}")
         self.model_dir = Path(model_dir)
@@ -54,6 +58,7 @@ class EmbeddedEngine:
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
         self.num_threads = num_threads
+        self.reasoning_parser = check_reasoning_parser(reasoning_parser)
         self.startup_timeout = startup_timeout
         self.backend = None  # TransformersBackend, thread mode only
         self._thread: ServerThread | None = None
@@ -87,7 +92,11 @@ class EmbeddedEngine:
                 max_model_len=self.max_model_len,
                 num_threads=self.num_threads,
             )
-            self._thread = ServerThread(create_app(self.backend), host=self.host, port=self.port)
+            self._thread = ServerThread(
+                create_app(self.backend, reasoning_parser=self.reasoning_parser),
+                host=self.host,
+                port=self.port,
+            )
             self._thread.start(timeout=self.startup_timeout)
         else:
             cmd = [
@@ -112,6 +121,8 @@ class EmbeddedEngine:
                 cmd += ["--max-model-len", str(self.max_model_len)]
             if self.num_threads:
                 cmd += ["--threads", str(self.num_threads)]
+            if self.reasoning_parser:
+                cmd += ["--reasoning-parser", self.reasoning_parser]
             self._proc = ServerProcess(cmd, self.url, name="embedded-engine")
             self._proc.start(self.startup_timeout)
         return self

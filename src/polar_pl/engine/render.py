@@ -7,7 +7,8 @@ must produce the same ids as vLLM for the same request. What vLLM does before th
 - a system message whose text starts with Claude Code's `x-anthropic-billing-header` line loses
   that line (it changes per request);
 - assistant `tool_calls` arguments (JSON strings) are parsed to dicts (invalid -> {});
-  an empty tool_calls list is dropped; `reasoning` is passed as `reasoning` and `reasoning_content`;
+  an empty tool_calls list is dropped; `reasoning` (or the deprecated `reasoning_content`, used
+  only when `reasoning` is absent) is passed as `reasoning` and `reasoning_content`;
 - tool messages keep `tool_call_id`; any message keeps a string `name`;
 - tools are passed as {"type": "function", "function": {"name", "description", "parameters"}}
   with None kept for a missing description/parameters (vLLM's pydantic dump);
@@ -101,8 +102,12 @@ def conversation_for_template(messages: list[Any]) -> list[dict[str, Any]]:
                     raise RenderError(f"{where}.tool_calls must be a list")
                 if calls:
                     rendered["tool_calls"] = [_tool_call_for_template(c, where) for c in calls]
-            if msg.get("reasoning") is not None:
-                rendered["reasoning"] = rendered["reasoning_content"] = msg["reasoning"]
+            # vLLM 0.32 renames the deprecated `reasoning_content` to `reasoning` (reasoning wins)
+            reasoning = msg.get("reasoning")
+            if reasoning is None:
+                reasoning = msg.get("reasoning_content")
+            if reasoning is not None:
+                rendered["reasoning"] = rendered["reasoning_content"] = reasoning
         elif role == "tool" and "tool_call_id" in msg:
             rendered["tool_call_id"] = msg["tool_call_id"]
         if isinstance(msg.get("name"), str):

@@ -31,6 +31,7 @@ from polar_pl.engine.openai_protocol import (
     CompletionRequest,
     UpdateWeightsFromDiskRequest,
 )
+from polar_pl.engine.reasoning import check_reasoning_parser
 from polar_pl.engine.render import RenderError, render_chat
 
 VERSION_HEADER = "x-policy-version"
@@ -63,9 +64,13 @@ async def _guarded(lines: AsyncIterator[str], gen: AsyncIterator) -> AsyncIterat
         await gen.aclose()
 
 
-def create_app(backend: GenerationBackend, served_model_name: str | None = None) -> FastAPI:
-    """Build the app. The backend is started and closed with the app's lifespan."""
+def create_app(
+    backend: GenerationBackend, served_model_name: str | None = None, reasoning_parser: str | None = None
+) -> FastAPI:
+    """Build the app. The backend is started and closed with the app's lifespan.
+    reasoning_parser: None or "qwen3" (vLLM's `--reasoning-parser qwen3`, see engine/reasoning.py)."""
     model_name = served_model_name or backend.model_name
+    reasoning_parser = check_reasoning_parser(reasoning_parser)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -206,7 +211,7 @@ def create_app(backend: GenerationBackend, served_model_name: str | None = None)
         )
         request_id = _request_id("chatcmpl")
         ctx = serving.ResponseContext(
-            request_id, model_name, backend.tokenizer, prompt_ids, backend.policy_version
+            request_id, model_name, backend.tokenizer, prompt_ids, backend.policy_version, reasoning_parser
         )
         chat = req.model_dump(exclude_none=True)
         gen = backend.generate(GenerationRequest(request_id, tuple(prompt_ids), params, chat))

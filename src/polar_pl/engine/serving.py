@@ -17,6 +17,7 @@ from typing import Any
 
 from polar_pl.engine.backend import SeqDelta, TokenLogprob
 from polar_pl.engine.openai_protocol import ChatCompletionRequest, CompletionRequest
+from polar_pl.engine.reasoning import ReasoningStream, split_reasoning, thinking_enabled
 from polar_pl.engine.toolparse import HermesStreamParser, parse_tool_calls
 
 
@@ -27,6 +28,7 @@ class ResponseContext:
     tokenizer: Any
     prompt_ids: list[int]
     policy_version: int
+    reasoning_parser: str | None = None  # "qwen3" splits <think>...</think> into `reasoning`
     created: int = field(default_factory=lambda: int(time.time()))
     _token_cache: dict[int, str] = field(default_factory=dict)
 
@@ -135,21 +137,26 @@ def _oldest_version(choices: list[ChoiceAccumulator], default: int) -> int:
     return min(versions) if versions else default
 
 
-def chat_message(req: ChatCompletionRequest, text: str) -> tuple[dict, bool]:
+def parses_reasoning(req: ChatCompletionRequest, ctx: ResponseContext) -> bool:
+    return ctx.reasoning_parser is not None and thinking_enabled(req.chat_template_kwargs)
+
+
+def chat_message(req: ChatCompletionRequest, ctx: ResponseContext, text: str) -> tuple[dict, bool]:
     """The assistant message for a finished choice, and whether tool calls were parsed."""
+    reasoning, content = split_reasoning(text) if parses_reasoning(req, ctx) else (None, text)
     message: dict[str, Any] = {
         "role": "assistant",
-        "content": text,
+        "content": content,
         "refusal": None,
         "annotations": None,
         "audio": None,
         "function_call": None,
         "tool_calls": [],
-        "reasoning": None,
+        "reasoning": reasoning,
     }
-    if not req.uses_tool_parser():
+    if not req.uses_tool_parser() or content is None:
         return message, False
-    parsed = parse_tool_calls(text)
+    parsed = parse_tool_calls(content)
     if not parsed.tools_called:
         return message, False
     content = parsed.content
@@ -162,7 +169,7 @@ def chat_response(req: ChatCompletionRequest, ctx: ResponseContext, choices: lis
     k = req.top_logprobs or 0
     out_choices = []
     for c in choices:
-        message, called = chat_message(req, c.text)
+        message, called = chat_message(req, ctx, c.text)
         finish = c.finish_reason or "stop"
         if called and finish == "stop":
             finish = "tool_calls"
@@ -208,7 +215,9 @@ async def chat_stream(
     n = req.n
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     parsers = [HermesStreamParser() for _ in range(n)] if req.uses_tool_parser() else None
+    reasoners = [ReasoningStream() for _ in range(n)] if parses_reasoning(req, ctx) else None
     texts = [""] * n
+    content_sent = [0] * n
     counts = [0] * n
     k = req.top_logprobs or 0
 
@@ -242,10 +251,16 @@ async def chat_stream(
             i = d.index
             counts[i] += len(d.token_ids)
             texts[i] += d.text
-            if parsers is not None:
-                delta = parsers[i].feed(texts[i]) if d.text else None
-            else:
-                delta = {"content": d.text} if d.text else None
+            reasoning, content = reasoners[i].feed(texts[i]) if reasoners is not None else (None, texts[i])
+            delta = None
+            if content is not None and d.text:
+                if parsers is not None:
+                    delta = parsers[i].feed(content)
+                elif len(content) > content_sent[i]:
+                    delta = {"content": content[content_sent[i] :]}
+                    content_sent[i] = len(content)
+            if reasoning:
+                delta = {"reasoning": reasoning, **(delta or {})}
             logprobs = chat_logprobs(ctx, d.logprobs, k) if req.logprobs and d.logprobs is not None else None
             if delta is None:
                 if d.finish_reason is None and logprobs is None and not req.return_token_ids:

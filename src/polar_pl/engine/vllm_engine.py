@@ -55,6 +55,7 @@ class VLLMEngine:
         dtype: str = "float32",
         max_model_len: int | None = 32768,
         enforce_eager: bool = True,
+        reasoning_parser: str | None = None,
         extra_args: list[str] | tuple[str, ...] = (),
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 600.0,
@@ -70,6 +71,7 @@ class VLLMEngine:
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.enforce_eager = enforce_eager
+        self.reasoning_parser = reasoning_parser
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
         self.startup_timeout = startup_timeout
@@ -99,6 +101,8 @@ class VLLMEngine:
         ]  # fmt: skip
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
+        if self.reasoning_parser:
+            cmd += ["--reasoning-parser", self.reasoning_parser]
         if self.enforce_eager:  # skips torch.compile warm-up: minutes on a small CPU
             cmd.append("--enforce-eager")
         return cmd + self.extra_args
