@@ -5,7 +5,10 @@ after optional free text. The engine parses them into OpenAI `tool_calls`; the g
 same functions in token-in mode, so both sides agree on what a tool call is.
 
 Behaviour copied from vLLM (`vllm/tool_parsers/hermes_tool_parser.py`):
-- full parse: content is the text before the first `<tool_call>` (None if empty); an unterminated
+- full parse: content is the text before the first `<tool_call>` (None if empty), whitespace kept
+  (vLLM's parser-engine options `strip_content_whitespace_with_tools` / `drop_whitespace_only_
+  content_before_tools` belong to engine-based tool parsers, not hermes; the serving layer only
+  turns whitespace-only content into None); an unterminated
   last `<tool_call>` still counts if its JSON is complete; arguments are re-serialized with
   `json.dumps(ensure_ascii=False)`; any malformed call makes the whole output plain content;
 - streaming: content is sent up to the first `<tool_call>` (holding back a partial tag), then per
