@@ -163,3 +163,43 @@ def test_generated_admin_token_is_printed(engine, tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
+
+
+def test_gateway_process_options_faithful_cap_and_pause(engine, tmp_path, tiny_model_dir):
+    """--tokenizer-dir turns token-faithful prompts on, --max-tokens-cap clips, the admin pause
+    routes answer."""
+    port, store = free_port(), tmp_path / "traces.db"
+    cmd = [sys.executable, "-m", "polar_pl.cli", "gateway", "--upstream", engine.url, "--port", str(port)]
+    cmd += ["--store", str(store), "--tokenizer-dir", str(tiny_model_dir), "--max-tokens-cap", "3"]
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, "POLAR_ADMIN_TOKEN": "adm"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"{url}/health", timeout=1).raise_for_status()
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+                time.sleep(0.2)
+        admin = httpx.Client(base_url=url, headers={"authorization": "Bearer adm"})
+        assert admin.get("/admin/stats").json()["gateway/token_faithful"] == 1.0
+        token = admin.post("/admin/sessions", json={}).json()["token"]
+        r = openai.OpenAI(base_url=f"{url}/s/{token}/v1", api_key="x", max_retries=0).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=100
+        )
+        assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length"
+        assert admin.post("/admin/pause", json={"mode": "drain"}).json()["paused"] is True
+        assert admin.post("/admin/resume").json()["paused"] is False
+        assert engine.backend.requests[-1].chat is None  # the token-in route
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    (rec,) = read_records(store)
+    assert "max_tokens capped: requested 100, sent 3" in rec.notes and "prompt" not in rec.normalized_request

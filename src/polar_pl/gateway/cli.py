@@ -29,7 +29,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tokenizer-dir",
         default=None,
-        help="model dir of the served model, for count_tokens (default: ask the engine)",
+        help="model dir of the served model, for count_tokens and token-faithful prompts "
+        "(default: ask the engine; token-faithful off)",
+    )
+    p.add_argument(
+        "--token-faithful",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="splice sampled tokens into prompts and call the engine's token-in route "
+        "(default: on with --tokenizer-dir)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        default=None,
+        help="the engine's reasoning parser (vLLM --reasoning-parser, e.g. qwen3), for token-in answers",
+    )
+    p.add_argument(
+        "--max-tokens-cap", type=int, default=None, help="upper bound on each call's response tokens"
+    )
+    p.add_argument(
+        "--pause-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a call waits while paused (POST /admin/pause) before a retryable 503/529",
     )
     p.add_argument("--model", default=None, help="served model name (default: the engine's /v1/models)")
     p.add_argument("--public-url", default=None, help="URL harnesses use to reach this gateway")
@@ -76,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
         store_synchronous=args.store_sync,
         public_url=public,
         read_timeout=args.read_timeout,
+        token_faithful=args.token_faithful,
+        reasoning_parser=args.reasoning_parser,
+        max_tokens_cap=args.max_tokens_cap,
+        pause_timeout=args.pause_timeout,
     )
     print(f"polar-pl gateway on {public} -> {', '.join(args.upstream)} (store {args.store})", flush=True)
     if generated:
