@@ -14,7 +14,7 @@ from polar_pl.datamodule.trajectory import PrefixBuilder
 from polar_pl.engine.scripted import Reply, ScriptedBackend, ToolCall
 from polar_pl.engine.server import create_app
 from polar_pl.gateway.gateway import Gateway
-from polar_pl.utils.serving import ServerThread
+from polar_pl.utils.serving import ServerThread, free_port
 
 OPENAI_TOOLS = [
     {
@@ -228,3 +228,34 @@ def test_reasoning_parser_parity_on_the_token_in_path(tiny_model_dir, tmp_path) 
 def test_unknown_reasoning_parser_is_a_config_error(engine, tmp_path, tiny_model_dir) -> None:
     with pytest.raises(ValueError, match="reasoning_parser"):
         Gateway([engine.url], tmp_path / "t.db", tokenizer_dir=tiny_model_dir, reasoning_parser="r1-ish")
+
+
+def test_a_restarted_gateway_reads_the_session_history_from_the_store_once(
+    engine, script, tmp_path, tiny_model_dir
+) -> None:
+    """The spliced prompt needs the session's earlier records: after a gateway restart (same
+    store) they come from the store, so the chain survives the restart with zero drift."""
+    script.queue.extend(three_turns())
+    store = tmp_path / "t.db"
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is in src and tests?"}]
+    sid, port = None, free_port()
+    for turn in range(3):
+        with Gateway([engine.url], store, tokenizer_dir=tiny_model_dir, port=port) as gw:
+            if sid is None:
+                s = gw.create_session()
+                sid, base = s.session_id, s.base_url
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+            m = (
+                client.chat.completions.create(model="m", messages=messages, tools=OPENAI_TOOLS)
+                .choices[0]
+                .message
+            )
+            calls = [c.model_dump() for c in m.tool_calls or ()]
+            messages.append(
+                {"role": "assistant", "content": m.content, **({"tool_calls": calls} if calls else {})}
+            )
+            messages += [{"role": "tool", "tool_call_id": c["id"], "content": "a.py"} for c in calls]
+            if turn == 2:
+                records = gw.records(sid)
+    stats = PrefixBuilder().build(records).stats
+    assert stats.breaks == {} and stats.rows == 1 and stats.spliced_calls >= 1

@@ -87,7 +87,9 @@ class GatewayRuntime:
             pool=self.pool,
             client=self.client,
             side_rules=tuple(DEFAULT_SIDE_RULES if side_rules is None else side_rules),
-            faithful=TokenFaithful(self.counter.tokenizer, check_reasoning_parser(reasoning_parser))
+            faithful=TokenFaithful(
+                self.counter.tokenizer, check_reasoning_parser(reasoning_parser), load=self.store.records
+            )
             if token_faithful
             else None,
             max_tokens_cap=max_tokens_cap,

@@ -1,7 +1,8 @@
 """Token-faithful mode in the request path: per-session history, prompt building, stream view.
 
 `TokenFaithful` keeps, per session, slim copies of the session's successful records (in memory:
-the prompt of call n is built from calls < n, so a store read per call is not needed), builds the
+the prompt of call n is built from calls < n, so a store read per call is not needed; a session
+first seen by this process, e.g. after a gateway restart, is read from the store once), builds the
 prompt with `faithful.faithful_prompt` off the event loop (rendering a long conversation takes
 milliseconds), and `CompletionStream` shows the engine's `/v1/completions` stream to the rest of
 the proxy as `chat.completion.chunk`s (`faithful.CompletionToChat`), so capture and the provider
@@ -25,13 +26,28 @@ MAX_HISTORY = 1024
 
 
 class TokenFaithful:
-    def __init__(self, tokenizer: Callable[[], Any], reasoning_parser: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Callable[[], Any],
+        reasoning_parser: str | None = None,
+        load: Callable[[str], list[TraceRecord]] | None = None,
+    ) -> None:
         self._tokenizer = tokenizer  # loads lazily, once
         self.reasoning_parser = reasoning_parser
+        self._load = load  # the store's records(session_id), for sessions this process has not seen
         self._history: dict[str, list[TraceRecord]] = {}
+        self._loaded: set[str] = set()
 
     async def prompt(self, session_id: str, chat: dict[str, Any]) -> FaithfulPrompt:
         """Raises ValueError (RenderError) on messages the template cannot render."""
+        if session_id not in self._loaded:
+            self._loaded.add(session_id)
+            if self._load is not None:
+                stored = await asyncio.to_thread(self._load, session_id)
+                have = {r.call_index for r in self._history.get(session_id, ())}
+                for rec in stored:
+                    if rec.call_index not in have:
+                        self.remember(rec)
         history = list(self._history.get(session_id, ()))
         return await asyncio.to_thread(faithful_prompt, self._tokenizer(), chat, history)
 
@@ -46,6 +62,7 @@ class TokenFaithful:
 
     def forget(self, session_id: str) -> None:
         self._history.pop(session_id, None)
+        self._loaded.discard(session_id)
 
     def sessions(self) -> int:
         return len(self._history)
