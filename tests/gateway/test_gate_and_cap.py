@@ -96,6 +96,7 @@ def test_keep_lets_calls_in_flight_run_and_new_calls_wait_until_resume(gw) -> No
     stats = gw.stats()
     assert stats["gateway/gate_held"] == 1 and stats["gateway/paused_s"] > 0.3
     assert 0 < stats["gateway/engine_busy"] < 1
+    assert 0 < stats["gateway/engine_busy_s"] < stats["gateway/uptime_s"]
 
 
 def test_a_call_waiting_past_the_pause_timeout_gets_a_retryable_provider_error(slow_engine, tmp_path) -> None:

@@ -48,6 +48,11 @@ class BusyClock:
         span = self._last - self._start
         return self._busy / span if span > 0 else 0.0
 
+    def seconds(self) -> tuple[float, float]:
+        """(busy seconds, wall seconds) since start: difference two readings for a window."""
+        self._advance()
+        return self._busy, self._last - self._start
+
 
 class EngineGate:
     """See the module docstring. Not thread-safe: use it from the gateway's loop only."""
@@ -125,9 +130,12 @@ class EngineGate:
 
     def snapshot(self) -> dict[str, float]:
         paused_s = self.paused_s + (time.monotonic() - self._paused_at if self.paused else 0.0)
+        busy_s, wall_s = self.clock.seconds()
         return {
             "gateway/in_flight": float(self.in_flight),
-            "gateway/engine_busy": self.clock.fraction(),
+            "gateway/engine_busy": busy_s / wall_s if wall_s > 0 else 0.0,
+            "gateway/engine_busy_s": busy_s,
+            "gateway/uptime_s": wall_s,
             "gateway/paused": float(self.paused),
             "gateway/paused_s": paused_s,
             "gateway/gate_waiting": float(self.waiting),

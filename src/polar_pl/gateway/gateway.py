@@ -7,6 +7,12 @@
 
 `stop()` lets uvicorn finish in-flight requests, then closes the upstream client and flushes the
 trace store, so no record is lost on a clean shutdown.
+
+Around a weight push (from the trainer's thread):
+
+    gw.pause("drain")   # new engine calls wait at the gate; returns when none is in flight
+    sync.push(model)
+    gw.resume()         # the waiting calls go on, sampled by the new weights
 """
 
 from __future__ import annotations
@@ -94,7 +100,8 @@ class Gateway:
     def stats(self) -> dict[str, float]:
         """Counters and latency percentiles with slash keys (gateway/calls, gateway/latency_ms_p99),
         gateway/in_flight (engine calls now), gateway/engine_busy (share of wall time since start
-        with at least one engine call in flight), gateway/paused."""
+        with at least one engine call in flight; gateway/engine_busy_s and gateway/uptime_s to
+        difference for a window), gateway/paused, gateway/gate_waiting."""
         return self.runtime.stats()  # plain reads: no loop hop, safe from any thread
 
     # ---- weight-update pause (callable from any thread, e.g. the trainer's) ----------------
