@@ -59,10 +59,22 @@ def make_factory(kind: str, stack: ExitStack):
     return lambda: DockerSandbox(image=image, docker_host=daemon.url, owner=OWNER, harness_prefix=str(PREFIX))
 
 
-def bench_backend(make, reps: int) -> dict[str, list[float]]:
-    t: dict[str, list[float]] = {
-        k: [] for k in ("start", "exec", "put+get 1MiB", "put+get tree", "diff", "stop")
-    }
+# 20 HTTP round trips to the gateway from inside the sandbox, timed inside (seconds per request):
+# through the relay for bwrap and docker, direct for plain local.
+ROUND_TRIPS = """
+import sys, time, urllib.request
+url = sys.argv[1]
+urllib.request.urlopen(url).read()
+t0 = time.perf_counter()
+for _ in range(20):
+    urllib.request.urlopen(url).read()
+print((time.perf_counter() - t0) / 20)
+"""
+
+
+def bench_backend(make, reps: int, gateway_url: str) -> dict[str, list[float]]:
+    ops = ("start", "exec", "put+get 1MiB", "put+get tree", "diff", "gateway GET", "stop")
+    t: dict[str, list[float]] = {k: [] for k in ops}
     blob = os.urandom(1 << 20)
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
@@ -89,6 +101,9 @@ def bench_backend(make, reps: int) -> dict[str, list[float]]:
             t0 = time.perf_counter()
             sb.diff()
             t["diff"].append(time.perf_counter() - t0)
+            url = sb.expose_gateway(gateway_url)
+            res = sb.exec(["python3", "-c", ROUND_TRIPS, f"{url}/health"], timeout=60)
+            t["gateway GET"].append(float(res.stdout.strip() or "nan"))
             t0 = time.perf_counter()
             sb.stop()
             t["stop"].append(time.perf_counter() - t0)
@@ -163,7 +178,7 @@ def main() -> None:
         results = {}
         for b in backends:
             ops.add_column(b, justify="right")
-            results[b] = bench_backend(factories[b], args.reps)
+            results[b] = bench_backend(factories[b], args.reps, gateway.url)
         for op in results[backends[0]]:
             ops.add_row(op, *(_ms(results[b][op]) for b in backends))
         if "local" in results:
