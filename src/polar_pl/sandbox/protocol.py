@@ -65,8 +65,8 @@ class Sandbox(Protocol):
         harness state folders such as .claude, .codex, .polar always excluded)."""
 
     def expose_gateway(self, url: str) -> str:
-        """Make a gateway on the host's 127.0.0.1 reachable from inside (the only network a
-        network-less sandbox gets); returns the URL to use inside (the same URL for both backends)."""
+        """Make a gateway on this host reachable from inside (the only network a network-less
+        sandbox gets); returns the URL to use inside (host 127.0.0.1, same port and path)."""
 
     def stop(self) -> None:
         """Called once at the end, also after errors: kill everything and remove the workspace."""
