@@ -21,3 +21,7 @@ def tiny_model_dir() -> Path:
 
         build_tiny_model(path)
     return path
+
+
+# The real Docker engine and the offline base image, shared by the sandbox, harness and task tests.
+from polar_pl.sandbox.testing import docker_engine, docker_image, no_sandbox_leftovers  # noqa: E402, F401
