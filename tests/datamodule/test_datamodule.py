@@ -4,7 +4,7 @@ the mini harness, learnable tasks. Fault cases wrap the real harness / evaluator
 from __future__ import annotations
 
 import dataclasses
-import subprocess
+import os
 from functools import partial
 from pathlib import Path
 
@@ -75,9 +75,19 @@ def make_dm(tiny_model_dir, tmp_path: Path, *, harness=None, evaluator_wrap=None
 
 
 def assert_nothing_left(tmp_path: Path) -> None:
-    assert list((tmp_path / "sbx").iterdir()) == []  # every workspace removed
-    ps = subprocess.run(["pgrep", "-f", "mini_agent.py"], capture_output=True, text=True)
-    assert ps.stdout.strip() == "", f"harness processes left: {ps.stdout}"
+    """No workspace under this test's sandbox root, and no process running in or from one."""
+    root = str(tmp_path / "sbx")
+    assert list(Path(root).iterdir()) == []
+    left = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                where = os.readlink(proc / "cwd") + " " + (proc / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if root in where:
+                left.append(f"{proc.name}: {where[:160]}")
+    assert not left, f"processes left: {left}"
 
 
 def results(dm: RolloutDataModule, n: int = 1):
