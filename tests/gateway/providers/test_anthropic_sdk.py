@@ -235,7 +235,9 @@ def test_stop_sequence_reported_on_the_stream(gateway, script):
 def thinking_gateway(engine, tmp_path, tiny_model_dir):
     """The gateway in front of the engine with a reasoning parser (`<think>` -> delta.reasoning)."""
     with ServerThread(reasoning_proxy(engine.url)) as proxy:
-        gw = Gateway([proxy.url], tmp_path / "thinking.db", tokenizer_dir=tiny_model_dir).start()
+        gw = Gateway(
+            [proxy.url], tmp_path / "thinking.db", tokenizer_dir=tiny_model_dir, token_faithful=False
+        ).start()
         yield gw
         gw.stop()
 

@@ -191,7 +191,9 @@ def test_recorded_cli_request_replays_through_the_gateway(gateway, script, recor
 def thinking_gateway(engine, tmp_path, tiny_model_dir):
     """The gateway in front of the engine with a reasoning parser (`<think>` -> delta.reasoning)."""
     with ServerThread(reasoning_proxy(engine.url)) as proxy:
-        gw = Gateway([proxy.url], tmp_path / "thinking.db", tokenizer_dir=tiny_model_dir).start()
+        gw = Gateway(
+            [proxy.url], tmp_path / "thinking.db", tokenizer_dir=tiny_model_dir, token_faithful=False
+        ).start()
         yield gw
         gw.stop()
 

@@ -61,7 +61,7 @@ def thinking_stack(tiny_model_dir: Path, store: Path) -> Iterator[Stack]:
     with (
         serve_scripted(lambda chat: stack.script(chat), model_dir=tiny_model_dir) as engine,
         ServerThread(reasoning_proxy(engine.url)) as proxy,
-        Gateway([proxy.url], store, tokenizer_dir=tiny_model_dir) as gw,
+        Gateway([proxy.url], store, tokenizer_dir=tiny_model_dir, token_faithful=False) as gw,
     ):
         stack.gateway = gw
         yield stack
