@@ -252,3 +252,60 @@ def test_weight_update_from_disk_matches(engines, tiny_model_dir, tool_case):
         [t["logprob"] for t in ref["choices"][0]["logprobs"]["content"]],
     )
     assert ours["policy_version"] == v_ours + 1
+
+
+FORCED = {
+    "required": "required",
+    "named": {"type": "function", "function": {"name": "write_file"}},
+}
+
+
+@pytest.mark.parametrize("choice", list(FORCED), ids=list(FORCED))
+def test_forced_tool_choice_matches_vllm(engines, tool_case, choice):
+    """tool_choice "required" / named: vLLM holds the output to hermes tool-call tags with a
+    structural-tag grammar; the embedded engine's token mask must pick the same tokens, and the
+    answer has the same shape (content "", finish "tool_calls" for required, "stop" for named)."""
+    ours, ref = both(
+        engines,
+        messages=tool_case.messages,
+        tools=tool_case.tools,
+        tool_choice=FORCED[choice],
+        temperature=0,
+        max_tokens=60,
+        logprobs=True,
+        return_token_ids=True,
+    )
+    a, b = ours["choices"][0], ref["choices"][0]
+    assert a["token_ids"] == b["token_ids"]
+    assert_logprobs_close(
+        [t["logprob"] for t in a["logprobs"]["content"]], [t["logprob"] for t in b["logprobs"]["content"]]
+    )
+    assert a["finish_reason"] == b["finish_reason"]
+    assert a["message"]["content"] == b["message"]["content"]
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in a["message"]["tool_calls"]]
+    assert calls == [
+        (c["function"]["name"], c["function"]["arguments"]) for c in b["message"].get("tool_calls") or []
+    ]
+    assert a["message"]["content"].startswith("<tool_call>") or a["message"]["content"] == ""
+    if choice == "named":  # exactly one call, then end of sequence
+        assert a["finish_reason"] == "stop" and a["message"]["content"] == ""
+        assert len(calls) == 1 and calls[0][0] == "write_file"
+    elif a["finish_reason"] == "stop":
+        assert a["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("choice", list(FORCED), ids=list(FORCED))
+def test_streamed_forced_tool_choice_matches_vllm(engines, tool_case, choice):
+    body = {
+        "messages": tool_case.messages,
+        "tools": tool_case.tools,
+        "tool_choice": FORCED[choice],
+        "temperature": 0,
+        "max_tokens": 60,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+    ours, ref = (_summary(_stream(eng, body)) for eng in engines)
+    assert ours == ref
+    assert ours["names"][0] == "write_file" and ours["content"] == ""

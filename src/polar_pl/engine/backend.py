@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import torch
 
+from polar_pl.engine.constrain import ToolCallGrammar
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -42,6 +44,8 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # tool_choice "required" / named: the output is held to forced hermes tool calls
+    tool_grammar: ToolCallGrammar | None = None
 
 
 @dataclass(frozen=True, slots=True)

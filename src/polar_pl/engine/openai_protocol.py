@@ -6,11 +6,13 @@ Responses are plain dicts built in `engine/serving.py`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from polar_pl.engine.backend import SamplingParams
+from polar_pl.engine.constrain import ToolCallGrammar
 
 
 class _Base(BaseModel):
@@ -93,12 +95,38 @@ class ChatCompletionRequest(_SamplingFields):
     def uses_tool_parser(self) -> bool:
         return bool(self.tools) and self.effective_tool_choice() != "none"
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
+    def named_tool(self) -> str | None:
+        choice = self.tool_choice
+        return choice["function"]["name"] if isinstance(choice, dict) else None
+
+    def forced_tool_names(self) -> list[str] | None:
+        """The tools a call is forced from (tool_choice "required" or named), else None.
+        Raises ValueError for a forced choice the tools cannot satisfy."""
+        choice = self.effective_tool_choice()
+        if choice not in ("required",) and not isinstance(choice, dict):
+            return None
+        names = [t["function"]["name"] for t in self.tools or [] if isinstance(t.get("function"), dict)]
+        if not names:
+            raise ValueError("tool_choice 'required' or a named function needs `tools`")
+        named = self.named_tool()
+        if named is None:
+            return names
+        if named not in names:
+            raise ValueError(f"tool_choice names {named!r}, which is not in `tools`")
+        return [named]
+
+    def sampling_params(self, max_tokens: int, reasoning: bool = False) -> SamplingParams:
+        """reasoning: a reasoning parser splits <think> off, so a forced tool call starts after it."""
         top = (self.top_logprobs or 0) if self.logprobs else None
         # vLLM's hermes parser turns skip_special_tokens off whenever it may parse tool calls, so
         # that <tool_call> survives detokenization even where it is a special token.
         skip = self.skip_special_tokens and not self.uses_tool_parser()
-        return self._sampling(max_tokens, top, skip)
+        params = self._sampling(max_tokens, top, skip)
+        forced = self.forced_tool_names()
+        if forced is None:
+            return params
+        grammar = ToolCallGrammar.for_tools(forced, self.named_tool() is not None, after_think=reasoning)
+        return replace(params, tool_grammar=grammar)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

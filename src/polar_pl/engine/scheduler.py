@@ -24,6 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from polar_pl.engine.backend import BackendStats, GenerationRequest, SeqDelta
+from polar_pl.engine.constrain import ConstraintState
 from polar_pl.engine.detok import SequenceOutput
 from polar_pl.engine.sampling import make_generator, sample_batch
 
@@ -36,6 +37,7 @@ class _Seq:
     generator: torch.Generator | None
     length: int  # real tokens in the cache + the pending last token
     last_token: int
+    constraint: ConstraintState | None = None
 
 
 @dataclass(slots=True)
@@ -79,6 +81,7 @@ class Scheduler:
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None  # (B, T)
         self._stop = False
+        self._token_texts: list[str] | None = None  # for constrained decoding, built on first use
         self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
 
     # -- thread-safe API ---------------------------------------------------------------------
@@ -177,12 +180,17 @@ class Scheduler:
         ]
         for i, s in enumerate(seqs):
             s.generator = make_generator(params, i, self.device)
-        tokens, lps = sample_batch(logits.expand(n, -1), [params] * n, [s.generator for s in seqs])
+            if params.tool_grammar is not None:
+                s.constraint = ConstraintState(params.tool_grammar, params.tool_grammar.initial())
+        logits = self._constrain(logits.expand(n, -1), [(req, s) for s in seqs])
+        tokens, lps = sample_batch(logits, [params] * n, [s.generator for s in seqs])
         self.stats.steps += 1
         self.stats.tokens_generated += n
         for s, tok, lp in zip(seqs, tokens, lps, strict=True):
             s.last_token = tok
             s.out.append(tok, lp)
+            if s.constraint is not None:
+                s.constraint.update(self._token_texts[tok])
         req.seqs = seqs
         self._emit(req)
         live = [s for s in seqs if not s.out.finished]
@@ -233,6 +241,7 @@ class Scheduler:
             logits_to_keep=1,
         ).logits[:, -1]  # (B, V)
         self._mask = mask
+        logits = self._constrain(logits, rows)
         tokens, lps = sample_batch(
             logits, [r.request.params for r, _ in rows], [s.generator for _, s in rows]
         )
@@ -249,9 +258,33 @@ class Scheduler:
                 s.last_token = tok
                 s.length += 1
                 s.out.append(tok, lp)
+                if s.constraint is not None:
+                    s.constraint.update(self._token_texts[tok])
             touched[id(req)] = req
         for req in touched.values():
             self._emit(req)
+
+    def _constrain(self, logits: torch.Tensor, rows: list[tuple[_Req, _Seq]]) -> torch.Tensor:
+        """(B, V) logits with tokens outside each constrained row's grammar at -inf. Logprobs are
+        then those of the masked distribution, as vLLM's are under structured outputs."""
+        constrained = [j for j, (_, s) in enumerate(rows) if s.constraint is not None]
+        if not constrained:
+            return logits
+        vocab = logits.shape[-1]
+        if self._token_texts is None:
+            n_tok = len(self.tokenizer)
+            self._token_texts = [
+                self.tokenizer.decode([i], skip_special_tokens=False) if i < n_tok else ""
+                for i in range(vocab)
+            ]
+        logits = logits.clone()
+        for j in constrained:
+            req, s = rows[j]
+            stops = set(self.eos_token_ids) | set(req.request.params.stop_token_ids)
+            allowed = s.constraint.mask(self._token_texts, stops, vocab).to(logits.device)
+            if bool(allowed.any()):
+                logits[j] = logits[j].masked_fill(~allowed, float("-inf"))
+        return logits
 
     def _emit(self, req: _Req) -> None:
         if req.closed:

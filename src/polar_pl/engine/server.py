@@ -31,7 +31,7 @@ from polar_pl.engine.openai_protocol import (
     CompletionRequest,
     UpdateWeightsFromDiskRequest,
 )
-from polar_pl.engine.reasoning import check_reasoning_parser
+from polar_pl.engine.reasoning import check_reasoning_parser, thinking_enabled
 from polar_pl.engine.render import RenderError, render_chat
 
 VERSION_HEADER = "x-policy-version"
@@ -206,9 +206,14 @@ def create_app(
             )
         except RenderError as exc:
             raise EngineError(str(exc), HTTPStatus.BAD_REQUEST, param=exc.param) from exc
-        params = with_default_stops(
-            req.sampling_params(max_tokens_for(req.requested_max_tokens(), len(prompt_ids)))
-        )
+        reasoning = reasoning_parser is not None and thinking_enabled(req.chat_template_kwargs)
+        try:
+            params = req.sampling_params(
+                max_tokens_for(req.requested_max_tokens(), len(prompt_ids)), reasoning
+            )
+        except ValueError as exc:
+            raise EngineError(str(exc), HTTPStatus.BAD_REQUEST, param="tool_choice") from exc
+        params = with_default_stops(params)
         request_id = _request_id("chatcmpl")
         ctx = serving.ResponseContext(
             request_id, model_name, backend.tokenizer, prompt_ids, backend.policy_version, reasoning_parser

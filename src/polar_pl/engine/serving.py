@@ -154,15 +154,26 @@ def chat_message(req: ChatCompletionRequest, ctx: ResponseContext, text: str) ->
         "tool_calls": [],
         "reasoning": reasoning,
     }
-    if not req.uses_tool_parser() or content is None:
+    if not req.uses_tool_parser():
         return message, False
-    parsed = parse_tool_calls(content)
-    if not parsed.tools_called:
-        return message, False
-    content = parsed.content
-    message["content"] = None if content is not None and not content.strip() else content
-    message["tool_calls"] = list(parsed.tool_calls)
-    return message, True
+    parsed = parse_tool_calls(content or "")
+    if parsed.tools_called:
+        content = parsed.content
+        message["content"] = None if content is not None and not content.strip() else content
+        message["tool_calls"] = list(parsed.tool_calls)
+    if req.forced_tool_names() is not None:
+        # vLLM builds forced-call messages (required / named) with `content or ""`
+        message["content"] = message["content"] or ""
+    return message, parsed.tools_called
+
+
+def finish_reason(req: ChatCompletionRequest, finish: str | None, called: bool) -> str:
+    """vLLM's rule: "tool_calls" for auto calls and for "required" (even when nothing parsed),
+    never for a named tool_choice."""
+    finish = finish or "stop"
+    if finish != "stop" or req.named_tool() is not None:
+        return finish
+    return "tool_calls" if called or req.effective_tool_choice() == "required" else "stop"
 
 
 def chat_response(req: ChatCompletionRequest, ctx: ResponseContext, choices: list[ChoiceAccumulator]) -> dict:
@@ -170,9 +181,7 @@ def chat_response(req: ChatCompletionRequest, ctx: ResponseContext, choices: lis
     out_choices = []
     for c in choices:
         message, called = chat_message(req, ctx, c.text)
-        finish = c.finish_reason or "stop"
-        if called and finish == "stop":
-            finish = "tool_calls"
+        finish = finish_reason(req, c.finish_reason, called)
         out_choices.append(
             {
                 "index": c.index,
@@ -261,6 +270,8 @@ async def chat_stream(
                     content_sent[i] = len(content)
             if reasoning:
                 delta = {"reasoning": reasoning, **(delta or {})}
+            if d.finish_reason is not None and parsers is not None:
+                parsers[i].finish(delta)
             logprobs = chat_logprobs(ctx, d.logprobs, k) if req.logprobs and d.logprobs is not None else None
             if delta is None:
                 if d.finish_reason is None and logprobs is None and not req.return_token_ids:
@@ -269,7 +280,8 @@ async def chat_stream(
             choice: dict[str, Any] = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": None}
             if d.finish_reason is not None:
                 finish = d.finish_reason
-                if parsers is not None and parsers[i].tools_streamed and finish == "stop":
+                named = req.named_tool() is not None
+                if parsers is not None and parsers[i].tools_streamed and finish == "stop" and not named:
                     finish = "tool_calls"
                 choice["finish_reason"] = finish
                 choice["stop_reason"] = d.stop_reason

@@ -134,6 +134,15 @@ class HermesStreamParser:
             delta["tool_calls"] = deltas
         return delta
 
+    def finish(self, delta: dict[str, Any] | None) -> None:
+        """At the last delta: vLLM (`finalize_generation`) appends the last call's unstreamed
+        arguments to the delta's last tool call; for hermes that is "{}" when the call's name went
+        out but none of its arguments did (a cut-off call)."""
+        if not delta or not delta.get("tool_calls") or not self.names or self.streamed_args[-1]:
+            return
+        function = delta["tool_calls"][-1]["function"]
+        function["arguments"] = function.get("arguments", "") + "{}"
+
     def _new_content(self, text: str) -> str | None:
         if TOOL_CALL_START in text:
             sendable = text.index(TOOL_CALL_START)
