@@ -9,6 +9,7 @@ policy version across a resume.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from collections import Counter, deque
@@ -26,6 +27,8 @@ from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.datamodule.service import Group, RolloutService
 from polar_pl.gateway.gateway import Gateway
 
+log = logging.getLogger(__name__)
+
 
 class RolloutDataModule(L.LightningDataModule):
     """Rollouts in, batches out.
@@ -36,6 +39,10 @@ class RolloutDataModule(L.LightningDataModule):
     groups_per_step: GRPO groups per batch; group_size: attempts per task (G).
     max_staleness: rows whose oldest sampled token is more than this many policy versions behind
         the engine are dropped (and counted); None keeps everything.
+    gateway_options: passed to the gateway; by default it gets the engine's model directory as
+        `tokenizer_dir`, which turns token-faithful prompts on (both engines take token prompts).
+    pause_on_push: while new weights are pushed, new engine calls wait at the gateway; "drain"
+        also waits for calls in flight to finish, "keep" lets them run on; None: no pause.
     """
 
     def __init__(
@@ -60,6 +67,7 @@ class RolloutDataModule(L.LightningDataModule):
         store_path: str | None = None,
         gateway_options: dict[str, Any] | None = None,
         progress: bool = True,
+        pause_on_push: str | None = "keep",
     ) -> None:
         super().__init__()
         self.engine, self.sandbox, self.harness = engine, sandbox, harness
@@ -72,6 +80,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.collate_mode, self.token_budget = collate_mode, token_budget
         self.store_path, self.gateway_options = store_path, dict(gateway_options or {})
         self.progress = progress
+        if pause_on_push not in (None, "drain", "keep"):
+            raise ValueError(f"datamodule.pause_on_push={pause_on_push!r}: allowed values are drain, keep, null")
+        self.pause_on_push = pause_on_push
         self.gateway: Gateway | None = None
         self.service: RolloutService | None = None
         self._resume: dict[str, Any] = {}
@@ -79,6 +90,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.counters: Counter[str] = Counter()
         self._issued: deque[list[int]] = deque()
         self.batches_done = 0  # batches a training step consumed (survives resume)
+        self._busy_mark = (0.0, 0.0)
         self._batch_metrics: deque[dict[str, float]] = deque()
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -88,7 +100,11 @@ class RolloutDataModule(L.LightningDataModule):
         try:
             self.engine.start()
             store = self.store_path or self._tmp_store()
-            self.gateway = Gateway([self.engine.url], store, **self.gateway_options).start()
+            options = dict(self.gateway_options)
+            model_dir = getattr(self.engine, "model_dir", None)
+            if model_dir is not None:
+                options.setdefault("tokenizer_dir", str(model_dir))
+            self.gateway = Gateway([self.engine.url], store, **options).start()
         except BaseException:
             self.teardown()
             raise
@@ -116,8 +132,8 @@ class RolloutDataModule(L.LightningDataModule):
         for stop in (self._stop_service, self._stop_gateway, self.engine.stop):
             try:
                 stop()
-            except Exception:  # noqa: BLE001 — keep tearing down the rest
-                pass
+            except Exception:
+                log.exception("teardown step %s failed", getattr(stop, "__name__", stop))
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -214,7 +230,19 @@ class RolloutDataModule(L.LightningDataModule):
         m.update({f"datamodule/{k}": float(v) for k, v in self.counters.items()})
         if self.service is not None:
             m.update(self.service.metrics())
+        if self.gateway is not None:
+            stats = self.gateway.stats()
+            busy_s, up_s = stats.get("gateway/engine_busy_s", 0.0), stats.get("gateway/uptime_s", 0.0)
+            last_busy, last_up = self._busy_mark
+            if up_s > last_up:
+                m["rollout/engine_busy"] = (busy_s - last_busy) / (up_s - last_up)  # since the last batch
+            self._busy_mark = (busy_s, up_s)
+            m.update({k: float(v) for k, v in stats.items() if isinstance(v, int | float)})
         return m
+
+    def push_target(self) -> PausingEngine:
+        """What the weight sync should push to: the engine, with the gateway paused meanwhile."""
+        return PausingEngine(self)
 
     def commit_batch(self) -> None:
         """Called after a training step used the oldest issued batch (see `CommitBatches`)."""
@@ -252,6 +280,36 @@ class _Batches(IterableDataset):
     def __iter__(self) -> Iterator[TrainBatch]:
         for _ in range(max(0, self.dm.steps - self.dm.batches_done)):
             yield self.dm.next_batch()
+
+
+class PausingEngine:
+    """The datamodule's engine with `update_weights_*` wrapped in a gateway pause, so no engine call
+    starts while weights change (mode "drain" also lets the calls in flight finish first)."""
+
+    def __init__(self, dm: RolloutDataModule) -> None:
+        object.__setattr__(self, "_dm", dm)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dm.engine, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._dm.engine, name, value)
+
+    def _paused(self, update: Callable[..., int], *args: Any) -> int:
+        gateway, mode = self._dm.gateway, self._dm.pause_on_push
+        if gateway is None or mode is None:
+            return update(*args)
+        gateway.pause(mode)
+        try:
+            return update(*args)
+        finally:
+            gateway.resume()
+
+    def update_weights_from_state_dict(self, state_dict: Any) -> int:
+        return self._paused(self._dm.engine.update_weights_from_state_dict, state_dict)
+
+    def update_weights_from_disk(self, path: str) -> int:
+        return self._paused(self._dm.engine.update_weights_from_disk, path)
 
 
 class CommitBatches(L.Callback):

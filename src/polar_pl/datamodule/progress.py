@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
+from typing import Self
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 STAGES = ("init", "running", "postrun")
+log = logging.getLogger(__name__)
 
 
 def render(m: dict[str, float], title: str = "rollouts") -> Table:
@@ -60,10 +63,10 @@ class LiveProgress:
             while not self._stop.wait(self.period):
                 try:
                     live.update(render(self.source(), self.title))
-                except Exception:  # noqa: BLE001 — the display must never take the run down
-                    continue
+                except Exception:
+                    log.debug("progress refresh failed", exc_info=True)
 
-    def __enter__(self) -> LiveProgress:
+    def __enter__(self) -> Self:
         if self.console.is_terminal:
             self._thread = threading.Thread(target=self._loop, name="live-progress", daemon=True)
             self._thread.start()
