@@ -3,6 +3,7 @@ and tear everything down in `finally` (engine, gateway, pools, sandboxes, logger
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
+from polar_pl.datamodule.progress import LiveProgress
 
 
 def build_parts(cfg: DictConfig) -> dict[str, Any]:
@@ -56,7 +58,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         )
         for lg in loggers:
             lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-        trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("ckpt_path"))
+        with LiveProgress(dm.live_metrics, title="rollouts") if dm.progress else nullcontext():
+            trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("ckpt_path"))
         return {k: float(v) for k, v in trainer.logged_metrics.items()}
     finally:
         dm.teardown()

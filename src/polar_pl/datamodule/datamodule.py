@@ -182,6 +182,10 @@ class RolloutDataModule(L.LightningDataModule):
         self._batch_metrics.append(self._metrics(groups, rows, batch, wait_s))
         return batch
 
+    def live_metrics(self) -> dict[str, float]:
+        """Stage gauges for the live display (empty until the pools start)."""
+        return self.service.metrics() if self.service is not None else {}
+
     @property
     def last_metrics(self) -> dict[str, float]:
         """Rollout metrics of the batch being trained now: the oldest one not yet committed
