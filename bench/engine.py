@@ -1,12 +1,14 @@
 """Embedded engine vs vLLM's CPU build on the tiny model: throughput and latency under load.
 
-    .venv/bin/python bench/engine.py [--model DIR] [--levels 1,8,32] [--max-tokens 64]
+    .venv/bin/python bench/engine.py [--model DIR] [--levels 1,8,32] [--max-tokens 64] [--threads 1,2]
 
 Both engines run as their own processes (the embedded one via `polar-pl engine`), the load
 generator is an asyncio client in this process. At each concurrency level C, C workers each send
 `--rounds` chat requests back to back (fixed length: ignore_eos), so C requests are always in
 flight. Reports generated tokens/s over the level's wall time and per-request latency (p50, p95),
 side by side with ratios (embedded / vLLM; above 1 means the embedded engine is higher).
+`--threads 1,2` runs the embedded engine once per torch thread count (`polar-pl engine --threads`;
+default: the engine's own default, half the cores), one block of rows each.
 """
 
 from __future__ import annotations
@@ -78,11 +80,16 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="requests per worker per level")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--skip-vllm", action="store_true")
+    p.add_argument("--threads", default="", help="embedded engine torch threads, e.g. 1,2")
     args = p.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
+    threads = [int(x) for x in args.threads.split(",")] if args.threads else [None]
 
     results: dict[str, dict[int, dict]] = {}
-    engines = {"embedded": EmbeddedEngine(args.model, mode="subprocess", max_model_len=4096)}
+    engines: dict = {
+        f"embedded/{t}": EmbeddedEngine(args.model, mode="subprocess", max_model_len=4096, num_threads=t)
+        for t in threads
+    }
     if not args.skip_vllm and Path(vllm_python()).exists():
         engines["vllm"] = VLLMEngine(args.model, dtype="float32", max_model_len=4096)
     for name, engine in engines.items():
@@ -97,6 +104,7 @@ def main() -> None:
         f"{args.rounds} requests per worker, {os.cpu_count()} CPUs"
     )
     for col in (
+        "threads",
         "concurrency",
         "embedded tok/s",
         "vLLM tok/s",
@@ -108,16 +116,17 @@ def main() -> None:
         "vLLM p95 s",
     ):
         table.add_column(col, justify="right")
-    for c in levels:
-        e = results["embedded"][c]
-        v = results.get("vllm", {}).get(c)
-        table.add_row(
-            str(c), f"{e['tok_s']:.1f}", f"{v['tok_s']:.1f}" if v else "-",
-            f"{e['tok_s'] / v['tok_s']:.2f}" if v else "-",
-            f"{e['p50']:.2f}", f"{v['p50']:.2f}" if v else "-",
-            f"{e['p50'] / v['p50']:.2f}" if v else "-",
-            f"{e['p95']:.2f}", f"{v['p95']:.2f}" if v else "-",
-        )  # fmt: skip
+    for t in threads:
+        for c in levels:
+            e = results[f"embedded/{t}"][c]
+            v = results.get("vllm", {}).get(c)
+            table.add_row(
+                str(t or "default"), str(c), f"{e['tok_s']:.1f}", f"{v['tok_s']:.1f}" if v else "-",
+                f"{e['tok_s'] / v['tok_s']:.2f}" if v else "-",
+                f"{e['p50']:.2f}", f"{v['p50']:.2f}" if v else "-",
+                f"{e['p50'] / v['p50']:.2f}" if v else "-",
+                f"{e['p95']:.2f}", f"{v['p95']:.2f}" if v else "-",
+            )  # fmt: skip
     Console(width=160).print(table)
 
 
