@@ -154,3 +154,35 @@ def test_assistant_reasoning_and_reasoning_content_render_alike(engines, tool_ca
         assert ours["prompt_token_ids"] == ref["prompt_token_ids"]
         prompts.append(ours["prompt_token_ids"])
     assert prompts[0] == prompts[1] != prompts[2]  # and the reasoning is really rendered
+
+
+@pytest.mark.parametrize(
+    "tool_choice",
+    ["required", {"type": "function", "function": {"name": "write_file"}}],
+    ids=["required", "named"],
+)
+def test_forced_tool_call_after_reasoning_matches_vllm(engines, tool_case, tool_choice):
+    """With a reasoning parser, vLLM lets the think block through and forces the call right after
+    `</think>`; the embedded grammar does the same."""
+    body = {
+        "messages": tool_case.messages,
+        "tools": tool_case.tools,
+        "tool_choice": tool_choice,
+        "temperature": 0,
+        "max_tokens": 60,
+        "return_token_ids": True,
+    }
+    ours, ref = both(engines, body)
+    a, b = ours["choices"][0], ref["choices"][0]
+    assert a["token_ids"] == b["token_ids"]
+    assert a["message"]["reasoning"] == b["message"]["reasoning"] == "\nThe user wants a file.\n"
+    assert a["message"]["content"] == b["message"]["content"]
+    assert a["finish_reason"] == b["finish_reason"]
+    calls = [
+        (c["function"]["name"], c["function"]["arguments"]) for c in a["message"].get("tool_calls") or []
+    ]
+    assert calls == [
+        (c["function"]["name"], c["function"]["arguments"]) for c in b["message"].get("tool_calls") or []
+    ]
+    ours_s, ref_s = both_streamed(engines, body)
+    assert _stream_view(ours_s) == _stream_view(ref_s)

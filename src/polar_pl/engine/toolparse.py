@@ -127,12 +127,10 @@ class HermesStreamParser:
             self.tools_streamed = True
         if not content and not deltas:
             return None
-        delta: dict[str, Any] = {}
-        if content:
-            delta["content"] = content
-        if deltas:
-            delta["tool_calls"] = deltas
-        return delta
+        if not deltas:
+            return {"content": content}
+        # vLLM's DeltaMessage(content=..., tool_calls=...) keeps an explicit "content": null
+        return {"content": content or None, "tool_calls": deltas}
 
     def finish(self, delta: dict[str, Any] | None) -> None:
         """At the last delta: vLLM (`finalize_generation`) appends the last call's unstreamed
