@@ -76,17 +76,28 @@ def _message_view(choice: dict) -> dict:
     }
 
 
-def _stream_view(chunks: list[dict]) -> list[tuple]:
-    """Per chunk: the delta's keys and values (tool-call ids dropped: random), and finish."""
-    out = []
+def _stream_view(chunks: list[dict]) -> dict:
+    """What a client reassembles, plus the order of delta kinds (consecutive repeats collapsed):
+    vLLM merges tokens into one chunk when its output loop lags, so chunk boundaries are timing."""
+    kinds: list[tuple] = []
+    view: dict = {"reasoning": "", "content": "", "names": [], "arguments": "", "token_ids": [], "finish": []}
     for c in chunks:
         for ch in c["choices"]:
-            d = dict(ch["delta"])
+            d = {k: v for k, v in ch["delta"].items() if v is not None and k != "role"}
+            kind = tuple(sorted(d))
+            if kind and (not kinds or kinds[-1] != kind):
+                kinds.append(kind)
+            view["reasoning"] += d.get("reasoning", "")
+            view["content"] += d.get("content", "")
             for tc in d.get("tool_calls") or []:
-                tc.pop("id", None)
-            d = {k: v for k, v in d.items() if v is not None}
-            out.append((json.dumps(d, sort_keys=True), ch["finish_reason"], tuple(ch.get("token_ids") or ())))
-    return out
+                if "name" in tc.get("function", {}):
+                    view["names"].append(tc["function"]["name"])
+                view["arguments"] += tc.get("function", {}).get("arguments", "")
+            view["token_ids"] += ch.get("token_ids") or []
+            if ch["finish_reason"]:
+                view["finish"].append(ch["finish_reason"])
+    view["kinds"] = kinds
+    return view
 
 
 @pytest.mark.parametrize("with_tools", [True, False], ids=["tools", "no-tools"])
