@@ -317,9 +317,12 @@ class PausingEngine:
 
 
 class CommitBatches(L.Callback):
-    """Marks a batch's groups consumed once its step has trained (before checkpointing)."""
+    """Marks a batch's groups consumed once its step has trained (before checkpointing), and ends
+    the run after `steps` batches — also a resumed run, which Lightning's epoch count would not."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         dm = trainer.datamodule
         if isinstance(dm, RolloutDataModule):
             dm.commit_batch()
+            if dm.batches_done >= dm.steps:
+                trainer.should_stop = True
