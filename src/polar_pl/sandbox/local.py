@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -66,6 +67,8 @@ class LocalSandbox:
         self._cgroup: cgroups.Cgroup | None = None
         self._relays: dict[tuple[str, int], tuple[Relay, str]] = {}
         self._pgids: set[int] = set()
+        self._spawn_lock = threading.Lock()
+        self._stopped = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -81,7 +84,10 @@ class LocalSandbox:
         self.baseline()
 
     def stop(self) -> None:
-        for pgid in list(self._pgids):
+        with self._spawn_lock:  # no exec may start a process between this snapshot and the kill
+            self._stopped = True
+            pgids = list(self._pgids)
+        for pgid in pgids:
             _killpg(pgid)
         if self._cgroup is not None:
             self._cgroup.remove()
@@ -129,16 +135,19 @@ class LocalSandbox:
         argv = self._wrap(argv, cwd)
         timeout = timeout if timeout is not None else self.default_timeout
         t0 = time.monotonic()
-        proc = subprocess.Popen(
-            argv,
-            cwd=cwd if self.isolation == "none" else "/",
-            env=full_env,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        self._pgids.add(proc.pid)
+        with self._spawn_lock:  # spawn and register atomically with respect to stop()
+            if self._stopped:
+                raise RuntimeError("sandbox is stopped: exec refused")
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd if self.isolation == "none" else "/",
+                env=full_env,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+            self._pgids.add(proc.pid)
         timed_out = False
         try:
             out, err = proc.communicate(stdin.encode() if stdin is not None else None, timeout=timeout)
