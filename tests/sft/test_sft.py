@@ -40,6 +40,14 @@ def upstream(tiny_model_dir):
         yield server
 
 
+# The scripted upstream answers from the chat body, which token-in (token-faithful) requests do not
+# carry; and its reference fix is one long tool call, longer than the CPU default response cap.
+SCRIPTED_GATEWAY = (
+    "+datamodule.gateway_options.token_faithful=false",
+    "datamodule.gateway_options.max_tokens_cap=null",
+)
+
+
 def sft_cfg(upstream, out_dir: Path, tiny_model_dir: Path, *extra: str):
     overrides = [
         f"model_dir={tiny_model_dir}",
@@ -47,6 +55,7 @@ def sft_cfg(upstream, out_dir: Path, tiny_model_dir: Path, *extra: str):
         f"engine.url={upstream.url}",
         f"task.instance_ids=[{','.join(TASKS)}]",
         "harness.max_tokens=null",  # the scripted fix is one long tool call (the CPU default cuts at 64)
+        *SCRIPTED_GATEWAY,
         f"datamodule.group_size={GROUP_SIZE}",
         "datamodule.progress=false",
         "datamodule.pools.running=2",
@@ -202,7 +211,7 @@ def test_command_line_stops_at_max_groups_and_resumes(upstream, tiny_model_dir, 
     out = tmp_path / "cli"
     base = [sys.executable, "-m", "polar_pl.sft", f"model_dir={tiny_model_dir}", "engine=vllm",
             f"engine.url={upstream.url}", "task.instance_ids=[calc-1,strkit-1]", "datamodule.group_size=1",
-            "harness.max_tokens=null",
+            "harness.max_tokens=null", *SCRIPTED_GATEWAY,
             f"sft.output_dir={out}"]  # fmt: skip
 
     def run(*extra: str) -> subprocess.CompletedProcess:
