@@ -301,11 +301,17 @@ class PausingEngine:
 
     def _paused(self, update: Callable[..., int], *args: Any) -> int:
         gateway, mode = self._dm.gateway, self._dm.pause_on_push
-        if gateway is None or mode is None:
+        if gateway is None:
             return update(*args)
+        if mode is None:
+            version = update(*args)
+            gateway.set_policy_version(version)
+            return version
         gateway.pause(mode)
         try:
-            return update(*args)
+            version = update(*args)
+            gateway.set_policy_version(version)
+            return version
         finally:
             gateway.resume()
 

@@ -117,6 +117,11 @@ class Gateway:
         """Let waiting and new engine calls through."""
         self._on_loop(self._async(self.runtime.gate.resume), timeout=10.0)
 
+    def set_policy_version(self, version: int) -> None:
+        """The version to record for engines that do not report one in their answers (vLLM does
+        not): call it after a weight push, before `resume()`."""
+        self.runtime.proxy.version_hint = int(version)
+
     @property
     def paused(self) -> bool:
         return self.runtime.gate.paused

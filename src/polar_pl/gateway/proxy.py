@@ -128,10 +128,17 @@ class Proxy:
         self.pool = pool
         self.client = client
         self.side_rules = side_rules
+        # The policy version of engines that do not report one (vLLM): set by whoever pushes the
+        # weights, while the gateway is paused (Gateway.set_policy_version).
+        self.version_hint = 0
+
         self.faithful = faithful
         self.max_tokens_cap = max_tokens_cap
         self.gate = gate or EngineGate()
         self.stats = GatewayStats()
+
+    def _version(self, stream: ChatStream) -> int:
+        return stream.policy_version if stream.policy_version is not None else self.version_hint
 
     def _append(self, rec: TraceRecord) -> Future:
         self.stats.observe(rec)
@@ -251,7 +258,7 @@ class Proxy:
 
     async def _collect(self, call: Call, stream: ChatStream) -> Response:
         """Non-streaming harness: consume the engine stream, then answer in one piece."""
-        cap = CallCapture(stream.policy_version)
+        cap = CallCapture(self._version(stream))
         try:
             async for chunk in stream:
                 cap.add(chunk)
@@ -273,7 +280,7 @@ class Proxy:
     async def _relay(self, call: Call, stream: ChatStream) -> AsyncIterator[bytes]:
         """Streaming harness: forward the translated engine chunks as they arrive (what arrived in
         one network read goes out in one write)."""
-        cap = CallCapture(stream.policy_version)
+        cap = CallCapture(self._version(stream))
         translator = call.adapter.stream(call.norm)
         sent: list[bytes] = []
         recorded = False
