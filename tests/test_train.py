@@ -122,7 +122,11 @@ def test_vllm_engine_with_disk_weight_updates_matches_the_trainer(tiny_model_dir
     rows = [r for r in metrics(run) if r.get("train/logprob_gap_mean")]
     assert len(rows) == 3
     gaps = [float(r["train/logprob_gap_mean"]) for r in rows]
+    stale = [float(r["train/staleness_max"]) for r in rows]
     versions = [int(float(r["train/policy_version"])) for r in rows]
-    print(f"vLLM trainer/engine logprob gap by step: {gaps}, versions {versions}")
-    assert max(gaps) < 0.01
-    assert versions == [1, 2, 3]
+    print(f"vLLM trainer/engine logprob gap by step: {gaps}, staleness {stale}, versions {versions}")
+    assert versions == [1, 2, 3]  # every disk push reached vLLM and bumped its version
+    # Rows sampled with the weights the trainer holds agree to numerics. (Lightning fetches batch
+    # k+1 before step k pushes, so later batches are one version behind at training time; the
+    # exact post-push agreement is checked in tests/module/test_weight_sync.py.)
+    assert all(g < 0.01 for g, s in zip(gaps, stale, strict=True) if s == 0) and stale[0] == 0
