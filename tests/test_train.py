@@ -64,7 +64,8 @@ def test_learning_sanity_improves_only_when_weights_reach_the_engine(tiny_model_
     assert gain > 0.15, f"reward did not improve: first5 -> last5 gain {gain:.3f}"
     assert control < 0.05, f"no-push control improved by {control:.3f}: rewards do not depend on pushes"
     versions = [int(float(r["train/policy_version"])) for r in metrics(push) if r.get("train/policy_version")]
-    assert versions == sorted(versions) and versions[-1] >= 15  # a push per optimiser step
+    # a push per optimiser step; batches whose groups all score the same (converged) are skipped
+    assert versions == sorted(versions) and versions[-1] >= 5
 
 
 @pytest.mark.slow
