@@ -12,6 +12,7 @@ a fresh sandbox of the configured backend.
 
 from __future__ import annotations
 
+import abc
 import functools
 import json
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ class TaskSource(Protocol):
         """The evaluator for these tasks; `sandbox_factory` makes fresh evaluation sandboxes."""
 
 
-class _Source:
+class _Source(abc.ABC):
     def __init__(self, evaluator: EvaluatorPartial | None, difficulty: Sequence[str] | str | None,
                  instance_ids: Sequence[str] | None, limit: int | None) -> None:  # fmt: skip
         self._evaluator = evaluator or functools.partial(SandboxEvaluator)
@@ -44,8 +45,9 @@ class _Source:
         self.limit = limit
         self._cache: list[Task] | None = None
 
+    @abc.abstractmethod
     def _load(self) -> list[Task]:
-        raise NotImplementedError
+        """All tasks of this source, before the difficulty / id / limit filters."""
 
     def tasks(self) -> list[Task]:
         if self._cache is None:

@@ -123,6 +123,24 @@ class BuildResult:
     stats: MergeStats
 
 
+class SideCallOptions:
+    """What every builder does with side calls (titles, memory, routing).
+
+    include_side_calls: emit rows for them (never merged into task chains).
+    side_calls_inherit_reward: give side rows the rollout's reward; otherwise they get side_reward.
+    """
+
+    def __init__(
+        self,
+        include_side_calls: bool = True,
+        side_calls_inherit_reward: bool = False,
+        side_reward: float = 0.0,
+    ) -> None:
+        self.include_side_calls = include_side_calls
+        self.side_calls_inherit_reward = side_calls_inherit_reward
+        self.side_reward = side_reward
+
+
 @runtime_checkable
 class TrajectoryBuilder(Protocol):
     """Turns the trace records of one finished session into trainable rows."""

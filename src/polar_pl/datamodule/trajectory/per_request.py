@@ -9,11 +9,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.datamodule.trajectory.base import BuildResult, MergeStats, make_row, prepare, spliced
+from polar_pl.datamodule.trajectory.base import (
+    BuildResult,
+    MergeStats,
+    SideCallOptions,
+    make_row,
+    prepare,
+    spliced,
+)
 from polar_pl.gateway.records import TraceRecord
 
 
-class PerRequestBuilder:
+class PerRequestBuilder(SideCallOptions):
     """One row per call.
 
     include_side_calls: emit rows for calls the gateway tagged "side" (titles, memory, routing).
@@ -21,16 +28,6 @@ class PerRequestBuilder:
     """
 
     name = "per_request"
-
-    def __init__(
-        self,
-        include_side_calls: bool = True,
-        side_calls_inherit_reward: bool = False,
-        side_reward: float = 0.0,
-    ) -> None:
-        self.include_side_calls = include_side_calls
-        self.side_calls_inherit_reward = side_calls_inherit_reward
-        self.side_reward = side_reward
 
     def build(
         self,

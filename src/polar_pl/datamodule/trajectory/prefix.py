@@ -35,6 +35,7 @@ from polar_pl.datamodule.trajectory.base import (
     BuildResult,
     Call,
     MergeStats,
+    SideCallOptions,
     make_row,
     prepare,
     spliced,
@@ -66,7 +67,7 @@ class _Chain:
         self.tokens = call.num_tokens
 
 
-class PrefixBuilder:
+class PrefixBuilder(SideCallOptions):
     """Merge a session's calls into as few rows as exact token prefixes allow.
 
     include_side_calls: emit one row per side call (never merged into task chains).
@@ -74,16 +75,6 @@ class PrefixBuilder:
     """
 
     name = "prefix"
-
-    def __init__(
-        self,
-        include_side_calls: bool = True,
-        side_calls_inherit_reward: bool = False,
-        side_reward: float = 0.0,
-    ) -> None:
-        self.include_side_calls = include_side_calls
-        self.side_calls_inherit_reward = side_calls_inherit_reward
-        self.side_reward = side_reward
 
     def build(
         self,
