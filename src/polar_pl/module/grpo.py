@@ -273,13 +273,16 @@ class GRPOModule(L.LightningModule):
         self.model.eval()
         olds, ents, refs = [], [], []
         ref_model = self._ref.on(batch.input_ids.device) if self._ref is not None else None
+        sampled = batch.loss_mask * scorable(batch.position_ids)
         for idx in self._micro(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)):
-            args = self._inputs(batch, idx)
-            lp, ent = token_logprobs(self.model, *args, temperature=self.temperature, with_entropy=True)
+            args, need = self._inputs(batch, idx), sampled[idx]
+            lp, ent = token_logprobs(
+                self.model, *args, temperature=self.temperature, with_entropy=True, need=need
+            )
             olds.append(lp)
             ents.append(ent)
             if ref_model is not None:
-                refs.append(token_logprobs(ref_model, *args, temperature=self.temperature)[0])
+                refs.append(token_logprobs(ref_model, *args, temperature=self.temperature, need=need)[0])
         self.model.train(was_training)
         return torch.cat(olds), torch.cat(ents), (torch.cat(refs) if refs else None)
 
@@ -307,7 +310,7 @@ class GRPOModule(L.LightningModule):
                 for pos in self._micro(torch.arange(mb.numel(), device=mb.device)):
                     idx = mb[pos]
                     logp, _ = token_logprobs(
-                        self.model, *self._inputs(batch, idx), temperature=self.temperature
+                        self.model, *self._inputs(batch, idx), temperature=self.temperature, need=mask[idx]
                     )
                     pg, was_clipped = clipped_policy_loss(
                         logp,
