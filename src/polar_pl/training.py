@@ -14,6 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
 from polar_pl.datamodule.progress import LiveProgress
+from polar_pl.monitor.noise import quiet
+from polar_pl.monitor.steplog import StepLog
 
 
 def build_parts(cfg: DictConfig) -> dict[str, Any]:
@@ -39,7 +41,8 @@ def build_parts(cfg: DictConfig) -> dict[str, Any]:
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit GRPO on rollouts; returns the final logged metrics."""
-    L.seed_everything(cfg.seed, workers=True)
+    quiet()
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
     out_dir = Path(cfg.trainer.default_root_dir)
     parts = build_parts(cfg)
     dm: RolloutDataModule = parts["datamodule"]
@@ -54,7 +57,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             save_top_k=-1,
         )
         trainer: L.Trainer = instantiate(
-            cfg.trainer, logger=loggers, callbacks=[CommitBatches(), checkpoints]
+            cfg.trainer, logger=loggers, callbacks=[StepLog(), CommitBatches(), checkpoints]
         )
         for lg in loggers:
             lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))

@@ -92,19 +92,25 @@ class RolloutDataModule(L.LightningDataModule):
         self.batches_done = 0  # batches a training step consumed (survives resume)
         self._busy_mark = (0.0, 0.0)
         self._batch_metrics: deque[dict[str, float]] = deque()
+        self._batch_groups: deque[list[Group]] = deque()
+        self.wait_total_s = 0.0  # trainer time spent blocked on rollouts, over the run
 
     # ---- lifecycle ------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
         if self.gateway is not None:
             return
         try:
+            t0 = time.monotonic()
             self.engine.start()
+            log.info("engine ready: %s at %s (%.1f s)", type(self.engine).__name__, self.engine.url,
+                     time.monotonic() - t0)  # fmt: skip
             store = self.store_path or self._tmp_store()
             options = dict(self.gateway_options)
             model_dir = getattr(self.engine, "model_dir", None)
             if model_dir is not None:
                 options.setdefault("tokenizer_dir", str(model_dir))
             self.gateway = Gateway([self.engine.url], store, **options).start()
+            log.info("gateway ready: %s, traces in %s", self.gateway.url, store)
         except BaseException:
             self.teardown()
             raise
@@ -174,12 +180,14 @@ class RolloutDataModule(L.LightningDataModule):
             if not rows:
                 self.counters["batches_without_rows"] += 1
         wait_s = time.monotonic() - t0
+        self.wait_total_s += wait_s
         budget = self.token_budget or max(len(r.input_ids) for r in rows)
         batch = collate(
             rows, mode=self.collate_mode, token_budget=budget, pad_id=getattr(self.engine, "pad_token_id", 0)
         )
         self._issued.append(seqs)
         self._batch_metrics.append(self._metrics(groups, rows, batch, wait_s))
+        self._batch_groups.append(groups)
         return batch
 
     def live_metrics(self) -> dict[str, float]:
@@ -191,6 +199,11 @@ class RolloutDataModule(L.LightningDataModule):
         """Rollout metrics of the batch being trained now: the oldest one not yet committed
         (Lightning fetches the next batch before training this one)."""
         return self._batch_metrics[0] if self._batch_metrics else {}
+
+    @property
+    def last_groups(self) -> list[Group]:
+        """The groups of the batch being trained now (the oldest not yet committed)."""
+        return self._batch_groups[0] if self._batch_groups else []
 
     def _fresh_rows(self, groups: list[Group]) -> list[TrajectoryRow]:
         current = self.engine.policy_version()
@@ -224,6 +237,10 @@ class RolloutDataModule(L.LightningDataModule):
             "rollout/wait_s": wait_s,
             "rollout/padding_waste": batch.padding_waste,
         }
+        for stage in ("init", "running", "postrun"):  # per session, mean over the batch
+            spent = [r.timings[stage] for r in results if stage in r.timings]
+            if spent:
+                m[f"time/session_{stage}_s"] = sum(spent) / len(spent)
         if len(rewards) > 1:
             mean = m["rollout/reward_mean"]
             m["rollout/reward_std"] = (sum((x - mean) ** 2 for x in rewards) / (len(rewards) - 1)) ** 0.5
@@ -252,6 +269,7 @@ class RolloutDataModule(L.LightningDataModule):
         """Called after a training step used the oldest issued batch (see `CommitBatches`)."""
         if self._batch_metrics:
             self._batch_metrics.popleft()
+            self._batch_groups.popleft()
         if self._issued and self.service is not None:
             self.service.mark_consumed(self._issued.popleft())
             self.batches_done += 1
