@@ -13,9 +13,11 @@ import warnings
 IGNORED_WARNINGS: tuple[tuple[str, str], ...] = (
     (
         r"Using ModelCheckpoint with manual optimization",
-        "GRPO optimises manually on purpose, and a checkpoint is meant to hold the weights after the "
-        "step (a resumed run continues with the next batch); Lightning suggests copying the weights "
-        "before each step, which would be wrong here",
+        (
+            "GRPO optimises manually on purpose, and a checkpoint is meant to hold the weights after "
+            "the step (a resumed run continues with the next batch); Lightning suggests copying the "
+            "weights before each step, which would be wrong here"
+        ),
     ),
     (
         r"`isinstance\(treespec, LeafSpec\)` is deprecated",
@@ -23,8 +25,10 @@ IGNORED_WARNINGS: tuple[tuple[str, str], ...] = (
     ),
     (
         r"You're resuming from a checkpoint that ended before the epoch ended",
-        "the run is one endless epoch by design; the datamodule restores its task cursor itself "
-        "(state_dict), so the dataloader has nothing to resume",
+        (
+            "the run is one endless epoch by design; the datamodule restores its task cursor itself "
+            "(state_dict), so the dataloader has nothing to resume"
+        ),
     ),
 )
 
