@@ -10,7 +10,7 @@ deterministic logprobs, so token ids, tool-call parsing, finish reasons and usag
 
 Example — the agent calls `write_file`, gets the tool result, then says "done":
 
-    from polar_pl.engine.scripted import Reply, ToolCall, serve_scripted
+    from polar_pl.testing.scripted import Reply, ToolCall, serve_scripted
 
     script = [
         Reply(tool_calls=[ToolCall("write_file", {"path": "a.txt", "content": "hi"})]),
