@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polar_pl.chat.toolparse import render_tool_call
 from polar_pl.datamodule.trajectory import MergeStats, PrefixBuilder
-from polar_pl.engine.toolparse import render_tool_call
 from polar_pl.gateway.gateway import Gateway
 from polar_pl.gateway.records import TraceRecord
 from polar_pl.testing.scripted import Reply, ScriptedBackend, ScriptedServer, ToolCall

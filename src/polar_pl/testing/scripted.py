@@ -38,10 +38,10 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from polar_pl.chat.toolparse import render_tool_call
 from polar_pl.engine.backend import BackendStats, GenerationRequest, SeqDelta, TokenLogprob
 from polar_pl.engine.detok import SequenceOutput
 from polar_pl.engine.errors import EngineError
-from polar_pl.engine.toolparse import render_tool_call
 
 
 @dataclass(frozen=True, slots=True)
