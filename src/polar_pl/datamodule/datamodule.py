@@ -91,6 +91,7 @@ class RolloutDataModule(L.LightningDataModule):
         self._issued: deque[list[int]] = deque()
         self.batches_done = 0  # batches a training step consumed (survives resume)
         self._busy_mark = (0.0, 0.0)
+        self._stage_mark: tuple[float | None, dict[str, float]] = (None, {})
         self._batch_metrics: deque[dict[str, float]] = deque()
         self._batch_groups: deque[list[Group]] = deque()
         self.wait_total_s = 0.0  # trainer time spent blocked on rollouts, over the run
@@ -131,6 +132,7 @@ class RolloutDataModule(L.LightningDataModule):
                 group_deadline_s=self.group_deadline_s,
                 **self._resume.get("service", {}),
             ).start()
+            self._stage_mark = (time.monotonic(), {})
         return self.service
 
     def teardown(self, stage: str | None = None) -> None:
@@ -244,13 +246,11 @@ class RolloutDataModule(L.LightningDataModule):
         if len(rewards) > 1:
             mean = m["rollout/reward_mean"]
             m["rollout/reward_std"] = (sum((x - mean) ** 2 for x in rewards) / (len(rewards) - 1)) ** 0.5
-        merged: Counter[str] = Counter()
-        for r in results:
-            merged.update(r.info.get("merge", {}))
-        m.update({k: float(v) for k, v in merged.items()})
+        m.update(_merge_totals(results))
         m.update({f"datamodule/{k}": float(v) for k, v in self.counters.items()})
         if self.service is not None:
             m.update(self.service.metrics())
+            m.update(self._stage_busy(m))
         if self.gateway is not None:
             stats = self.gateway.stats()
             busy_s, up_s = stats.get("gateway/engine_busy_s", 0.0), stats.get("gateway/uptime_s", 0.0)
@@ -260,6 +260,16 @@ class RolloutDataModule(L.LightningDataModule):
             self._busy_mark = (busy_s, up_s)
             m.update({k: float(v) for k, v in stats.items() if isinstance(v, int | float)})
         return m
+
+    def _stage_busy(self, m: dict[str, float]) -> dict[str, float]:
+        """rollout/busy_<stage>: each stage pool's busy fraction since the last batch."""
+        now = time.monotonic()
+        busy = {s: m.get(f"pool/{s}_busy_s", 0.0) for s in ("init", "running", "postrun")}
+        last_t, last = self._stage_mark
+        self._stage_mark = (now, busy)
+        if last_t is None or now <= last_t:
+            return {}
+        return {f"rollout/busy_{s}": (busy[s] - last.get(s, 0.0)) / (now - last_t) for s in busy}
 
     def push_target(self) -> PausingEngine:
         """What the weight sync should push to: the engine, with the gateway paused meanwhile."""
@@ -289,6 +299,20 @@ class RolloutDataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume = dict(state_dict)
         self.batches_done = int(state_dict.get("batches_done", 0))
+
+
+def _merge_totals(results) -> dict[str, float]:
+    """merge/* of a batch: counts summed over its sessions, ratios recomputed from the sums."""
+    merged: Counter[str] = Counter()
+    for r in results:
+        merged.update(r.info.get("merge", {}))
+    out = {k: float(v) for k, v in merged.items()}
+    if merged:
+        rows, row_tokens = merged["merge/rows"], merged["merge/row_tokens"]
+        out["merge/compression_ratio"] = merged["merge/call_tokens"] / row_tokens if row_tokens else 1.0
+        merged_calls = merged["merge/calls"] - merged["merge/skipped_calls"]
+        out["merge/calls_per_row"] = merged_calls / rows if rows else 0.0
+    return out
 
 
 class _Batches(IterableDataset):
