@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
 from polar_pl.datamodule.progress import LiveProgress
 from polar_pl.monitor.noise import quiet
+from polar_pl.monitor.report import RolloutLog, RunReport
 from polar_pl.monitor.steplog import StepLog
 
 
@@ -57,7 +58,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             save_top_k=-1,
         )
         trainer: L.Trainer = instantiate(
-            cfg.trainer, logger=loggers, callbacks=[StepLog(), CommitBatches(), checkpoints]
+            cfg.trainer, logger=loggers, callbacks=[StepLog(), RolloutLog(out_dir), RunReport(out_dir), CommitBatches(), checkpoints]
         )
         for lg in loggers:
             lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))

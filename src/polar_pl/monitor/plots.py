@@ -95,7 +95,9 @@ def plot_merge(steps, x, out: Path) -> Path:
     fig, ax = _figure("prefix merge: compression ratio and chain breaks", "compression ratio")
     ax.plot(x, _series(steps, "merge/compression_ratio"), color="black", marker="o", ms=3,
             label="compression ratio")  # fmt: skip
-    kinds = sorted({k.removeprefix("merge/breaks/") for s in steps for k in s if k.startswith("merge/breaks/")})
+    kinds = sorted(
+        {k.removeprefix("merge/breaks/") for s in steps for k in s if k.startswith("merge/breaks/")}
+    )
     twin = ax.twinx()
     bottom = [0.0] * len(x)
     for kind in kinds:

@@ -1,4 +1,4 @@
-"""`rollouts.jsonl` in the run directory: one line per trained attempt, with the step that trained
+"""`rollouts.jsonl` in the run directory (written by `report.RolloutLog`): one line per trained attempt, with the step that trained
 it, so the viewer can list runs -> steps -> groups -> sessions and the W&B table can sample them.
 
     {"step": 3, "group_id": "ab12cd-g6", "rollout_id": "ab12cd-g6-r0", "session_id": "...",
@@ -15,8 +15,6 @@ import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
-
-import lightning as L
 
 FILE = "rollouts.jsonl"
 PROMPT_CHARS = 400
@@ -67,25 +65,3 @@ def read_rollouts(run_dir: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue  # a line cut by a crash mid-write
     return out
-
-
-class RolloutLog(L.Callback):
-    """Appends the trained batch's attempts to `<run_dir>/rollouts.jsonl` after each step."""
-
-    def __init__(self, run_dir: str | Path) -> None:
-        self.path = Path(run_dir) / FILE
-        self._groups: list[Any] = []
-        self._step = 0
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        dm = trainer.datamodule
-        self._groups = list(getattr(dm, "last_groups", []) or [])  # the batch about to train
-        self._step = int(getattr(dm, "batches_done", batch_idx))
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not self._groups or not trainer.is_global_zero:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as f:
-            for line in session_lines(self._step, self._groups):
-                f.write(json.dumps(line, default=str) + "\n")
