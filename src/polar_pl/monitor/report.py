@@ -1,4 +1,4 @@
-"""What a run leaves in its directory: `rollouts.jsonl` after every step (RolloutLog), and at the
+"""What a run leaves in its directory: `rollouts.jsonl` after every step (RolloutRecorder), and at the
 end (RunReport) the plots into `<run_dir>/plots/`, and to W&B the same plots as images and
 a table with a sample of trajectories per step (prompt excerpt, answer, reward, masks summary)."""
 
@@ -85,7 +85,7 @@ class RunReport(L.Callback):
                 lg.log_table(key="trajectories", columns=TABLE_COLUMNS, data=rows)
 
 
-class RolloutLog(L.Callback):
+class RolloutRecorder(L.Callback):
     """Appends the trained batch's attempts to `<run_dir>/rollouts.jsonl` after each step."""
 
     def __init__(self, run_dir: str | Path) -> None:

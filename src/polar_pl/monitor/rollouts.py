@@ -1,4 +1,4 @@
-"""`rollouts.jsonl` in the run directory (written by `report.RolloutLog`): one line per trained attempt, with the step that trained
+"""`rollouts.jsonl` in the run directory (written by `report.RolloutRecorder`): one line per trained attempt, with the step that trained
 it, so the viewer can list runs -> steps -> groups -> sessions and the W&B table can sample them.
 
     {"step": 3, "group_id": "ab12cd-g6", "rollout_id": "ab12cd-g6-r0", "session_id": "...",
