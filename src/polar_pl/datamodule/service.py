@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,6 +175,12 @@ class RolloutService:
 
     async def _run(self) -> None:
         self._main_task = asyncio.current_task()
+        # Every stage worker may sit in asyncio.to_thread at once (a harness run blocks one for its
+        # whole length); the loop's default executor has only cpu_count + 4 threads, so on a small
+        # machine POSTRUN waited for RUNNING to free one.
+        workers = self.sizes.init + self.sizes.running + self.sizes.postrun + 2
+        executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout-stage")
+        asyncio.get_running_loop().set_default_executor(executor)
         self.pools = StagePools(self.stages, self.sizes)
         self.pools.start()
         pending: dict[str, _Pending] = {}
