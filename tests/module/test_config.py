@@ -30,7 +30,7 @@ def test_default_module_config(tiny_model_dir) -> None:
     assert module.advantage.keywords == {"std_normalize": True}
     assert module.aggregation.func is aggregation.token_mean
     assert module.tis.func is losses.tis_token and module.tis.keywords == {"cap": 2.0}
-    assert (module.kl, module.kl_coef, module.lr, module.push_every) == (None, 0.0, 5e-2, 1)
+    assert (module.kl, module.kl_coef, module.lr, module.push_every) == (None, 0.0, 3e-2, 1)
     assert module.betas == (0.9, 0.999)
 
 
