@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from polar_pl.module.losses import clipped_policy_loss, kl_k1, kl_k3, tis_sequence, tis_token
+from polar_pl.module.losses import clipped_policy_loss, kl_k1, kl_k3
 
 L = math.log
 
@@ -51,24 +51,3 @@ def test_kl_estimators() -> None:
     # k3 with d = ref - logp = log(1/2): 1/2 - log(1/2) - 1.
     assert kl_k3(logp, ref).tolist()[0] == pytest.approx([0.5 + L(2.0) - 1.0, 0.0])
     assert (kl_k3(torch.randn(3, 7), torch.randn(3, 7)) >= 0).all()
-
-
-def test_tis_token_caps_and_masks() -> None:
-    old = torch.tensor([[L(0.5), L(0.25), L(0.9)]])
-    behavior = torch.tensor([[L(0.25), L(0.5), L(0.1)]], dtype=torch.float64)
-    mask = torch.tensor([[1.0, 1.0, 0.0]])
-    w = tis_token(old, behavior, mask, cap=1.5)
-    # ratios 2 -> capped 1.5, 0.5 kept, masked token 0 (its ratio 9 is ignored).
-    assert w.tolist()[0] == pytest.approx([1.5, 0.5, 0.0]) and w.dtype == torch.float32
-
-
-def test_tis_sequence_one_weight_per_row() -> None:
-    # one packed sequence: row 0 (3 tokens, first is prompt), row 1 (2 tokens), then padding.
-    old = torch.tensor([[0.0, L(2.0), L(2.0), 0.0, L(0.5), 0.0]])
-    behavior = torch.zeros(1, 6, dtype=torch.float64)
-    behavior[0, 3] = -50.0  # a masked prompt token with a wild value: must not count
-    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0, 1.0, 0.0]])
-    rows = torch.tensor([[0, 0, 0, 1, 1, -1]])
-    w = tis_sequence(old, behavior, mask, rows, cap=3.0)
-    # row 0: exp(log 2 + log 2) = 4 -> capped 3; row 1: 0.5.
-    assert w.tolist()[0] == pytest.approx([0.0, 3.0, 3.0, 0.0, 0.5, 0.0])
