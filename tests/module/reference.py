@@ -28,7 +28,9 @@ class RefConfig:
     eps_high: float = 0.28
 
 
-def processed_logprobs(z: torch.Tensor, temperature: float, top_k: int, top_p: float, target: int) -> torch.Tensor:
+def processed_logprobs(
+    z: torch.Tensor, temperature: float, top_k: int, top_p: float, target: int
+) -> torch.Tensor:
     """(V,) log-probabilities of the sampling distribution at one position: temperature, top-k
     (ties with the k-th value kept), then the smallest nucleus reaching top_p; the sampled
     `target` always kept."""
@@ -90,7 +92,9 @@ def advantages(rows: list[TrajectoryRow], cfg: RefConfig) -> tuple[dict[str, flo
     return adv, kept
 
 
-def token_weights(rows: list[TrajectoryRow], tokens: dict[int, list[int]], cfg: RefConfig) -> dict[int, float]:
+def token_weights(
+    rows: list[TrajectoryRow], tokens: dict[int, list[int]], cfg: RefConfig
+) -> dict[int, float]:
     """Per row, the weight of each of its trainable tokens (`tokens`: row -> trainable positions)."""
     unit_rows = defaultdict(list)
     for i, ts in tokens.items():
@@ -99,7 +103,7 @@ def token_weights(rows: list[TrajectoryRow], tokens: dict[int, list[int]], cfg: 
     k = len(unit_rows)
     total = sum(len(ts) for ts in tokens.values())
     out = {}
-    for unit, members in unit_rows.items():
+    for members in unit_rows.values():
         unit_tokens = sum(len(tokens[i]) for i in members)
         for i in members:
             c = len(tokens[i])
@@ -129,7 +133,9 @@ def _row_terms(model, ref_model, row: TrajectoryRow, ts: list[int], samp: list[d
         ent = -(p * torch.where(torch.isfinite(lp_all), lp_all, 0.0)).sum()
         ref = None
         if ref_logits is not None:
-            ref = processed_logprobs(ref_logits[t - 1], s["temperature"], s["top_k"], s["top_p"], row.input_ids[t])
+            ref = processed_logprobs(
+                ref_logits[t - 1], s["temperature"], s["top_k"], s["top_p"], row.input_ids[t]
+            )
             ref = ref[row.input_ids[t]]
         out.append((lp_all[row.input_ids[t]], ent, ref))
     return out
@@ -163,7 +169,9 @@ def loss(model, ref_model, rows: list[TrajectoryRow], old: dict, cfg: RefConfig)
         if not ts:
             continue
         r, a = rows[i], adv[_unit(rows[i])[0]]
-        for t, (lp, ent, ref) in zip(ts, _row_terms(model, ref_model, r, ts, per_token_sampling(r)), strict=True):
+        for t, (lp, ent, ref) in zip(
+            ts, _row_terms(model, ref_model, r, ts, per_token_sampling(r)), strict=True
+        ):
             o = old.setdefault((i, t), float(lp.detach()))
             ratio = torch.exp(lp - o)
             term = torch.maximum(-a * ratio, -a * ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high))

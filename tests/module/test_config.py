@@ -33,7 +33,12 @@ def test_default_module_config(tiny_model_dir) -> None:
     assert module.policy_loss.func is losses.clipped_policy_loss
     assert module.policy_loss.keywords == {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None}
     assert (module.kl, module.kl_coef, module.lr, module.push_every) == (None, 0.0, 1e-3, 1)
-    assert (module.side_rows, module.overlong, module.off_policy_mask, module.lr_scheduler) == ("own", None, None, None)
+    assert (module.side_rows, module.overlong, module.off_policy_mask, module.lr_scheduler) == (
+        "own",
+        None,
+        None,
+        None,
+    )
     assert module.betas == (0.9, 0.999)
 
 

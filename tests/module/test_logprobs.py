@@ -84,7 +84,9 @@ def test_sampling_filter_follows_vllm_rules() -> None:
     drop = sampling_filter(z, torch.tensor([3]), torch.tensor([1.0]))
     assert drop.tolist() == [[False, False, False, False]]
     assert sampling_filter(z, torch.tensor([0]), torch.tensor([1.0])) is None
-    out = processed_logits(z, torch.tensor([0.5]), torch.tensor([2]), torch.tensor([1.0]), keep=torch.tensor([0]))
+    out = processed_logits(
+        z, torch.tensor([0.5]), torch.tensor([2]), torch.tensor([1.0]), keep=torch.tensor([0])
+    )
     assert torch.isfinite(out).tolist() == [[True, True, False, True]]  # token 0 kept though filtered
 
 

@@ -35,7 +35,9 @@ def test_side_rows_are_their_own_units() -> None:
 def test_disagreeing_rows_name_the_rollout() -> None:
     rows = mixed_rows()
     rows[1] = replace(rows[1], reward=0.25)
-    with pytest.raises(ValueError, match=r"rows of rollout a0 disagree on reward or group \(rewards \[0.25, 1.0\]\)"):
+    with pytest.raises(
+        ValueError, match=r"rows of rollout a0 disagree on reward or group \(rewards \[0.25, 1.0\]\)"
+    ):
         rollouts(collate(rows, token_budget=16))
     rewards, group = rollout_rewards(T([1.0, 1.0, 0.0, 9.0]), T([0, 0, 2, -1]), T([0, 0, 1, 1]))
     assert rewards.tolist() == [1.0, 0.0, 0.0] and group.tolist() == [0, -1, 1]  # row -1 ignored
