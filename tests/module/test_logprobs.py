@@ -9,7 +9,7 @@ import torch
 from small_model import VOCAB, small_model
 
 from polar_pl.engine.sampling import processed_logits, sampling_filter
-from polar_pl.module.logprobs import Sampling, token_logprobs
+from polar_pl.module.logprobs import Sampling, forward_inputs, token_logprobs
 
 
 def batch(n: int = 2, t: int = 12, seed: int = 0):
@@ -136,3 +136,20 @@ def test_plain_module_without_lm_head_falls_back_to_logits() -> None:
         a, _ = token_logprobs(Wrapper(), ids, pos, chunk_tokens=4)
         b, _ = token_logprobs(hf, ids, pos)
     assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_single_row_sequences_run_causal_without_a_block_mask() -> None:
+    """A sequence holding one row then padding needs no (T, T) block mask: its positions continue
+    through the padding and the logprobs of the row are unchanged."""
+    model = small_model()
+    ids, _ = batch(n=2, t=10)
+    pos = torch.tensor([list(range(7)) + [0, 1, 2], list(range(10))])  # row of 7 + padding; full row
+    rows = torch.tensor([[0] * 7 + [-1] * 3, [1] * 10])
+    new_pos, attn = forward_inputs(pos, rows, None)
+    assert new_pos.tolist() == [list(range(10))] * 2 and attn is None
+    with torch.no_grad():
+        a, _ = token_logprobs(model, ids, pos)
+        b, _ = token_logprobs(model, ids, new_pos)
+    assert torch.allclose(a[rows >= 0], b[rows >= 0], atol=1e-5)
+    packed = torch.tensor([[0] * 4 + [1] * 6, [2] * 10])
+    assert forward_inputs(pos, packed, None)[0] is pos  # two rows in a sequence: the mask is needed

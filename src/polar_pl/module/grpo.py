@@ -38,7 +38,7 @@ from polar_pl.datamodule.collate import TrainBatch
 from polar_pl.module import advantages as adv_fns
 from polar_pl.module import aggregation as agg_fns
 from polar_pl.module import losses
-from polar_pl.module.logprobs import Sampling, token_logprobs
+from polar_pl.module.logprobs import Sampling, forward_inputs, token_logprobs
 from polar_pl.module.metrics import batch_metrics, harness_metrics, numeric
 from polar_pl.module.model import Frozen, enable_checkpointing, load_model
 from polar_pl.module.prepare import Prepared, prepare, unit_sums
@@ -401,7 +401,7 @@ class GRPOModule(L.LightningModule):
     @staticmethod
     def _inputs(batch: TrainBatch, idx: torch.Tensor):
         attn = batch.attention_mask[idx] if batch.attention_mask is not None else None
-        return batch.input_ids[idx], batch.position_ids[idx], attn
+        return batch.input_ids[idx], *forward_inputs(batch.position_ids[idx], batch.row_index[idx], attn)
 
     def _backward(self, loss: torch.Tensor) -> None:
         if self._trainer is not None:

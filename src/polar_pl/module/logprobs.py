@@ -61,6 +61,22 @@ def scorable(position_ids: torch.Tensor) -> torch.Tensor:
     return position_ids > 0
 
 
+def forward_inputs(
+    position_ids: torch.Tensor, row_index: torch.Tensor, attention_mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(position_ids, attention_mask) to run a micro-batch with. When every sequence holds a
+    single row from column 0 (then padding), causal attention alone keeps the row apart (padding
+    only follows it), so the positions continue through the padding and the mask is dropped:
+    transformers then builds no (T, T) block mask (1 GB of bools at 32k tokens) and takes the
+    causal kernel. Otherwise the inputs come back unchanged."""
+    first = row_index[:, :1]
+    single = bool(((first >= 0) & ((row_index == first) | (row_index < 0))).all())
+    if not single:
+        return position_ids, attention_mask
+    t = position_ids.shape[1]
+    return torch.arange(t, device=position_ids.device).expand_as(position_ids), None
+
+
 def forward_logits(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -98,13 +114,12 @@ def _chunk_logprobs(
     head(hidden)."""
     z = processed_logits(head(hidden), temperature, top_k, top_p, keep=targets)  # (N, c, V)
     logz = torch.logsumexp(z, dim=-1, keepdim=True)
-    logp_all = z - logz
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    logp = (z.gather(-1, targets.unsqueeze(-1)) - logz).squeeze(-1)
     if not with_entropy:
         return logp, None
-    # Filtered tokens have p = 0 and logp = -inf: 0 * -inf must be 0 (and its gradient too).
-    finite = torch.where(torch.isfinite(logp_all), logp_all, 0.0)
-    ent = -(torch.softmax(z, dim=-1) * finite).sum(-1)
+    # Filtered tokens have p = 0 and logp = -inf: their term (and its gradient) must be 0, not nan.
+    logp_all = z - logz
+    ent = -(logp_all.exp() * torch.nan_to_num(logp_all, neginf=0.0)).sum(-1)
     return logp, ent
 
 
