@@ -25,7 +25,7 @@ from polar_pl.datamodule.pools import PoolSizes
 from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
 from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.datamodule.service import Group, RolloutService
-from polar_pl.gateway.gateway import Gateway
+from polar_pl.gateway.handle import Gateway
 
 log = logging.getLogger(__name__)
 
