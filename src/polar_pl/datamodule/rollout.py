@@ -112,6 +112,8 @@ class HarnessRolloutStages:
             if ev.status == "error":
                 job.fail("postrun", f"evaluator: {ev.reason}")
         session = job.state.get("session")
+        if session is not None:
+            info["session_id"] = session.session_id
         records = await asyncio.to_thread(self.gateway.records, session.session_id) if session else []
         built = self.builder.build(records, reward=reward, status=job.status, harness=self.harness.name)
         rows = built.rows
