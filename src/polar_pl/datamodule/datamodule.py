@@ -214,11 +214,15 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _metrics(self, groups: list[Group], rows: list[TrajectoryRow], batch: TrainBatch, wait_s: float):
         results = [r for g in groups for r in g.results]
-        rewards = [r.reward for r in results]
+        # Masked attempts (infrastructure failures) say nothing about the policy.
+        rewards = [r.reward for r in results if not r.info.get("masked")]
         m: dict[str, float] = {
             "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
             "rollout/pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
             "rollout/sessions": len(results),
+            "rollout/masked": sum(bool(r.info.get("masked")) for r in results),
+            "rollout/harness_error_policy": sum(r.info.get("harness_error") == "policy" for r in results),
+            "rollout/harness_error_infra": sum(r.info.get("harness_error") == "infra" for r in results),
             "rollout/rows": len(rows),
             "rollout/trainable_tokens": sum(r.num_trainable for r in rows),
             "rollout/wait_s": wait_s,
