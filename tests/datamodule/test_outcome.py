@@ -47,3 +47,10 @@ def test_clean_run_and_side_calls():
     # a capped side call does not make the main line the policy's fault
     side_cut = [rec(0, [1], [2]), rec(1, [3], [4], kind="side", finish="length")]
     assert classify(1, "boom", "", side_cut).cause == INFRA
+
+
+def test_a_harness_names_its_policy_exit_codes():
+    """The mini agent's exit 3 (out of turns: the model kept calling tools) is the policy's doing."""
+    records = [rec(0, [1, 2], [5, 6], finish="tool_calls")]
+    assert classify(3, "", "", records, {3: "out of turns"}).cause == POLICY
+    assert classify(3, "", "", records).cause == INFRA

@@ -25,6 +25,7 @@ from polar_pl.datamodule.pools import PoolSizes
 from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
 from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.datamodule.service import Group, RolloutService
+from polar_pl.datamodule.trajectory import MergeStats
 from polar_pl.gateway.gateway import Gateway
 
 log = logging.getLogger(__name__)
@@ -231,10 +232,11 @@ class RolloutDataModule(L.LightningDataModule):
         if len(rewards) > 1:
             mean = m["rollout/reward_mean"]
             m["rollout/reward_std"] = (sum((x - mean) ** 2 for x in rewards) / (len(rewards) - 1)) ** 0.5
-        merged: Counter[str] = Counter()
-        for r in results:
-            merged.update(r.info.get("merge", {}))
-        m.update({k: float(v) for k, v in merged.items()})
+        # Counts add up over sessions; ratios are recomputed from the sums (a sum of per-session
+        # ratios logged 8.0 for eight sessions whose true compression ratio was 1.0).
+        merged = sum((MergeStats.from_metrics(r.info["merge"]) for r in results if "merge" in r.info), MergeStats())
+        if any("merge" in r.info for r in results):
+            m.update({k: float(v) for k, v in merged.to_metrics("merge").items()})
         m.update({f"datamodule/{k}": float(v) for k, v in self.counters.items()})
         if self.service is not None:
             m.update(self.service.metrics())

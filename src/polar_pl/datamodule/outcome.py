@@ -6,8 +6,9 @@ trains the model on the harness's error wording, so such a run gets status `harn
 the reason and is never evaluated. Whether it trains depends on the cause:
 
 - policy: the model caused it, so its tokens train with reward 0 — its last main call was cut by
-  the response cap (finish `length`: the harness rejects an unfinished answer), or the gateway
-  noted a malformed tool call in it;
+  the response cap (finish `length`: the harness rejects an unfinished answer), the gateway
+  noted a malformed tool call in it, or the harness says so by its exit code (the mini agent's
+  3: out of turns; a spec lists these as `policy_exit_codes`);
 - infra: anything else — an engine or gateway error, no model call at all (the CLI failed to
   start or to authenticate), or an exit the records do not explain — is masked: nothing the
   policy did is known to have caused it, so it must not be pushed down.
@@ -15,7 +16,7 @@ the reason and is never evaluated. Whether it trains depends on the cause:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from polar_pl.gateway.records import TraceRecord
@@ -35,7 +36,13 @@ class HarnessOutcome:
         return self.cause is not None
 
 
-def classify(exit_code: int, stderr: str, stdout: str, records: Sequence[TraceRecord]) -> HarnessOutcome:
+def classify(
+    exit_code: int,
+    stderr: str,
+    stdout: str,
+    records: Sequence[TraceRecord],
+    policy_exit_codes: Mapping[int, str] | None = None,
+) -> HarnessOutcome:
     """The outcome of a run that did not time out, from its exit status and its calls' records."""
     main = [r for r in records if r.call_kind == "main"]
     errors = [r for r in records if r.status == "error"]
@@ -47,6 +54,8 @@ def classify(exit_code: int, stderr: str, stdout: str, records: Sequence[TraceRe
     reason = f"exit {exit_code}: {said}"[:300]
     if not main:
         return HarnessOutcome(INFRA, f"{reason} (no model call recorded)")
+    if exit_code in (policy_exit_codes or {}):
+        return HarnessOutcome(POLICY, f"{reason} ({policy_exit_codes[exit_code]})")
     last = main[-1]
     if last.finish_reason == "length":
         return HarnessOutcome(POLICY, f"{reason} (last response cut by the response cap)")

@@ -99,7 +99,8 @@ class HarnessRolloutStages:
             job.status, job.error = TIMEOUT, f"harness timed out after {result.duration_s:.0f}s"
             return
         records = await asyncio.to_thread(self.gateway.records, session.session_id)
-        outcome = classify(result.exit_code, result.stderr, result.stdout, records)
+        policy_exits = getattr(self.harness, "policy_exit_codes", None)
+        outcome = classify(result.exit_code, result.stderr, result.stdout, records, policy_exits)
         if outcome.failed:  # its answer is the harness's error text: never evaluated
             job.status, job.error = HARNESS_ERROR, outcome.reason
             job.state["cause"] = outcome.cause

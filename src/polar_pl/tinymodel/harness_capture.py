@@ -120,8 +120,6 @@ def _flatten(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for m in messages:
         m = dict(m)
         if isinstance(m.get("content"), list):
-            m["content"] = "\n".join(
-                p if isinstance(p, str) else p.get("text", "") for p in m["content"]
-            )
+            m["content"] = "\n".join(p if isinstance(p, str) else p.get("text", "") for p in m["content"])
         out.append(m)
     return out

@@ -30,7 +30,9 @@ def sample_after(
     out: list[list[int]] = [[] for _ in range(n)]
     done = [False] * n
     for step in range(max_new):
-        logits = model(input_ids=token, position_ids=torch.full((n, 1), p - 1 + step), cache=cache, use_cache=True).logits[:, -1]
+        logits = model(
+            input_ids=token, position_ids=torch.full((n, 1), p - 1 + step), cache=cache, use_cache=True
+        ).logits[:, -1]
         if temperature > 0:
             nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)
         else:

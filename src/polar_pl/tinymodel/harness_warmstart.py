@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from polar_pl.engine.render import render_chat
+from polar_pl.chat.render import render_chat
 from polar_pl.tinymodel.harness_capture import HarnessPrompt
 from polar_pl.tinymodel.harness_conversations import Example, examples, shell_tool
 
@@ -90,13 +90,13 @@ def render_tail(tok, ex: Example, memo: dict[str, str] | None = None) -> tuple[s
 def tail_tokens(tok, tail: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
     enc = tok(tail, add_special_tokens=False, return_offsets_mapping=True)
     ids = enc["input_ids"]
-    labels = [t if any(a <= s < b for a, b in spans) else IGNORE for t, (s, _) in zip(ids, enc["offset_mapping"])]
+    labels = [
+        t if any(a <= s < b for a, b in spans) else IGNORE for t, (s, _) in zip(ids, enc["offset_mapping"])
+    ]
     return ids, labels
 
 
-def build_contexts(
-    tok, prompt: HarnessPrompt, seed: int, n_contexts: int, per_context: int
-) -> list[Context]:
+def build_contexts(tok, prompt: HarnessPrompt, seed: int, n_contexts: int, per_context: int) -> list[Context]:
     """`n_contexts` tasks inside the captured request, each with `per_context` tails."""
     rng = random.Random(seed)
     pool = examples(prompt.harness, prompt.tools, seed, n_contexts * per_context * 4)
@@ -248,11 +248,17 @@ def train(
     model.train()
     while (elapsed := time.monotonic() - started) < budget:
         progress = elapsed / budget
-        lr = schedule.peak_lr * min(1.0, (sum(counts.values()) + 1) / 10) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+        lr = (
+            schedule.peak_lr
+            * min(1.0, (sum(counts.values()) + 1) / 10)
+            * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+        )
         for group in opt.param_groups:
             group["lr"] = lr
         long = progress >= schedule.short_first and rng.random() < schedule.long_share
-        stale = (elapsed - refreshed_at) / budget > schedule.refresh_every and progress < 1 - schedule.refresh_every
+        stale = (
+            elapsed - refreshed_at
+        ) / budget > schedule.refresh_every and progress < 1 - schedule.refresh_every
         if long and (refreshed_at == -math.inf or stale):
             t0 = time.monotonic()
             compute_kvs(model, contexts)
