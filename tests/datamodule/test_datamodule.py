@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from polar_pl.datamodule.datamodule import RolloutDataModule
-from polar_pl.datamodule.pools import FAILED, HARNESS_ERROR, OK, TIMEOUT
+from polar_pl.datamodule.pools import FAILED, HARNESS_ERROR, TIMEOUT
 from polar_pl.datamodule.trajectory import PrefixBuilder
 from polar_pl.engine.embedded import EmbeddedEngine
 from polar_pl.harness.mini import Mini

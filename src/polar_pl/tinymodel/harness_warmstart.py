@@ -114,7 +114,7 @@ def build_contexts(tok, prompt: HarnessPrompt, seed: int, n_contexts: int, per_c
     contexts, memo = [], {}
     for task in chosen:
         workdir = f"/tmp/polar-sbx-default-{rng.randrange(36**8):08x}/workspace"
-        ctx_text, ids = render_chat(tok, prompt.with_task(task, workdir), prompt.tools)
+        _, ids = render_chat(tok, prompt.with_task(task, workdir), prompt.tools)
         ctx = Context(task, ids)
         for ex in by_task[task][:per_context]:
             ctx.tails.append(tail_tokens(tok, *render_tail(tok, ex, memo)))
