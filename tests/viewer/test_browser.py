@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from polar_pl.gateway.records import SessionInfo
-from polar_pl.gateway.store import TraceStore, read_records
+from polar_pl.gateway.store.records import SessionInfo
+from polar_pl.gateway.store.traces import TraceStore, read_records
 from polar_pl.monitor.rollouts import read_rollouts
 from polar_pl.utils.serving import ServerThread
 from polar_pl.viewer.app import create_app
