@@ -25,6 +25,7 @@ from polar_pl.datamodule.pools import PoolSizes
 from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
 from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.datamodule.service import Group, RolloutService
+from polar_pl.datamodule.trajectory import MergeStats
 from polar_pl.gateway.handle import Gateway
 
 log = logging.getLogger(__name__)
@@ -246,7 +247,11 @@ class RolloutDataModule(L.LightningDataModule):
         if len(rewards) > 1:
             mean = m["rollout/reward_mean"]
             m["rollout/reward_std"] = (sum((x - mean) ** 2 for x in rewards) / (len(rewards) - 1)) ** 0.5
-        m.update(_merge_totals(results))
+        # Counts add up over sessions; ratios are recomputed from the sums (a sum of per-session
+        # ratios logged 8.0 for eight sessions whose true compression ratio was 1.0).
+        stats = [MergeStats.from_metrics(r.info["merge"]) for r in results if "merge" in r.info]
+        if stats:
+            m.update({k: float(v) for k, v in sum(stats, MergeStats()).to_metrics("merge").items()})
         m.update({f"datamodule/{k}": float(v) for k, v in self.counters.items()})
         if self.service is not None:
             m.update(self.service.metrics())
@@ -299,20 +304,6 @@ class RolloutDataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume = dict(state_dict)
         self.batches_done = int(state_dict.get("batches_done", 0))
-
-
-def _merge_totals(results) -> dict[str, float]:
-    """merge/* of a batch: counts summed over its sessions, ratios recomputed from the sums."""
-    merged: Counter[str] = Counter()
-    for r in results:
-        merged.update(r.info.get("merge", {}))
-    out = {k: float(v) for k, v in merged.items()}
-    if merged:
-        rows, row_tokens = merged["merge/rows"], merged["merge/row_tokens"]
-        out["merge/compression_ratio"] = merged["merge/call_tokens"] / row_tokens if row_tokens else 1.0
-        merged_calls = merged["merge/calls"] - merged["merge/skipped_calls"]
-        out["merge/calls_per_row"] = merged_calls / rows if rows else 0.0
-    return out
 
 
 class _Batches(IterableDataset):

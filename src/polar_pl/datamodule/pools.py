@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from polar_pl.datamodule.rows import TrajectoryRow
 
 OK, TIMEOUT, FAILED = "ok", "timeout", "failed"
+HARNESS_ERROR = "harness_error"  # the CLI exited non-zero or got an API error (datamodule/outcome.py)
 
 
 @dataclass(slots=True)
