@@ -36,6 +36,15 @@ class CrashBeforeCall(Mini):
         return dataclasses.replace(p, argv=("bash", "-c", "echo boom >&2; exit 3"))
 
 
+class AnswerWithoutCall(Mini):
+    """A harness that answers at once (exit 0, no model call): its run is always evaluated."""
+
+    def plan(self, session, prompt, paths):
+        p = super().plan(session, prompt, paths)
+        script = "mkdir -p .polar && echo HELLO > .polar/answer.txt"
+        return dataclasses.replace(p, argv=("bash", "-c", script))
+
+
 class CrashingEvaluator:
     def __init__(self, inner):
         self.inner = inner
@@ -172,7 +181,10 @@ def test_crashing_harness_is_recorded_and_the_pools_go_on(tiny_model_dir, tmp_pa
 
 
 def test_crashing_evaluator_fails_the_attempt_with_its_reason(tiny_model_dir, tmp_path):
-    dm = make_dm(tiny_model_dir, tmp_path, evaluator_wrap=CrashingEvaluator, groups_per_step=1)
+    # the harness answers without a call: a random model's out-of-turns run is a harness error and
+    # never reaches the evaluator
+    dm = make_dm(tiny_model_dir, tmp_path, harness=AnswerWithoutCall(max_tokens=8),
+                 evaluator_wrap=CrashingEvaluator, groups_per_step=1)
     dm.setup()
     try:
         dm._start_service()
