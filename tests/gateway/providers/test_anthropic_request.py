@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 
 from polar_pl.gateway.call.volatile import strip_volatile
-from polar_pl.gateway.providers.anthropic.adapter import adapter
+from polar_pl.gateway.providers import get_adapter
 from polar_pl.gateway.providers.base import RequestError
 from polar_pl.gateway.providers.thinking_signature import decode_signature, encode_signature
+
+adapter = get_adapter("anthropic")
 
 CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 RECORDS = sorted(

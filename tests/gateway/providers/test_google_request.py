@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from polar_pl.gateway.providers import get_adapter
 from polar_pl.gateway.providers.base import RequestError
-from polar_pl.gateway.providers.google.adapter import adapter
 from polar_pl.gateway.providers.google.schema import schema_to_json_schema
+
+adapter = get_adapter("google")
 
 CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 RECORDS = sorted(

@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
-from polar_pl.gateway.providers.google.adapter import adapter
+from polar_pl.gateway.providers import get_adapter
 from polar_pl.gateway.providers.thinking_signature import decode_signature
+
+adapter = get_adapter("google")
 
 CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 GEMINI_STREAMS = sorted(
