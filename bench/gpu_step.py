@@ -143,12 +143,13 @@ def sync(device: torch.device) -> None:
 
 
 def vllm_python() -> str | None:
-    """A Python that has vLLM: this one, else $POLAR_VLLM_PYTHON / the project's vLLM env."""
+    """A Python that has vLLM: this one, else $POLAR_VLLM_PYTHON / a `vllm` script on PATH."""
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
+    from polar_pl.engine.vllm_engine import vllm_installed
     from polar_pl.engine.vllm_engine import vllm_python as configured
 
-    return configured() if Path(configured()).exists() else None
+    return configured() if vllm_installed() else None
 
 
 def write_model_dir(model, out: Path) -> None:

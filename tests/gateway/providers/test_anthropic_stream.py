@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixture_paths import CAPTURES
 
 from polar_pl.gateway.providers import get_adapter
 from polar_pl.gateway.providers.thinking_signature import decode_signature
 
 adapter = get_adapter("anthropic")
 
-CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 ANTHROPIC_STREAMS = sorted(
     p
     for p in CAPTURES.glob("*/*.response-from-recorder.sse.txt")

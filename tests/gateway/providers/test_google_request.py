@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixture_paths import CAPTURES
 
 from polar_pl.gateway.providers import get_adapter
 from polar_pl.gateway.providers.base import RequestError
@@ -16,7 +17,6 @@ from polar_pl.gateway.providers.google.schema import schema_to_json_schema
 
 adapter = get_adapter("google")
 
-CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 RECORDS = sorted(
     p for p in CAPTURES.glob("*/*.request.record.json") if "/models/" in json.loads(p.read_text())["path"]
 )

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixture_paths import CAPTURES
 
 from polar_pl.gateway.providers import get_adapter
 from polar_pl.gateway.providers.base import RequestError
 
 adapter = get_adapter("openai_responses")
 
-CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 BODIES = sorted(CAPTURES.glob("*/*responses*.request.body.json"))
 
 
