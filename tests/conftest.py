@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-from fixture_paths import TINY_MODEL
+from fixture_paths import REPO, TINY_MODEL
 
 
 @pytest.fixture(scope="session")
