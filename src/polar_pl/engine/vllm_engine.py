@@ -32,8 +32,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from polar_pl.engine.embedded import save_state_dict
 from polar_pl.engine.process import ServerProcess, healthy
+from polar_pl.engine.weights import save_state_dict
 from polar_pl.utils.serving import free_port
 
 NO_VLLM = (
