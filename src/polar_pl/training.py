@@ -53,7 +53,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
     loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.get("logger") else []
     try:
         module = instantiate(cfg.module)
-        module.bind_engine(dm.push_target())
         checkpoints = ModelCheckpoint(
             dirpath=out_dir / "checkpoints",
             every_n_train_steps=cfg.checkpoint_every,

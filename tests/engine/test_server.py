@@ -251,7 +251,7 @@ def test_completions_rejects_out_of_vocab_ids(engine):
 def test_weight_update_changes_outputs_and_bumps_version(engine, tmp_path):
     import torch
 
-    from polar_pl.engine.embedded import save_state_dict
+    from polar_pl.engine.weights import save_state_dict
 
     c = client(engine)
     kw = {

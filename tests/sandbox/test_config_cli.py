@@ -6,9 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
+from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
@@ -16,8 +16,6 @@ from polar_pl.sandbox.docker import DockerSandbox
 from polar_pl.sandbox.local import LocalSandbox
 from polar_pl.sandbox.protocol import Sandbox
 from polar_pl.testing.sandbox import leftovers
-
-CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 @pytest.mark.parametrize(("choice", "cls", "isolation"), [

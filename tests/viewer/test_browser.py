@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from fixture_paths import REPO
 
 from polar_pl.gateway.store.records import SessionInfo
 from polar_pl.gateway.store.traces import TraceStore, read_records
@@ -19,7 +20,6 @@ from polar_pl.monitor.rollouts import read_rollouts
 from polar_pl.utils.serving import ServerThread
 from polar_pl.viewer.app import create_app
 
-REPO = Path(__file__).resolve().parents[2]
 ARTEFACTS = REPO / "outputs" / "test-artefacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-dev-shm-usage",

@@ -21,9 +21,9 @@ from typing import Literal, Self
 
 import httpx
 import torch
-from safetensors.torch import save_file
 
 from polar_pl.engine.process import ServerProcess, healthy
+from polar_pl.engine.weights import save_state_dict
 from polar_pl.utils.serving import ServerThread, free_port
 
 
@@ -162,13 +162,3 @@ class EmbeddedEngine:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def save_state_dict(state_dict: Mapping[str, torch.Tensor], out_dir: Path) -> Path:
-    """Write HF-named tensors as one safetensors file (tied tensors are cloned: safetensors refuses
-    shared storage)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
-    path = out_dir / "model.safetensors"
-    save_file(tensors, str(path), metadata={"format": "pt"})
-    return path

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Self
 
 from polar_pl.gateway.call.gate import PAUSE_MODES, PauseMode
-from polar_pl.gateway.http.app import GatewayRuntime, create_app
+from polar_pl.gateway.http.app import create_app
+from polar_pl.gateway.runtime import GatewayRuntime
 from polar_pl.gateway.store.records import SessionInfo, TraceRecord
 from polar_pl.utils.serving import ServerThread, free_port
 

@@ -30,8 +30,9 @@ from polar_pl.gateway.call.gate import EngineGate
 from polar_pl.gateway.call.sidecalls import SideCallRule, classify
 from polar_pl.gateway.call.stats import GatewayStats
 from polar_pl.gateway.call.volatile import strip_volatile
-from polar_pl.gateway.faithful.history import CompletionStream, TokenFaithful
-from polar_pl.gateway.faithful.prompt import FaithfulPrompt, completion_body
+from polar_pl.gateway.faithful.completion import CompletionStream, completion_body
+from polar_pl.gateway.faithful.history import TokenFaithful
+from polar_pl.gateway.faithful.prompt import FaithfulPrompt
 from polar_pl.gateway.http.errors import error_response, upstream_status
 from polar_pl.gateway.providers import ProviderAdapter, RequestError
 from polar_pl.gateway.store.records import SessionInfo, TraceRecord
@@ -228,13 +229,13 @@ class Proxy:
             if call.faithful.anchor is not None and call.faithful.rendered_if_different is not None:
                 call.notes.append(f"token-faithful: sampled tokens of call {call.faithful.anchor} spliced in")
         if not await self.gate.enter():
-            status = 529 if provider == "anthropic" else 503
+            status = adapter.retryable_status(503)
             return await self._fail(call, status, "engine paused for a weight update; retry shortly")
         try:
             stream = await self.open_engine_stream(call)
         except UpstreamError as exc:
             self.gate.leave()
-            return await self._fail(call, upstream_status(provider, exc), exc.message)
+            return await self._fail(call, upstream_status(adapter, exc), exc.message)
         call.replica.served += 1
         if call.norm.stream:
             media = call.norm.extra.get("media_type", "text/event-stream")
@@ -265,7 +266,7 @@ class Proxy:
             async for chunk in stream:
                 cap.add(chunk)
         except UpstreamError as exc:
-            status = upstream_status(call.provider, exc)
+            status = upstream_status(call.adapter, exc)
             resp = error_response(call.provider, status, exc.message)
             await _durable(self._append(call.record(cap, resp.body.decode(), "error", exc.message)))
             return resp
@@ -308,7 +309,7 @@ class Proxy:
             await _durable(fut)  # durable before the harness sees the end
             yield tail
         except UpstreamError as exc:
-            tail = translator.error(upstream_status(call.provider, exc), exc.message)
+            tail = translator.error(upstream_status(call.adapter, exc), exc.message)
             sent.append(tail)
             fut = self._append(call.record(cap, b"".join(sent).decode(), "error", exc.message))
             recorded = True
