@@ -98,3 +98,69 @@ def _swap_in(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         tmp.rename(out)
+
+
+def build_harness_model(
+    out_dir: str | os.PathLike[str],
+    harness: str,
+    base_dir: str | os.PathLike[str],
+    harness_prefix: str | os.PathLike[str],
+    seed: int = 0,
+    minutes: float = 3.0,
+    if_missing: bool = False,
+) -> Path:
+    """A copy of the model at `base_dir` (a warm-started tiny model) fine-tuned for `harness`:
+    the pinned CLI's real request is captured once, then the model is trained inside it
+    (harness_warmstart.py). The captured request is kept as `harness_prompt.json`.
+    if_missing: leave an existing model at `out_dir` as it is (checked under the lock)."""
+    out = Path(out_dir).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if if_missing and (out / "config.json").exists():
+            return out
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            _build_harness_into(tmp, harness, Path(base_dir), Path(harness_prefix), seed, minutes)
+            _make_readable(tmp)
+            _swap_in(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _build_harness_into(out: Path, harness: str, base: Path, prefix: Path, seed: int, minutes: float) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from polar_pl.tinymodel.harness_capture import capture_harness_prompt
+    from polar_pl.tinymodel.harness_warmstart import Schedule, warm_start_harness
+
+    started = time.monotonic()
+    if not (base / "config.json").exists():
+        raise FileNotFoundError(f"no base model at {base} (polar-pl tiny-model --out {base} --warm-start)")
+    prompt = capture_harness_prompt(harness, base, prefix)
+    capture_s = time.monotonic() - started
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(base / name, out / name)
+    tok = AutoTokenizer.from_pretrained(str(base))
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    torch.manual_seed(seed)
+    threads = torch.get_num_threads()
+    if os.getloadavg()[0] >= (os.cpu_count() or 1):
+        torch.set_num_threads(1)  # oversubscribed OpenMP threads spin-wait on each other
+    try:
+        report = warm_start_harness(model, tok, prompt, seed=seed, schedule=Schedule(minutes=minutes))
+    finally:
+        torch.set_num_threads(threads)
+    ids = special_ids(tok.backend_tokenizer)
+    save_model(model, out, eos_ids=[ids[IM_END], ids[ENDOFTEXT]], pad_id=ids[ENDOFTEXT])
+    (out / "harness_prompt.json").write_text(json.dumps(prompt.to_dict(), indent=1) + "\n", encoding="utf-8")
+    base_record = json.loads((base / BUILD_RECORD).read_text()) if (base / BUILD_RECORD).exists() else {}
+    record = {
+        **base_record,
+        "base": str(base),
+        "harness_warm_start": {**report, "capture_seconds": round(capture_s, 1)},
+        "build_seconds": round(time.monotonic() - started, 1),
+    }
+    (out / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
