@@ -95,14 +95,26 @@ def results(dm: RolloutDataModule, n: int = 1):
 
 
 def test_full_batch_of_groups(tiny_model_dir, tmp_path):
+    """A batch of two groups through the real stack. Its merge ratios come from the summed counts:
+    they were summed over sessions (compression ratio 16 for 16 one-call sessions)."""
     dm = make_dm(tiny_model_dir, tmp_path)
     dm.setup()
     try:
         batch = dm.next_batch(timeout=240)
         m = dm.last_metrics
+        groups = dm.last_groups
     finally:
         dm.teardown()
     assert len(set(batch.group_ids)) == 2 and len(set(batch.rollout_ids)) == 4
+    assert m["merge/compression_ratio"] == pytest.approx(m["merge/call_tokens"] / m["merge/row_tokens"])
+    assert m["merge/calls_per_row"] == pytest.approx(
+        (m["merge/calls"] - m["merge/skipped_calls"]) / m["merge/rows"]
+    )
+    assert {g.group_id for g in groups} == set(batch.group_ids)
+    assert all(r.info["session_id"] for g in groups for r in g.results)
+    for stage in ("init", "running", "postrun"):
+        assert m[f"time/session_{stage}_s"] > 0
+        assert 0.0 <= m[f"rollout/busy_{stage}"] <= 1.0
     assert batch.num_rows >= 4
     assert batch.loss_mask.sum() > 0
     sampled = batch.loss_mask.bool()

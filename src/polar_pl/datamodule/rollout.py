@@ -22,7 +22,7 @@ from typing import Any
 from polar_pl.datamodule.outcome import INFRA, classify
 from polar_pl.datamodule.pools import FAILED, HARNESS_ERROR, OK, TIMEOUT, RolloutJob, RolloutResult
 from polar_pl.datamodule.trajectory.base import TrajectoryBuilder
-from polar_pl.gateway.gateway import Gateway
+from polar_pl.gateway.handle import Gateway
 from polar_pl.harness.protocol import GatewaySession, Harness
 from polar_pl.harness.run import run_harness
 from polar_pl.sandbox.protocol import Sandbox
@@ -120,6 +120,8 @@ class HarnessRolloutStages:
             if ev.status == "error":
                 job.fail("postrun", f"evaluator: {ev.reason}")
         session = job.state.get("session")
+        if session is not None:
+            info["session_id"] = session.session_id
         records = await asyncio.to_thread(self.gateway.records, session.session_id) if session else []
         built = self.builder.build(records, reward=reward, status=job.status, harness=self.harness.name)
         rows = built.rows

@@ -69,7 +69,7 @@ def capture_harness_prompt(
 ) -> HarnessPrompt:
     """Run harness `name` once on `MARKER` and return its first main call's request."""
     from polar_pl.engine.embedded import EmbeddedEngine
-    from polar_pl.gateway.gateway import Gateway
+    from polar_pl.gateway.handle import Gateway
     from polar_pl.harness import build_harness
     from polar_pl.harness.protocol import GatewaySession
     from polar_pl.harness.run import run_harness
