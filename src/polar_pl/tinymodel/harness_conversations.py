@@ -103,7 +103,7 @@ def echo_example(rng: random.Random) -> Example:
 def file_example(rng: random.Random, harness: str, tool: ShellTool, index: int, word: str | None = None) -> Example:
     word = word or rng.choice(_ECHO_WORDS).upper()
     written = rng.choice([word, word, word.lower(), word.title(), rng.choice(_ECHO_WORDS).upper()])
-    command = f"printf %s {shlex.quote(written)} > {ANSWER_FILE}"
+    command = f"echo {shlex.quote(written)} > {ANSWER_FILE}"
     call = {
         "id": f"call_{index}_{rng.randrange(16**8):08x}",
         "type": "function",

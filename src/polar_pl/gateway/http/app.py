@@ -57,13 +57,15 @@ class GatewayRuntime:
         read_timeout: float = 600.0,
         token_faithful: bool | None = None,
         max_tokens_cap: int | None = None,
+        cap_policy: str = "length",
         pause_timeout: float = 300.0,
         reasoning_parser: str | None = None,
     ):
         """token_faithful: splice sampled tokens into prompts and call the engine's token-in
         route (faithful/); None = on when the gateway has a tokenizer (tokenizer_dir), since
         both engines (vLLM, embedded) accept token prompts. max_tokens_cap: upper bound on each
-        call's response length (None: the harness's request). pause_timeout: how long a call
+        call's response length (None: the harness's request). cap_policy: what the harness is
+        told when the cap cut a response, "length" or "end_turn" (call/proxy.py). pause_timeout: how long a call
         waits at a paused gate before a 503 / 529 with Retry-After. reasoning_parser: the
         engine's (vLLM `--reasoning-parser`, "qwen3"), applied to token-in answers as the engine
         applies it to chat answers."""
@@ -93,6 +95,7 @@ class GatewayRuntime:
             if token_faithful
             else None,
             max_tokens_cap=max_tokens_cap,
+            cap_policy=cap_policy,
             gate=self.gate,
         )
 
@@ -132,7 +135,7 @@ def create_app(
 ) -> FastAPI:
     """Build the gateway app. options: tokenizer_dir, model, side_rules, client ("aiohttp" or
     "httpx"), store_synchronous, public_url, health_interval, connect_timeout, read_timeout,
-    token_faithful, max_tokens_cap, pause_timeout, reasoning_parser (see GatewayRuntime)."""
+    token_faithful, max_tokens_cap, cap_policy, pause_timeout, reasoning_parser (see GatewayRuntime)."""
     rt = GatewayRuntime(
         upstreams, store_path, admin_token=admin_token or secrets.token_urlsafe(24), **options
     )
