@@ -48,6 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-tokens-cap", type=int, default=None, help="upper bound on each call's response tokens"
     )
     p.add_argument(
+        "--cap-policy",
+        choices=("length", "end_turn"),
+        default="length",
+        help="what a harness is told when --max-tokens-cap cut its response: the truth (length) or "
+        "a normal end of turn (end_turn: for CLIs that exit on a length stop); the record keeps the truth",
+    )
+    p.add_argument(
         "--pause-timeout",
         type=float,
         default=300.0,
@@ -101,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         token_faithful=args.token_faithful,
         reasoning_parser=args.reasoning_parser,
         max_tokens_cap=args.max_tokens_cap,
+        cap_policy=args.cap_policy,
         pause_timeout=args.pause_timeout,
     )
     print(f"polar-pl gateway on {public} -> {', '.join(args.upstream)} (store {args.store})", flush=True)
