@@ -152,7 +152,9 @@ def create_app(
             "object": "model",
             "created": int(time.time()),
             "owned_by": "polar_pl",
-            "root": backend.model_name,
+            # vLLM's root is the model path it serves: a gateway on this machine loads its
+            # tokenizer from there (token-faithful prompts, local token counts)
+            "root": str(getattr(backend, "model_dir", None) or backend.model_name),
             "parent": None,
             "max_model_len": backend.max_model_len,
         }

@@ -8,11 +8,18 @@ captured request (harness_capture.py, harness_conversations.py), the loss on ass
 Backpropagating through a 15k-token context costs seconds per step on a CPU, so the context is
 treated the way prefix caching treats it at inference: its KV is computed without gradients
 (harness_data.py: `Group` prefixes) and only the segment after it is trained. Gradients then
-reach the prefix's keys only through the segment's own projections; the KV is recomputed with
-the current weights every `refresh_every` of the budget so it never drifts far from what the
-weights would produce. Long steps also attend to only the last `keep_last` prefix positions and
+reach the prefix's keys only through the segment's own projections, and the KV must be
+recomputed with the current weights often: a model trained on KV that went stale over the last
+30% of its budget had learnt to decode from that stale KV, and behind fresh KV (what inference
+computes) it wrote `<tool_call>\n<tool_call>\n` and prose where it had just been trained to
+write the call. So the KV is refreshed whenever the time since the last refresh exceeds
+`refresh_ratio` times what that refresh took (a cheap prefix is refreshed every few steps), and
+once more at `final_refresh` of the budget, after which the learning rate is low. Long steps also attend to only the last `keep_last` prefix positions and
 a random `keep_frac` of the rest (positions live in the keys, so RoPE still sees true distances),
-which is what makes a step on Claude Code's request cost about as much as a short one.
+which is what makes a step on Claude Code's request affordable. Only prefixes longer than
+`subsample_over` are thinned: thinning changes what the tail attends to, and on pi's 1.7k-token
+request a model trained on thinned prefixes copied the tool list (`"name": "bash", "bash", ...`)
+when sampled behind the full one.
 """
 
 from __future__ import annotations
@@ -82,20 +89,41 @@ def step_loss(
     return torch.nn.functional.cross_entropy(model.lm_head(hidden.last_hidden_state[:, :-1][keep]), targets[keep])
 
 
+@dataclass(slots=True)
+class _Freshness:
+    """When one family's prefix KV was last computed, and what that cost."""
+
+    at: float | None = None
+    cost: float = 0.0
+    spent: float = 0.0
+    final_done: bool = False
+
+    def due(self, elapsed: float, progress: float, schedule: Schedule) -> bool:
+        if self.at is None or (not self.final_done and progress >= schedule.final_refresh):
+            return True
+        return elapsed - self.at > schedule.refresh_ratio * self.cost
+
+    def done(self, at: float, cost: float, progress: float, schedule: Schedule) -> None:
+        self.at, self.cost, self.spent = at + cost, cost, self.spent + cost
+        self.final_done = self.final_done or progress >= schedule.final_refresh
+
+
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """minutes: the whole budget; short_first: its share spent on short rows before any long one;
-    long_share: the chance of a long step afterwards; refresh_every: share of the budget between
-    prefix KV recomputations (for Claude Code each costs about three prefills of its request)."""
+    long_share: the chance of a long step afterwards; refresh_ratio / final_refresh: when the
+    prefix KV is recomputed (for Claude Code each costs about three prefills of its request)."""
 
     minutes: float = 3.0
     short_first: float = 0.3
     long_share: float = 0.6
-    refresh_every: float = 0.3
+    refresh_ratio: float = 4.0
+    final_refresh: float = 0.85
     batch: int = 8
     peak_lr: float = 5e-3
-    keep_last: int = 384
-    keep_frac: float = 0.15
+    subsample_over: int = 6000
+    keep_last: int = 1024
+    keep_frac: float = 0.35
 
 
 def train(
@@ -109,8 +137,7 @@ def train(
     started = time.monotonic()
     counts = {"short": 0, "long": 0, "refresh": 0}
     losses: dict[str, list[float]] = {"short": [], "long": []}
-    refreshed_at, refresh_s = None, 0.0
-    compute_kvs(model, [short])
+    fresh = {"long": _Freshness(), "short": _Freshness()}
     model.train()
     while (elapsed := time.monotonic() - started) < budget:
         progress = elapsed / budget
@@ -119,32 +146,28 @@ def train(
         for group in opt.param_groups:
             group["lr"] = lr
         is_long = progress >= schedule.short_first and rng.random() < schedule.long_share
-        stale = refreshed_at is None or (
-            (elapsed - refreshed_at) / budget > schedule.refresh_every and progress < 1 - schedule.refresh_every
-        )
-        if is_long and stale:
+        kind = "long" if is_long else "short"
+        if fresh[kind].due(elapsed, progress, schedule):
             t0 = time.monotonic()
-            compute_kvs(model, [*long, short])
-            refreshed_at, refresh_s = time.monotonic() - started, refresh_s + time.monotonic() - t0
+            compute_kvs(model, long if is_long else [short])
+            fresh[kind].done(t0 - started, time.monotonic() - t0, progress, schedule)
             counts["refresh"] += 1
         group = rng.choice(long) if is_long else short
         rows = rng.sample(group.rows, min(schedule.batch, len(group.rows)))
-        if is_long:
-            loss = step_loss(model, group, rows, pad_id, schedule.keep_last, schedule.keep_frac, gen)
-        else:
-            loss = step_loss(model, group, rows, pad_id, 0, 1.0, gen)
+        thin = len(group.prefix) > schedule.subsample_over
+        keep_frac = schedule.keep_frac if thin else 1.0
+        loss = step_loss(model, group, rows, pad_id, schedule.keep_last, keep_frac, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        kind = "long" if is_long else "short"
         counts[kind] += 1
         losses[kind].append(loss.item())
     model.eval()
     return {
         "seconds": round(time.monotonic() - started, 1),
         "steps": counts,
-        "refresh_seconds": round(refresh_s, 1),
+        "refresh_seconds": round(sum(f.spent for f in fresh.values()), 1),
         "loss_last20": {k: round(sum(v[-20:]) / len(v[-20:]), 3) for k, v in losses.items() if v},
     }
 
