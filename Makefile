@@ -4,17 +4,21 @@ VENV := .venv
 BIN := $(VENV)/bin
 VLLM_VENV := .venv-vllm
 MODEL := .cache/tiny-model
+WARM_MODEL := .cache/tiny-model-warm
+# CLI harnesses run on a tiny model warm-started inside that CLI's own request (conf/harness/*.yaml)
+TEST_HARNESSES := pi claude_code
+TRAIN_HARNESS := $(patsubst harness=%,%,$(filter harness=%,$(ARGS)))
 HARNESS_PREFIX := .cache/harness
 export POLAR_TINY_MODEL := $(abspath $(MODEL))
 export POLAR_VLLM_PYTHON := $(abspath $(VLLM_VENV))/bin/python
 export POLAR_HARNESS_PREFIX := $(abspath $(HARNESS_PREFIX))
 
-.PHONY: train test env test-env vllm-env model harness-clis docker-deps lint
+.PHONY: train test env test-env vllm-env model harness-clis harness-models docker-deps lint
 
-train: env model
+train: env model $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis .cache/tiny-model-$(TRAIN_HARNESS)/config.json)
 	$(BIN)/python train.py $(ARGS)
 
-test: test-env model vllm-env harness-clis docker-deps
+test: test-env model vllm-env harness-clis harness-models docker-deps
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
 
 env: $(VENV)/.installed
@@ -42,6 +46,14 @@ $(VLLM_VENV)/.installed:
 model: $(MODEL)/config.json
 $(MODEL)/config.json: | env
 	$(BIN)/polar-pl tiny-model --out $(MODEL)
+
+# The generic warm start (chat and tool-call formats, ~3 CPU min), then one model per CLI the tests
+# train with (~3 CPU min each: the CLI's real request is captured, the model is tuned inside it).
+harness-models: $(foreach h,$(TEST_HARNESSES),.cache/tiny-model-$(h)/config.json)
+$(WARM_MODEL)/config.json: | env
+	$(BIN)/polar-pl tiny-model --out $(WARM_MODEL) --warm-start
+.cache/tiny-model-%/config.json: $(WARM_MODEL)/config.json | harness-clis
+	$(BIN)/polar-pl tiny-model --out .cache/tiny-model-$* --harness $* --base $(WARM_MODEL) --harness-prefix $(POLAR_HARNESS_PREFIX)
 
 harness-clis: env
 	$(BIN)/polar-pl harness install all --prefix $(HARNESS_PREFIX)

@@ -47,6 +47,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("torch_threads"):
         torch.set_num_threads(int(cfg.torch_threads))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
+    if cfg.get("warm_start"):  # a CLI harness's model: warm-started inside that CLI's request
+        from polar_pl.tinymodel.build import ensure_harness_model
+
+        ws = cfg.warm_start
+        ensure_harness_model(cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes)
     out_dir = Path(cfg.trainer.default_root_dir)
     parts = build_parts(cfg)
     dm: RolloutDataModule = parts["datamodule"]

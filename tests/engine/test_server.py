@@ -23,6 +23,23 @@ def test_health_models_and_version_header(engine):
     assert [m.id for m in models.data] == ["tiny"]
 
 
+def test_tokenize_detokenize_routes(engine):
+    """/tokenize renders a chat exactly as /v1/chat/completions does; /detokenize inverts it;
+    bad input gets OpenAI error JSON (the gateway counts Anthropic tokens through /tokenize)."""
+    messages = [{"role": "user", "content": "Count these tokens."}]
+    chat = httpx.post(
+        f"{engine.base_url}/chat/completions",
+        json={"model": "tiny", "messages": messages, "max_tokens": 1, "return_token_ids": True},
+    ).json()
+    tok = httpx.post(f"{engine.url}/tokenize", json={"model": "tiny", "messages": messages}).json()
+    assert tok["tokens"] == chat["prompt_token_ids"] and tok["count"] == len(tok["tokens"])
+    text = httpx.post(f"{engine.url}/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"]
+    assert text.startswith("<|im_start|>user\nCount these tokens.")
+    bad = httpx.post(f"{engine.url}/tokenize", json={"model": "tiny"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+    assert httpx.post(f"{engine.url}/detokenize", json={"tokens": [10**9]}).status_code == 400
+
+
 def test_chat_logprobs_and_token_ids(engine):
     r = client(engine).chat.completions.create(
         model="tiny",

@@ -26,7 +26,7 @@ def _env_from_lines(text: str) -> dict[str, str]:
     return env
 
 
-def test_gateway_process_and_session_new(engine, tmp_path):
+def test_gateway_process_and_session_new(engine, tmp_path, tiny_model_dir):
     port = free_port()
     store = tmp_path / "traces.db"
     env = {**os.environ, "POLAR_ADMIN_TOKEN": "admin-secret"}
@@ -42,6 +42,8 @@ def test_gateway_process_and_session_new(engine, tmp_path):
             str(port),
             "--store",
             str(store),
+            "--tokenizer-dir",  # the scripted engine reports no model directory
+            str(tiny_model_dir),
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -89,6 +91,12 @@ def test_gateway_process_and_session_new(engine, tmp_path):
         c = out["claude_code"]
         assert c["ANTHROPIC_BASE_URL"].startswith(f"{url}/s/") and c["ANTHROPIC_API_KEY"].startswith("plr-")
         assert out["gemini_cli"]["GEMINI_API_KEY"].startswith("plr-")
+        # Gemini / Qwen find their settings under HOME (Gemini exited 41 "Invalid auth method
+        # selected." without it); capture-only variables stay out of the person's shell
+        for name in ("gemini_cli", "qwen_code"):
+            assert out[name]["HOME"] == str(tmp_path / name)
+            assert not {"TERM", "CI", "NO_COLOR", "FORCE_COLOR"} & set(out[name])
+        assert (tmp_path / "gemini_cli" / ".gemini" / "settings.json").exists()
         assert (tmp_path / "codex").exists()  # codex's config.toml lives under its home
         r = openai.OpenAI(
             base_url=q["OPENAI_BASE_URL"], api_key=q["OPENAI_API_KEY"], max_retries=0
@@ -135,6 +143,7 @@ def test_generated_admin_token_is_printed(engine, tmp_path):
             str(port),
             "--store",
             str(tmp_path / "t.db"),
+            "--no-token-faithful",
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -203,3 +212,64 @@ def test_gateway_process_options_faithful_cap_and_pause(engine, tmp_path, tiny_m
         proc.wait(timeout=60)
     (rec,) = read_records(store)
     assert "max_tokens capped: requested 100, sent 3" in rec.notes and "prompt" not in rec.normalized_request
+
+
+def _start_gateway(cmd: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = proc.stdout.readline()
+    url = cmd[cmd.index("--port") + 1]
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(f"http://127.0.0.1:{url}/health", timeout=1).raise_for_status()
+            return proc, first
+        except httpx.HTTPError:
+            assert proc.poll() is None and time.monotonic() < deadline, first + proc.stdout.read()
+            time.sleep(0.2)
+
+
+def test_readme_gateway_in_front_of_the_embedded_engine(tiny_model_dir, tmp_path):
+    """The README's gateway line in front of `polar-pl engine`: no tokenizer flag, and the gateway
+    learns the tokenizer from the engine. Before: token-faithful was off (a clean four-turn
+    conversation merged into 4 rows instead of 1) and Anthropic count_tokens answered 502
+    "token count failed: Not Found" (it asked the engine's /tokenize, which it did not serve)."""
+    import anthropic
+
+    from polar_pl.datamodule.trajectory import PrefixBuilder
+    from polar_pl.engine.embedded import EmbeddedEngine
+
+    engine = EmbeddedEngine(tiny_model_dir, served_model_name="tiny", num_threads=1).start()
+    port, store = free_port(), tmp_path / "traces.db"
+    cmd = [sys.executable, "-m", "polar_pl.cli", "gateway", "--upstream", engine.url, "--port", str(port)]
+    cmd += ["--store", str(store), "--max-tokens-cap", "12", "--cap-policy", "end_turn"]
+    proc, first = _start_gateway(cmd, {**os.environ, "POLAR_ADMIN_TOKEN": "adm"})
+    try:
+        assert f"token-faithful on (tokenizer {tiny_model_dir}" in first
+        url = f"http://127.0.0.1:{port}"
+        token = httpx.post(f"{url}/admin/sessions", json={}, headers={"authorization": "Bearer adm"}).json()["token"]
+        claude = anthropic.Anthropic(base_url=f"{url}/s/{token}", api_key=token, max_retries=0)
+        count = claude.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "hi"}])
+        assert count.input_tokens > 0
+        client = openai.OpenAI(base_url=f"{url}/s/{token}/v1", api_key=token, max_retries=0)
+        messages = [{"role": "system", "content": "You are terse."}]
+        for turn in range(4):
+            messages.append({"role": "user", "content": f"turn {turn}"})
+            r = client.chat.completions.create(model="tiny", messages=messages, temperature=1.0)
+            messages.append({"role": "assistant", "content": r.choices[0].message.content or ""})
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        engine.stop()
+    records = [r for r in read_records(store) if r.path.endswith("/chat/completions")]
+    assert len(records) == 4
+    result = PrefixBuilder().build(records, reward=0.0)
+    assert result.stats.rows == 1 and result.stats.num_breaks == 0, result.stats
+
+
+def test_gateway_without_a_tokenizer_says_how_to_get_one(engine, tmp_path):
+    """An engine that reports no model directory on this machine: the gateway refuses to start
+    silently token-unfaithful and names the two flags."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "polar_pl.cli", "gateway", "--upstream", engine.url, "--port", str(port)]
+    r = subprocess.run([*cmd, "--store", str(tmp_path / "t.db")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--tokenizer-dir" in r.stderr and "--no-token-faithful" in r.stderr

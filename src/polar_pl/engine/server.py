@@ -31,6 +31,8 @@ from polar_pl.engine.errors import EngineError, context_length_error, error_body
 from polar_pl.engine.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     UpdateWeightsFromDiskRequest,
 )
 
@@ -150,11 +152,46 @@ def create_app(
             "object": "model",
             "created": int(time.time()),
             "owned_by": "polar_pl",
-            "root": backend.model_name,
+            # vLLM's root is the model path it serves: a gateway on this machine loads its
+            # tokenizer from there (token-faithful prompts, local token counts)
+            "root": str(getattr(backend, "model_dir", None) or backend.model_name),
             "parent": None,
             "max_model_len": backend.max_model_len,
         }
         return JSONResponse({"object": "list", "data": [card]}, headers=headers())
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest):
+        """vLLM's route: the prompt ids a completion or chat request would get, and their count."""
+        check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise EngineError("give exactly one of `prompt` and `messages`", param="prompt")
+        if req.messages is not None:
+            try:
+                _, ids = render_chat(
+                    backend.tokenizer,
+                    req.messages,
+                    req.tools,
+                    add_generation_prompt=req.add_generation_prompt,
+                    continue_final_message=req.continue_final_message,
+                    chat_template_kwargs=req.chat_template_kwargs,
+                )
+            except RenderError as exc:
+                raise EngineError(str(exc), HTTPStatus.BAD_REQUEST, param=exc.param) from exc
+        else:
+            special = req.add_special_tokens is not False
+            ids = backend.tokenizer.encode(req.prompt, add_special_tokens=special)
+        strs = backend.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+        body = {"count": len(ids), "max_model_len": backend.max_model_len, "tokens": ids, "token_strs": strs}
+        return JSONResponse(body, headers=headers())
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest):
+        check_model(req.model)
+        vocab = len(backend.tokenizer)
+        if bad := [t for t in req.tokens if not 0 <= t < vocab]:
+            raise EngineError(f"token ids out of vocabulary (size {vocab}): {bad[:5]}", param="tokens")
+        return JSONResponse({"prompt": backend.tokenizer.decode(req.tokens)}, headers=headers())
 
     @app.get("/policy_version")
     async def policy_version():

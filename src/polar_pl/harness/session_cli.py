@@ -3,7 +3,10 @@ harness at it, so a person can `eval "$(polar-pl session new ...)"` and run the 
 
 The lines come from the harness's own launch spec (polar_pl.harness), the same one rollouts use;
 config files the spec needs (Codex's config.toml, Pi's models.json, ...) are written under
---home, a per-session directory.
+--home, a per-session directory, and HOME is pointed there: Gemini CLI and Qwen Code read
+`~/.gemini` / `~/.qwen` from HOME (without it Gemini exited 41 "Invalid auth method selected." and
+Qwen wrote into the real home). The variables that only suit captured output (TERM=dumb, CI=1,
+NO_COLOR=1, FORCE_COLOR=0) are left out: they would change the person's shell.
 """
 
 from __future__ import annotations
@@ -97,7 +100,10 @@ def env_lines(
                 harness_prefix=str(Path(harness_prefix or ".cache/harness").resolve()),
             ),
         )
-        env, files, argv = plan.env, plan.files, plan.argv
+        from polar_pl.harness.base import CAPTURE_ONLY_ENV
+
+        env = {"HOME": str(home)} | {k: v for k, v in plan.env.items() if k not in CAPTURE_ONLY_ENV}
+        files, argv = plan.files, plan.argv
     for path, content in files.items():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_bytes(content)
