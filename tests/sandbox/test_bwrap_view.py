@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import polar_pl
-from polar_pl.sandbox.testing import OWNER
+from polar_pl.testing.sandbox import OWNER
 
 pytestmark = pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
 

@@ -25,9 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar_pl.engine.scripted import Reply, ScriptedServer, serve_scripted
 from polar_pl.gateway.gateway import Gateway, SessionHandle
-from polar_pl.sandbox.testing import OWNER
+from polar_pl.testing.sandbox import OWNER
+from polar_pl.testing.scripted import Reply, ScriptedServer, serve_scripted
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("escape_probe.py")
