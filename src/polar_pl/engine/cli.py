@@ -24,6 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reasoning-parser", default=None, choices=["qwen3"], help="split <think> output into `reasoning`"
     )
+    parser.add_argument(
+        "--admin-token-file",
+        default=None,
+        help="file holding the bearer token for POST /update_weights_from_disk (default: "
+        "$POLAR_ADMIN_TOKEN; neither: weight updates are off)",
+    )
     parser.add_argument("--log-level", default="info")
 
 
@@ -34,10 +40,20 @@ def run(args: argparse.Namespace) -> int:
 
     from polar_pl.engine.server import create_app
     from polar_pl.engine.transformers_backend import TransformersBackend, default_threads
+    from polar_pl.utils.tokens import admin_token
 
     if not (Path(args.model) / "config.json").exists():
         print(f"polar-pl engine: no config.json in {args.model}")
         return 2
+    try:
+        token = admin_token(args.admin_token_file)
+    except (OSError, ValueError) as exc:
+        print(f"polar-pl engine: {exc}")
+        return 2
+    if token is None:
+        print(
+            "polar-pl engine: no admin token (--admin-token-file, $POLAR_ADMIN_TOKEN): weight updates are off"
+        )
     backend = TransformersBackend(
         args.model,
         model_name=args.served_model_name or args.model,
@@ -48,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         num_threads=args.threads or default_threads(),
     )
     uvicorn.run(
-        create_app(backend, reasoning_parser=args.reasoning_parser),
+        create_app(backend, reasoning_parser=args.reasoning_parser, admin_token=token),
         host=args.host,
         port=args.port,
         log_level=args.log_level,
