@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar_pl.gateway.gateway import Gateway, SessionHandle
+from polar_pl.gateway.handle import Gateway, SessionHandle
 from polar_pl.testing.sandbox import OWNER
 from polar_pl.testing.scripted import Reply, ScriptedServer, serve_scripted
 
