@@ -93,7 +93,7 @@ class LocalSandbox:
         self.workdir = ""
         self.home = ""
         self._cgroup: cgroups.Cgroup | None = None
-        self._relays: dict[tuple[str, int], tuple[Relay, str]] = {}
+        self._relays: dict[tuple[str, int], tuple[Relay, str, int]] = {}  # -> relay, socket, port inside
         self._pgids: set[int] = set()
         self._spawn_lock = threading.Lock()
         self._stopped = False
@@ -124,7 +124,7 @@ class LocalSandbox:
         if self._cgroup is not None:
             self._cgroup.remove()
             self._cgroup = None
-        for relay, _ in self._relays.values():
+        for relay, _, _ in self._relays.values():
             relay.close()
         self._relays.clear()
         if self.root is not None:
@@ -143,10 +143,10 @@ class LocalSandbox:
         """Make `url` (a gateway on this host) reachable from inside; returns the URL to use inside."""
         if self.isolation == "none":
             return url
-        inside, host, port = inside_url(url)
+        inside, host, port, port_in = inside_url(url, shift_privileged=True)
         if (host, port) not in self._relays:
             sock = str(self._root / "run" / f"gw-{port}.sock")
-            self._relays[(host, port)] = (unix_to_tcp(sock, host, port), sock)
+            self._relays[(host, port)] = (unix_to_tcp(sock, host, port), sock, port_in)
         return inside
 
     # -- exec ----------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ class LocalSandbox:
         fds: tuple[int, ...] = ()
         if self._runtime is not None:
             root = self._root
-            for (_, port), (_, sock) in self._relays.items():
+            for _, sock, port in () if system else self._relays.values():  # baseline/diff need no gateway
                 relay = [
                     self._runtime.python,
                     "-I",
