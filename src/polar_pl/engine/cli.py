@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from polar_pl.utils import tokens
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -24,11 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reasoning-parser", default=None, choices=["qwen3"], help="split <think> output into `reasoning`"
     )
-    parser.add_argument(
-        "--admin-token-file",
-        default=None,
-        help="file holding the bearer token for POST /update_weights_from_disk (default: "
-        "$POLAR_ADMIN_TOKEN; neither: weight updates are off)",
+    tokens.add_arguments(
+        parser,
+        "file holding the bearer token for POST /update_weights_from_disk "
+        "(default: $POLAR_ADMIN_TOKEN; neither: weight updates are off)",
     )
     parser.add_argument("--log-level", default="info")
 
@@ -40,13 +41,12 @@ def run(args: argparse.Namespace) -> int:
 
     from polar_pl.engine.server import create_app
     from polar_pl.engine.transformers_backend import TransformersBackend, default_threads
-    from polar_pl.utils.tokens import admin_token
 
     if not (Path(args.model) / "config.json").exists():
         print(f"polar-pl engine: no config.json in {args.model}")
         return 2
     try:
-        token = admin_token(args.admin_token_file)
+        token = tokens.admin_token(args.admin_token_file)
     except (OSError, ValueError) as exc:
         print(f"polar-pl engine: {exc}")
         return 2

@@ -3,6 +3,7 @@ command line (every process on the host can read `/proc/<pid>/cmdline`)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 from pathlib import Path
@@ -30,3 +31,17 @@ def admin_token(path: str | os.PathLike | None, *, create: bool = False) -> str 
     if not lines:
         raise ValueError(f"--admin-token-file {p}: the file is empty")
     return lines[0]
+
+
+class _Refuse(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(
+            f"{option_string} would put the token on the command line, which every process on the "
+            f"host can read (/proc/<pid>/cmdline): use --admin-token-file PATH or ${ENV}"
+        )
+
+
+def add_arguments(parser: argparse.ArgumentParser, help: str) -> None:
+    """--admin-token-file PATH; --admin-token VALUE is refused with the reason."""
+    parser.add_argument("--admin-token-file", default=None, metavar="PATH", help=help)
+    parser.add_argument("--admin-token", action=_Refuse, help=argparse.SUPPRESS)
