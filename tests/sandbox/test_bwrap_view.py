@@ -23,7 +23,7 @@ checkout, url, owner = sys.argv[1:]
 assert polar_pl.__file__.startswith(checkout), polar_pl.__file__
 with LocalSandbox(owner=owner) as sb:
     inside = sb.expose_gateway(url)
-    probe = "import openai, sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())"
+    probe = "import sniffio, sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())"
     res = sb.exec([*sb.python, "-c", probe, inside + "/ping"])
     print("agent:", res.exit_code, res.stdout.strip(), res.stderr.strip()[-500:])
     res = sb.exec(["ls", checkout, sys.executable])
@@ -33,7 +33,8 @@ with LocalSandbox(owner=owner) as sb:
 
 def test_checkout_and_venv_under_tmp(tmp_path, gateway_stub):
     """`bwrap: execvp /tmp/.../.venv/bin/python: No such file or directory`: the sandbox's own /tmp
-    hid a venv under /tmp. Now a checkout and venv there run the agent's python and reach the
+    hid a venv under /tmp. Now a checkout and venv there run the agent's python (with a package of
+    its closure, bound from the venv) and reach the
     gateway, and the checkout and venv themselves stay out of the sandbox's view."""
     assert str(tmp_path).startswith("/tmp/")
     checkout = tmp_path / "checkout"

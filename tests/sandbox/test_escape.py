@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import pytest
 from polar_pl.gateway.handle import Gateway, SessionHandle
 from polar_pl.testing.sandbox import OWNER
 from polar_pl.testing.scripted import Reply, ScriptedServer, serve_scripted
+from polar_pl.utils import tokens
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("escape_probe.py")
@@ -58,7 +58,7 @@ def _patch_line(name: str) -> str:
 @pytest.fixture(scope="module")
 def world(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("escape")
-    admin = secrets.token_urlsafe(24)
+    admin = tokens.admin_token(tmp / "traces.admin-token", create=True)  # where `polar-pl gateway` puts it
     marker = f"store-marker-{uuid.uuid4().hex}"
     with (
         serve_scripted(lambda chat: Reply("ok"), model_dir=tiny_model_dir) as engine,
@@ -157,6 +157,7 @@ def _plan(w: World, a, b, url: str, *, destructive: bool = True) -> dict:
         "test_patch_checkout": str(checkout / "test.patch"),
         "store": str(w.store),
         "store_wal": f"{w.store}-wal",
+        "admin_token_file": f"{w.store.parent}/traces.admin-token",
         "other_home_token": f"{b.home}/.polar/token",
         "host_environ": f"/proc/{w.helper.pid}/environ",
     }
