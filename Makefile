@@ -16,12 +16,12 @@ export POLAR_TINY_MODEL := $(abspath $(MODEL))
 export POLAR_VLLM_PYTHON := $(abspath $(VLLM_VENV))/bin/python
 export POLAR_HARNESS_PREFIX := $(abspath $(HARNESS_PREFIX))
 
-.PHONY: train test env test-env vllm-env model harness-clis harness-models docker-deps browser-deps lint
+.PHONY: train test env test-env vllm-env model harness-clis harness-models sandbox-deps docker-deps browser-deps lint
 
-train: env model $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis .cache/tiny-model-$(TRAIN_HARNESS)/config.json)
+train: env model sandbox-deps $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis .cache/tiny-model-$(TRAIN_HARNESS)/config.json)
 	$(BIN)/python train.py $(ARGS)
 
-test: test-env model vllm-env harness-clis harness-models docker-deps browser-deps
+test: test-env model vllm-env harness-clis harness-models sandbox-deps docker-deps browser-deps
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
 
 env: $(VENV)/.installed
@@ -61,10 +61,14 @@ $(WARM_MODEL)/config.json: | env
 harness-clis: env
 	$(BIN)/polar-pl harness install all --prefix $(HARNESS_PREFIX)
 
+# bubblewrap: the default sandbox (sandbox=bwrap). setpriv (util-linux) is part of every Debian.
+sandbox-deps:
+	@command -v bwrap >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
+		|| echo "bubblewrap is missing: apt-get install bubblewrap (or run with sandbox=docker)"
+
 # Docker engine for the sandbox tests; the tests start and stop dockerd themselves.
 docker-deps:
 	@command -v dockerd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null)
-	@command -v bwrap >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null || true)
 	@command -v debootstrap >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null || true)
 
 # Headless Chromium for the viewer's browser test (Playwright drives the system browser).

@@ -1,11 +1,11 @@
 """Sandbox and harness-launch latency, one table.
 
-Per backend (local, local+bwrap, docker): start, exec (`true`), copy (put+get of a 1 MiB file and
+Per backend (unsafe_local, bwrap, docker): start, exec (`true`), copy (put+get of a 1 MiB file and
 a 200-file tree), diff, stop — medians over --reps. Per harness CLI and backend: the cost of one
 launch, as `--version` (process start only) and as the full two-turn tool task through the real
 gateway against a scripted engine (so the model's time is ~0 and what is left is the harness).
 
-    python bench/sandbox.py [--reps 5] [--harness-reps 1] [--backends local,bwrap,docker] [--harnesses all]
+    python bench/sandbox.py [--reps 5] [--harness-reps 1] [--backends unsafe_local,bwrap,docker] [--harnesses all]
 
 Numbers are wall-clock on whatever else the machine runs: compare columns of one run, not runs.
 
@@ -42,8 +42,8 @@ def _ms(xs: list[float]) -> str:
 def make_factory(kind: str, stack: ExitStack):
     from polar_pl.sandbox.local import LocalSandbox
 
-    if kind == "local":
-        return lambda: LocalSandbox(owner=OWNER, harness_prefix=str(PREFIX))
+    if kind == "unsafe_local":
+        return lambda: LocalSandbox(isolation="none", owner=OWNER, harness_prefix=str(PREFIX))
     if kind == "bwrap":
         return lambda: LocalSandbox(isolation="bwrap", owner=OWNER, harness_prefix=str(PREFIX))
     import docker
@@ -60,7 +60,7 @@ def make_factory(kind: str, stack: ExitStack):
 
 
 # 20 HTTP round trips to the gateway from inside the sandbox, timed inside (seconds per request):
-# through the relay for bwrap and docker, direct for plain local.
+# through the relay for bwrap and docker, direct for unsafe_local.
 ROUND_TRIPS = """
 import sys, time, urllib.request
 url = sys.argv[1]
@@ -147,7 +147,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--harness-reps", type=int, default=1, help="launches per harness and backend (median)")
-    ap.add_argument("--backends", default="local,bwrap,docker")
+    ap.add_argument("--backends", default="unsafe_local,bwrap,docker")
     ap.add_argument("--harnesses", default="all")
     args = ap.parse_args()
     backends = args.backends.split(",")
@@ -181,13 +181,13 @@ def main() -> None:
             results[b] = bench_backend(factories[b], args.reps, gateway.url)
         for op in results[backends[0]]:
             ops.add_row(op, *(_ms(results[b][op]) for b in backends))
-        if "local" in results:
+        if "unsafe_local" in results:
             for b in backends[1:]:
                 ops.add_row(
-                    f"start {b}/local",
+                    f"start {b}/unsafe_local",
                     "",
                     *(
-                        f"{statistics.median(results[x]['start']) / statistics.median(results['local']['start']):7.1f}x"
+                        f"{statistics.median(results[x]['start']) / statistics.median(results['unsafe_local']['start']):7.1f}x"
                         if x == b
                         else ""
                         for x in backends[1:]

@@ -166,7 +166,7 @@ class DockerSandbox:
     # -- gateway -------------------------------------------------------------------------------
     def expose_gateway(self, url: str) -> str:
         """Relay a gateway on this host into the container; returns the URL to use inside."""
-        inside, host, port = inside_url(url)
+        inside, host, port, _ = inside_url(url)  # the container may listen below 1024
         if (host, port) in self._relays:
             return inside
         sock_name = f"gw-{port}.sock"

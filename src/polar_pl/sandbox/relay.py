@@ -104,15 +104,20 @@ def tcp_to_unix(host: str, port: int, sock_path: str) -> Relay:
     return Relay(listener, connect).start()
 
 
-def inside_url(url: str) -> tuple[str, str, int]:
-    """(URL to use inside the sandbox, host, port): the relay listens on the sandbox's own
-    127.0.0.1 at the gateway's port, whatever host name the gateway was given under."""
+PRIVILEGED_SHIFT = 20000  # bwrap: an unprivileged user cannot listen below 1024, 80 is 20080 inside
+
+
+def inside_url(url: str, shift_privileged: bool = False) -> tuple[str, str, int, int]:
+    """(URL to use inside the sandbox, host, port, port inside): the relay listens on the sandbox's
+    own 127.0.0.1 at the gateway's port, whatever host name the gateway was given under (a port
+    below 1024 moves up by PRIVILEGED_SHIFT when `shift_privileged`)."""
     from urllib.parse import urlsplit, urlunsplit
 
     parts = urlsplit(url)
     host = parts.hostname or "127.0.0.1"
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    return urlunsplit(parts._replace(netloc=f"127.0.0.1:{port}")), host, port
+    inside = port + PRIVILEGED_SHIFT if shift_privileged and port < 1024 else port
+    return urlunsplit(parts._replace(netloc=f"127.0.0.1:{inside}")), host, port, inside
 
 
 def main(argv: list[str]) -> int:

@@ -42,10 +42,9 @@ class GatewayFastAPI(FastAPI):
             await super().__call__(scope, receive, send)
 
 
-def _session_json(info, base: str) -> dict[str, Any]:
+def _session_json(info) -> dict[str, Any]:
     d = asdict(info)
-    d.pop("token")
-    d["base_url"] = f"{base}/s/{info.token}"
+    d.pop("token_hash")  # the token went to whoever created the session, and only to them
     return d
 
 
@@ -106,14 +105,14 @@ def create_app(
         bad = [k for k, v in fields.items() if v is not None and not isinstance(v, str)]
         if bad:
             return JSONResponse({"error": f"{', '.join(bad)}: must be strings"}, 400)
-        info = rt.sessions.create(
+        info, token = rt.sessions.create(
             **fields, meta=body.get("meta") if isinstance(body.get("meta"), dict) else None
         )
         return JSONResponse(
             {
                 "session_id": info.session_id,
-                "token": info.token,
-                "base_url": f"{base_of(request)}/s/{info.token}",
+                "token": token,
+                "base_url": f"{base_of(request)}/s/{token}",
             }
         )
 
@@ -121,7 +120,7 @@ def create_app(
     async def list_sessions(request: Request) -> Response:
         if denied := admin_denied(request):
             return denied
-        return JSONResponse([_session_json(s, base_of(request)) for s in rt.sessions.all()])
+        return JSONResponse([_session_json(s) for s in rt.sessions.all()])
 
     @app.get("/admin/sessions/{session_id}")
     async def get_session(session_id: str, request: Request) -> Response:
@@ -130,7 +129,7 @@ def create_app(
         info = rt.sessions.get(session_id)
         if info is None:
             return JSONResponse({"error": f"no session {session_id}"}, 404)
-        d = _session_json(info, base_of(request))
+        d = _session_json(info)
         d["calls"] = rt.store.count(session_id)
         return JSONResponse(d)
 
