@@ -21,7 +21,7 @@ import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
 from polar_pl.datamodule.collate import TrainBatch, collate
-from polar_pl.datamodule.pools import PoolSizes
+from polar_pl.datamodule.pools import INFRA_FAILURE, PoolSizes
 from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
 from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.datamodule.service import Group, RolloutService
@@ -213,12 +213,17 @@ class RolloutDataModule(L.LightningDataModule):
         return rows
 
     def _metrics(self, groups: list[Group], rows: list[TrajectoryRow], batch: TrainBatch, wait_s: float):
-        results = [r for g in groups for r in g.results]
+        every = [r for g in groups for r in g.results]
+        # infrastructure failures say nothing about the policy: out of the reward statistics
+        results = [r for r in every if r.status != INFRA_FAILURE]
         rewards = [r.reward for r in results]
+        infra = Counter(r.info.get("infra_kind", "unknown") for r in every if r.status == INFRA_FAILURE)
         m: dict[str, float] = {
+            "rollout/infra_failures": float(sum(infra.values())),
+            **{f"rollout/infra_failures/{kind}": float(n) for kind, n in infra.items()},
             "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
             "rollout/pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
-            "rollout/sessions": len(results),
+            "rollout/sessions": len(every),
             "rollout/rows": len(rows),
             "rollout/trainable_tokens": sum(r.num_trainable for r in rows),
             "rollout/wait_s": wait_s,

@@ -18,8 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.sandbox.infra import InfraError
 
 OK, TIMEOUT, FAILED = "ok", "timeout", "failed"
+# The infrastructure failed (sandbox start, image, exec, copy, host), not the policy: never trained.
+INFRA_FAILURE = "infra_failure"
 
 
 @dataclass(slots=True)
@@ -40,11 +43,15 @@ class RolloutJob:
     deadline: float | None = None
     state: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    infra_kind: str | None = None  # set with status INFRA_FAILURE: start / image / exec / copy / host
 
     def fail(self, stage: str, exc: BaseException | str) -> None:
+        """Record a failure; an `InfraError` makes it an infrastructure failure of its kind."""
         self.status = FAILED
         self.failed_stage = stage
         self.error = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, InfraError):
+            self.status, self.infra_kind = INFRA_FAILURE, exc.kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +158,7 @@ class StagePools:
         }
         self.statuses: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
+        self.infra: Counter[str] = Counter()  # infrastructure failures by kind, since the start
         self._workers: list[asyncio.Task] = []
         self._live: dict[str, RolloutJob] = {}
 
@@ -184,7 +192,7 @@ class StagePools:
                     await self.stages.init(job)
                 except Exception as exc:  # noqa: BLE001 — any stage failure is recorded, pools go on
                     job.fail("init", exc)
-            if job.status == FAILED:
+            if job.status in (FAILED, INFRA_FAILURE):
                 await self._finish_failed(job)
             else:
                 await self.ready_q.put(job)  # blocks while READY is full: backpressure
@@ -233,6 +241,8 @@ class StagePools:
 
     def _publish(self, result: RolloutResult) -> None:
         self.statuses[result.status] += 1
+        if result.status == INFRA_FAILURE:
+            self.infra[result.info.get("infra_kind", "unknown")] += 1
         if result.failed_stage:
             self.failures[result.failed_stage] += 1
         self.results.put_nowait(result)
@@ -251,6 +261,8 @@ class StagePools:
             m[f"pool/sessions_{status}"] = n
         for stage, n in self.failures.items():
             m[f"pool/failures_{stage}"] = n
+        for kind, n in self.infra.items():
+            m[f"pool/infra_failures/{kind}"] = n
         return m
 
 
@@ -259,11 +271,12 @@ def _failed_result(job: RolloutJob) -> RolloutResult:
         rollout_id=job.rollout_id,
         group_id=job.group_id,
         task_id=str(getattr(job.task, "instance_id", job.task)),
-        status=FAILED,
+        status=job.status if job.status == INFRA_FAILURE else FAILED,
         reward=0.0,
         error=job.error,
         failed_stage=job.failed_stage,
         timings=dict(job.timings),
+        info={"infra_kind": job.infra_kind} if job.infra_kind else {},
     )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import logging
+import shlex
 import shutil
 import tarfile
 import tempfile
@@ -78,6 +79,7 @@ class DockerSandbox:
         *,
         pool: HostPool | None = None,
         image_context: str | None = None,
+        owned_paths: tuple[str, ...] = (),
         retries: RetryPolicy | dict | int | None = None,
         memory: str | int | None = "4g",
         pids: int | None = 512,
@@ -90,6 +92,7 @@ class DockerSandbox:
     ) -> None:
         self.image = image or DEFAULT_TAG
         self.image_context = image_context
+        self.owned_paths = tuple(owned_paths)  # created and handed to the sandbox user at start
         self.retries = RetryPolicy.of(retries)
         self._own_pool = pool is None
         self.pool = pool or HostPool([docker_host or default_host()], images={"retries": self.retries})
@@ -223,7 +226,8 @@ class DockerSandbox:
         """A per-task image's workspace and home become the sandbox user's (they are root's in
         SWE-bench and most Harbor images)."""
         u, w, h = USER_UID, self.workdir, self.home
-        script = (f"set -e; mkdir -p {w} {h} /tmp; chown {u}:{u} {h}; "
+        owned = " ".join(shlex.quote(p) for p in (h, *self.owned_paths))
+        script = (f"set -e; mkdir -p {w} {owned} /tmp; chown {u}:{u} {owned}; "
                   f'[ "$(stat -c %u {w})" = {u} ] || chown -R {u}:{u} {w}')  # fmt: skip
         api = self.client.api
         exec_id = api.exec_create(self.container_id, ["sh", "-c", script], user="0")["Id"]

@@ -18,6 +18,7 @@ Naming schemes of the public datasets (for rows that carry no image field):
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -25,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from polar_pl.sandbox.image import DEFAULT_TAG, build_image
 from polar_pl.sandbox.infra import InfraError, RetryPolicy, with_retries
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,8 @@ def split_reference(name: str) -> tuple[str | None, str, str]:
 
 @dataclass(frozen=True, slots=True)
 class ImageEvent:
-    """How one image was made present: `hit` (already there), `pull`, or `build`; seconds taken."""
+    """How one image was made present: `hit` (already there), `pull`, `build` or `import` (the
+    offline base image); seconds taken."""
 
     name: str
     how: str
@@ -84,6 +87,7 @@ class ImageCache:
         self._pool = ThreadPoolExecutor(max_workers=max_pulls, thread_name_prefix="polar-image")
         self._futures: dict[str, Future] = {}
         self._lock = threading.Lock()
+        self._base_lock = threading.Lock()  # one import of the base image at a time
         self.events: list[ImageEvent] = []
         self.counts: Counter[str] = Counter()  # hit / pull / build / failed
         self.wait_s = 0.0  # summed time callers of ensure() spent blocked on an image
@@ -155,6 +159,10 @@ class ImageCache:
 
         if with_retries(present, self.retries, "image", f"looking up {name}"):
             return "hit"
+        if name == DEFAULT_TAG:  # the offline base image is imported from its rootfs tarball, not pulled
+            with self._base_lock:
+                with_retries(lambda: build_image(client, name), self.retries, "image", f"importing {name}")
+            return "import"
         pull_error: InfraError | None = None
         try:
             with_retries(lambda: self._pull(client, name), self.retries, "image", f"pulling {name}")
@@ -193,6 +201,8 @@ class ImageCache:
         ctx = Path(context)
         if not (ctx / "Dockerfile").is_file():
             raise InfraError("image", f"build context {ctx} has no Dockerfile")
+        for base in base_images((ctx / "Dockerfile").read_text()):
+            self._make_present(client, base, None)  # in this thread: a queued prefetch could deadlock
         try:
             # network_mode none: a build gets no network either (the test engines have no bridge)
             client.images.build(path=str(ctx), tag=name, rm=True, forcerm=True, pull=False,
@@ -200,6 +210,19 @@ class ImageCache:
         except docker.errors.BuildError as exc:
             tail = "".join(str(c.get("stream", c.get("error", ""))) for c in list(exc.build_log)[-8:])
             raise docker.errors.BuildError(f"{exc.msg}\n{tail.strip()[-1500:]}", exc.build_log) from None
+
+
+_FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.IGNORECASE | re.MULTILINE)
+
+
+def base_images(dockerfile: str) -> list[str]:
+    """The images a Dockerfile starts FROM, except build stages and `scratch`."""
+    stages = set(re.findall(r"^\s*FROM\s+.*\s+AS\s+(\S+)", dockerfile, re.IGNORECASE | re.MULTILINE))
+    out = []
+    for ref in _FROM.findall(dockerfile):
+        if ref.lower() != "scratch" and ref not in stages and "$" not in ref and ref not in out:
+            out.append(ref)
+    return out
 
 
 def image_size(client, name: str) -> int:
