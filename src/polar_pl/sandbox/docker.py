@@ -102,7 +102,8 @@ class DockerSandbox:
         self.pids = pids
         self.cpus = cpus
         self.owner = owner
-        self.host_prefix = default_harness_prefix(harness_prefix)
+        # "" = no harness CLIs (the mini agent needs none); None = the default prefix
+        self.host_prefix = None if harness_prefix == "" else default_harness_prefix(harness_prefix)
         self.node = shutil.which("node") if node is None else (node or None)  # "" = no Node
         deps = Path(pydeps) if pydeps else cache_dir() / "pydeps"
         self.host_pydeps = str(deps) if (deps / ".complete").exists() or pydeps else None
@@ -112,6 +113,7 @@ class DockerSandbox:
         self.harness_prefix = PREFIX_IN if self.host_prefix else None
         self.python = ["env", f"PYTHONPATH={PYDEPS_IN}", "python3"] if self.host_pydeps else ["python3"]
         self.relay_in = RELAY_IN
+        self.exec_user = f"{USER_UID}:{USER_UID}"  # every exec's user (the container's may be root)
         self.client = None
         self._exec_client = None
         self.container = None
@@ -170,8 +172,11 @@ class DockerSandbox:
             env["PATH"] = f"{t}/bin:" + (
                 _image_path(config) or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
             )
+        user = f"{USER_UID}:{USER_UID}"
         if self.image != DEFAULT_TAG:
-            caps = {"cap_add": ["CHOWN"]}  # for the one root exec below, see the module docstring
+            # The container's own process (docker-init + sleep) is root with CAP_CHOWN alone, for the
+            # one hand-over exec below; every other exec runs as uid 1000, which keeps no capability.
+            caps, user = {"cap_add": ["CHOWN"]}, "0:0"
         limits = {}
         if self.memory:
             limits |= {"mem_limit": self.memory, "memswap_limit": self.memory}
@@ -189,7 +194,7 @@ class DockerSandbox:
             network_mode="none",
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
-            user=f"{USER_UID}:{USER_UID}",
+            user=user,
             working_dir=self.workdir,
             environment=env,
             labels={LABEL: "1", OWNER_LABEL: self.owner},
@@ -294,13 +299,14 @@ class DockerSandbox:
             return inside
         if not self.host.local:
             self._relays[(host, port)] = docker_remote.start_mux_relay(
-                self._exec_client.api, self.container_id, port, host, port
+                self._exec_client.api, self.container_id, port, host, port, user=self.exec_user
             )
             return inside
         sock_name = f"gw-{port}.sock"
         self._relays[(host, port)] = unix_to_tcp(str(self._run_dir / sock_name), host, port)
         relay = ["python3", "-I", "-S", RELAY_IN, "tcp2unix", f"127.0.0.1:{port}", f"{RUN_IN}/{sock_name}"]
-        self.client.api.exec_start(self.client.api.exec_create(self.container_id, relay)["Id"], detach=True)
+        exec_id = self.client.api.exec_create(self.container_id, relay, user=self.exec_user)["Id"]
+        self.client.api.exec_start(exec_id, detach=True)
         probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=1).close()"
         deadline = time.monotonic() + 10
         while self.exec(["python3", "-c", probe]).exit_code != 0:
@@ -350,7 +356,8 @@ class DockerSandbox:
         api = self._api
         for attempt in range(1, self.retries.attempts + 1):
             exec_id = self._retry("exec", "creating an exec",
-                                  lambda: api.exec_create(self.container_id, argv, environment=env, workdir=cwd)["Id"])  # fmt: skip
+                                  lambda: api.exec_create(self.container_id, argv, environment=env, workdir=cwd,
+                                                          user=self.exec_user)["Id"])  # fmt: skip
             try:
                 out, err = self._exec_client.api.exec_start(exec_id, demux=True)
             except Exception as exc:

@@ -94,10 +94,11 @@ def _readable(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
-def start_mux_relay(api, container_id: str, port: int, gw_host: str, gw_port: int) -> MuxRelay:
+def start_mux_relay(api, container_id: str, port: int, gw_host: str, gw_port: int, user: str) -> MuxRelay:
     """Run `relay.py mux 127.0.0.1:<port>` in the container, attached; bridge it to the gateway."""
     argv = ["python3", "-I", "-S", f"{TOOLS_IN}/relay.py", "mux", f"127.0.0.1:{port}"]
-    exec_id = api.exec_create(container_id, argv, stdin=True, stdout=True, stderr=False, tty=False)["Id"]
+    exec_id = api.exec_create(container_id, argv, stdin=True, stdout=True, stderr=False, tty=False,
+                              user=user)["Id"]  # fmt: skip
     sock = api.exec_start(exec_id, socket=True)
     # a relay is idle between model calls for as long as the harness thinks: no read timeout
     for s in (sock, getattr(sock, "_sock", None)):

@@ -93,8 +93,8 @@ class DockerHost:
                 client_cert=cert, ca_cert=self.spec.ca_cert, verify=bool(self.spec.ca_cert)
             )
         url = self.url.replace("tcp://", "https://", 1) if tls and self.url.startswith("tcp://") else self.url
-        return docker.DockerClient(base_url=url, tls=tls, timeout=timeout,
-                                   use_ssh_client=self.url.startswith("ssh://"))  # fmt: skip
+        cls = _TlsClient if tls else docker.DockerClient
+        return cls(base_url=url, tls=tls, timeout=timeout, use_ssh_client=self.url.startswith("ssh://"))
 
     def ping(self, timeout: float = 5.0) -> bool:
         try:
@@ -112,6 +112,27 @@ class DockerHost:
 
     def __repr__(self) -> str:
         return f"DockerHost({self.url}, active={self.active}, healthy={self.healthy})"
+
+
+def _tls_api():
+    import docker
+
+    class TlsAPI(docker.APIClient):
+        """requests lets $REQUESTS_CA_BUNDLE override a session's CA whenever a request does not name
+        one; the engine's own CA must win, or no self-signed engine certificate ever verifies."""
+
+        def merge_environment_settings(self, url, proxies, stream, verify, cert):
+            return super().merge_environment_settings(url, proxies, stream, self.verify if verify is None else verify, cert)
+
+    return TlsAPI
+
+
+def _TlsClient(**kwargs):  # noqa: N802 — stands in for the docker.DockerClient class
+    import docker
+
+    client = docker.DockerClient.__new__(docker.DockerClient)
+    client.api = _tls_api()(**kwargs)
+    return client
 
 
 class HostPool:
