@@ -127,7 +127,7 @@ def _tls_api():
     return TlsAPI
 
 
-def _TlsClient(**kwargs):  # noqa: N802 — stands in for the docker.DockerClient class
+def _TlsClient(**kwargs):
     import docker
 
     client = docker.DockerClient.__new__(docker.DockerClient)

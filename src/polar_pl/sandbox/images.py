@@ -206,12 +206,16 @@ class ImageCache:
         try:
             # network_mode none: a build gets no network either (the test engines have no bridge)
             client.images.build(path=str(ctx), tag=name, rm=True, forcerm=True, pull=False,
-                                network_mode="none", timeout=self.build_timeout_s)  # fmt: skip
+                                network_mode="none", timeout=self.build_timeout_s,
+                                labels={IMAGE_LABEL: "1"})  # fmt: skip
         except docker.errors.BuildError as exc:
             tail = "".join(str(c.get("stream", c.get("error", ""))) for c in list(exc.build_log)[-8:])
             raise docker.errors.BuildError(f"{exc.msg}\n{tail.strip()[-1500:]}", exc.build_log) from None
 
 
+IMAGE_LABEL = "polar_pl.image"  # on images this cache built (what `polar-pl sandbox gc` may remove)
+# names of per-task images that gc may remove when no task set needs them (pulled ones carry no label)
+TASK_IMAGE_PATTERNS = ("polar-pl/harbor-", "sweb.eval.")
 _FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.IGNORECASE | re.MULTILINE)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -22,6 +23,9 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
+
+import pytest
 
 from polar_pl.utils.serving import free_port
 
@@ -81,7 +85,7 @@ class LocalRegistry:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> LocalRegistry:
-        import crypt  # noqa: deprecated in 3.11, gone in 3.13; bcrypt for htpasswd without a new package
+        import crypt  # deprecated (gone in 3.13): bcrypt for htpasswd without adding a package
 
         binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
         if not Path(binary).exists():
@@ -128,7 +132,7 @@ class LocalRegistry:
                 self.proc.wait(timeout=10)
             self.proc = None
 
-    def __enter__(self) -> LocalRegistry:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -218,3 +222,88 @@ def _copy(src: socket.socket, dst: socket.socket) -> None:
         dst.shutdown(socket.SHUT_WR)
     except OSError:
         pass
+
+
+# -- pytest fixtures (session scope: one remote engine, one registry, one image set per session) --
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteEngine:
+    url: str  # tcp://127.0.0.1:PORT (TLS)
+    cert_path: str  # the client's ca.pem / cert.pem / key.pem
+    daemon: object
+
+    @property
+    def host(self) -> dict[str, str]:
+        """The `sandbox.docker_hosts` entry for this engine."""
+        return {"url": self.url, "cert_path": self.cert_path}
+
+
+@pytest.fixture(scope="session")
+def remote_docker_engine(docker_engine, tmp_path_factory):
+    """A second dockerd on TCP 127.0.0.1 with TLS certificates made for this session: the remote
+    host. Its data root is fresh (nothing is shared with the local engine but the registry)."""
+    from polar_pl.sandbox.dockerd import DockerUnavailable
+    from polar_pl.sandbox.hosts import DockerHost, HostSpec
+    from polar_pl.sandbox.testing import OWNER, leftovers
+
+    tmp = tmp_path_factory.mktemp("remote-dockerd")
+    certs = make_tls_certs(tmp / "certs")
+    daemon = remote_dockerd(tmp / "root", certs)
+    try:
+        daemon.start()
+    except DockerUnavailable as e:
+        pytest.skip(f"no second Docker engine: {e}")
+    engine = RemoteEngine(daemon.tcp_url, certs.client_dir, daemon)
+    yield engine
+    from polar_pl.sandbox.docker import sweep_docker
+
+    client = DockerHost(HostSpec.of(engine.host)).client()
+    left = leftovers(OWNER, client)
+    sweep_docker(client, owner=None)  # a host that "disappeared" mid-test keeps its containers
+    client.close()
+    daemon.stop()
+    assert not [c for c in left if "disappear" not in c], f"containers left behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory):
+    if not (shutil.which("docker-registry") or Path("/usr/bin/docker-registry").exists()):
+        pytest.skip("docker-registry is not installed (make docker-deps)")
+    with LocalRegistry(tmp_path_factory.mktemp("registry")) as reg:
+        yield reg
+
+
+@dataclass(frozen=True, slots=True)
+class DepImages:
+    """Per-task images built in the test setup, each with its own wheel-installed module."""
+
+    names: tuple[str, ...]  # image tags on the local engine
+    modules: tuple[str, ...]  # the module each one can import
+    contexts: tuple[str, ...]  # their build contexts
+
+
+@pytest.fixture(scope="session")
+def dep_images(docker_engine, docker_image, tmp_path_factory) -> DepImages:
+    """Two images FROM the offline base image, each adding a dependency from a wheel built here."""
+    import docker
+
+    tmp = tmp_path_factory.mktemp("dep-images")
+    client = docker.DockerClient(base_url=docker_engine.url, timeout=600)
+    names, modules, contexts = [], [], []
+    try:
+        for tag in ("a", "b"):
+            module = f"polar_dep_{tag}"
+            wheel = make_wheel(tmp / "wheels", module, "1.0", f"VALUE = {tag!r}\n")
+            ctx = dep_image_context(tmp / f"ctx-{tag}", docker_image, wheel)
+            name = f"polar-test/dep-{tag}:{os.getpid()}"
+            client.images.build(path=str(ctx), tag=name, network_mode="none", rm=True, forcerm=True)
+            names.append(name), modules.append(module), contexts.append(str(ctx))
+        yield DepImages(tuple(names), tuple(modules), tuple(contexts))
+    finally:
+        for name in names:
+            try:
+                client.images.remove(name, force=True)
+            except docker.errors.ImageNotFound:
+                pass
+        client.close()
