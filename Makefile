@@ -51,6 +51,7 @@ docker-deps:
 	@command -v dockerd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null)
 	@command -v bwrap >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null || true)
 	@command -v debootstrap >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null || true)
+	@test -x /usr/bin/docker-registry || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null || true)
 
 lint: env
 	$(BIN)/ruff check src tests bench train.py
