@@ -6,10 +6,11 @@ mid-run): retried, then `infra_failure` with the right counts, masked, while the
 from __future__ import annotations
 
 import shutil
+import threading
 import time
-from collections import Counter
 from pathlib import Path
 
+import docker
 import pytest
 
 from polar_pl.datamodule.pools import INFRA_FAILURE, OK, PoolSizes
@@ -20,6 +21,7 @@ from polar_pl.engine.scripted import Reply, ToolCall, serve_scripted
 from polar_pl.gateway.gateway import Gateway
 from polar_pl.harness.mini import Mini
 from polar_pl.sandbox.docker_factory import DockerSandboxes
+from polar_pl.sandbox.hosts import DockerHost, HostSpec
 from polar_pl.sandbox.testing import OWNER
 from polar_pl.sandbox.testing_hosts import TcpForwarder
 from polar_pl.tasks.harbor import BUILTIN_DIR, HarborTaskSource, load_harbor_task
@@ -36,17 +38,19 @@ class Solver:
     """The scripted model: runs the task's solution as one bash call, then says it is done."""
 
     def __init__(self) -> None:
-        self.prefix = ""  # prepended to every solution (a sleep, to be mid-run at a fault)
-        self.first_calls = 0
+        self.prefix = ""  # prepended to the next `sleepers` solutions (to be mid-run at a fault)
+        self.sleepers = 0
 
     def __call__(self, chat) -> Reply:
         msgs = chat.get("messages") or []
         if any(m.get("role") == "tool" for m in msgs):
             return Reply("Done.")
-        self.first_calls += 1
         text = " ".join(str(m.get("content")) for m in msgs if m.get("role") == "user")
         cmd = next((c for phrase, c in SOLUTIONS.items() if phrase in text), "true")
-        return Reply(tool_calls=[ToolCall("bash", {"command": self.prefix + cmd})])
+        if self.sleepers > 0:
+            self.sleepers -= 1
+            cmd = self.prefix + cmd
+        return Reply(tool_calls=[ToolCall("bash", {"command": cmd})])
 
 
 @pytest.fixture(scope="module")
@@ -76,18 +80,34 @@ def _run(gateway, factory, tasks, evaluator, *, groups: int, group_size: int):
         factory.close()
 
 
-def test_builtin_harbor_tasks_with_the_mini_harness(docker_engine, docker_image, gateway):
-    source = HarborTaskSource()
-    factory = DockerSandboxes(docker_host=docker_engine.url, owner=OWNER, harness_prefix="", retries=FAST)
-    groups, infra = _run(gateway, factory, source.tasks(), source.make_evaluator(factory), groups=3, group_size=1)
+def test_harbor_tasks_end_to_end_and_image_faults(docker_engine, docker_image, gateway, tmp_path):
+    """The three built-in tasks solved by the mini harness (reward file, exit status, reward.json),
+    next to a task whose Dockerfile fails to build and one whose image is only in a registry that
+    is down: those two are retried, then infra failures (masked: no rows), and the run goes on.
+    The built-in images come from their Dockerfiles after the pull from that registry fails."""
+    tasks = [
+        _variant(tmp_path, "broken-build", dockerfile=f"FROM {docker_image}\nUSER root\nRUN exit 3\n"),
+        _variant(tmp_path, "registry-down", image="polar-test/not-built-anywhere:1"),
+        *HarborTaskSource().tasks(),
+    ]
+    factory = DockerSandboxes(docker_host=docker_engine.url, registry=f"127.0.0.1:{free_port()}",
+                              owner=OWNER, harness_prefix="", retries=FAST)  # fmt: skip
+    evaluator = HarborTaskSource().make_evaluator(factory)
+    groups, infra = _run(gateway, factory, tasks, evaluator, groups=5, group_size=1)
     results = {g.task.instance_id: g.results[0] for g in groups}
-    assert {k: (r.status, r.reward) for k, r in results.items()} == {
-        "polar/fix-mean": (OK, 1.0), "polar/hello-harbor": (OK, 1.0), "polar/word-count": (OK, 1.0)}  # fmt: skip
-    assert all(r.rows and r.info["eval_status"] == "resolved" for r in results.values()) and not infra
-    counts = Counter()
-    for h in factory.pool.hosts:
-        counts.update(h.images.counts)
-    assert counts["build"] + counts["hit"] == 3 and factory.image_wait_s() >= 0.0
+    assert {k: (r.status, r.reward, bool(r.rows)) for k, r in results.items()} == {
+        "polar/broken-build": (INFRA_FAILURE, 0.0, False),
+        "polar/registry-down": (INFRA_FAILURE, 0.0, False),
+        "polar/fix-mean": (OK, 1.0, True),
+        "polar/hello-harbor": (OK, 1.0, True),
+        "polar/word-count": (OK, 1.0, True),
+    }
+    assert infra == {"image": 2}
+    assert "after 2 attempts" in results["polar/registry-down"].error
+    assert "exit 3" in results["polar/broken-build"].error
+    reasons = {k: r.info["eval_reason"] for k, r in results.items() if r.status == OK}
+    assert reasons == {"polar/fix-mean": "reward 1 from exit status 0", "polar/hello-harbor": "reward 1 from reward file",
+                       "polar/word-count": "reward 1 from reward file"}  # fmt: skip
 
 
 def test_remote_tls_host_runs_a_harness_task_through_the_gateway(remote_docker_engine, gateway):
@@ -96,9 +116,22 @@ def test_remote_tls_host_runs_a_harness_task_through_the_gateway(remote_docker_e
     source = HarborTaskSource(instance_ids=["polar/hello-harbor"])
     factory = DockerSandboxes(docker_hosts=[remote_docker_engine.host], owner=OWNER, harness_prefix="",
                               node="", retries=FAST)  # fmt: skip
-    (group,), infra = _run(gateway, factory, source.tasks(), source.make_evaluator(factory), groups=1, group_size=1)
+    (group,), infra = _run(
+        gateway, factory, source.tasks(), source.make_evaluator(factory), groups=1, group_size=1
+    )
     (result,) = group.results
     assert (result.status, result.reward, result.info["calls"]) == (OK, 1.0, 2) and not infra
+
+
+def _runs(client, owner: str, command: str) -> bool:
+    """Whether a container of `owner` on that engine runs `command` now."""
+    for c in client.containers.list(filters={"label": f"polar_pl.owner={owner}"}):
+        try:
+            if any(command in " ".join(p) for p in c.top().get("Processes") or []):
+                return True
+        except docker.errors.NotFound:  # a container that went away meanwhile
+            continue
+    return False
 
 
 def _variant(tmp: Path, name: str, dockerfile: str | None = None, image: str | None = None):
@@ -114,27 +147,6 @@ def _variant(tmp: Path, name: str, dockerfile: str | None = None, image: str | N
     return load_harbor_task(d)
 
 
-def test_registry_down_and_failed_build_are_masked_and_counted(docker_engine, docker_image, gateway, tmp_path):
-    tasks = [
-        _variant(tmp_path, "broken-build", dockerfile=f"FROM {docker_image}\nUSER root\nRUN exit 3\n"),
-        _variant(tmp_path, "registry-down", image="polar-test/not-built-anywhere:1"),
-        load_harbor_task(BUILTIN_DIR / "hello-harbor"),
-    ]
-    factory = DockerSandboxes(docker_host=docker_engine.url, registry=f"127.0.0.1:{free_port()}",
-                              owner=OWNER, harness_prefix="", retries=FAST)  # fmt: skip
-    source = HarborTaskSource()
-    groups, infra = _run(gateway, factory, tasks, source.make_evaluator(factory), groups=3, group_size=2)
-    by_task = {g.task.instance_id: [(r.status, r.reward, len(r.rows)) for r in g.results] for g in groups}
-    assert by_task == {
-        "polar/broken-build": [(INFRA_FAILURE, 0.0, 0)] * 2,
-        "polar/registry-down": [(INFRA_FAILURE, 0.0, 0)] * 2,
-        "polar/hello-harbor": [(OK, 1.0, 2)] * 2,  # the run went on
-    }
-    assert infra == {"image": 4}
-    errors = " ".join(r.error for g in groups for r in g.results if r.error)
-    assert "after 2 attempts" in errors and "RUN exit 3" in errors or "returned a non-zero code" in errors
-
-
 def test_host_that_disappears_mid_run(docker_engine, remote_docker_engine, gateway, solver):
     """Two hosts; the remote one (capacity 1, reached through a proxy) vanishes while its session's
     harness runs: that session is an infra failure, the other one and the next group finish."""
@@ -143,22 +155,24 @@ def test_host_that_disappears_mid_run(docker_engine, remote_docker_engine, gatew
     factory = DockerSandboxes(docker_hosts=[remote, docker_engine.url], owner=f"disappear-{OWNER}",
                               harness_prefix="", node="", retries=FAST, health_interval_s=60)  # fmt: skip
     source = HarborTaskSource(instance_ids=["polar/hello-harbor"])
-    solver.prefix, solver.first_calls = "sleep 4; ", 0
-    import threading
+    solver.prefix, solver.sleepers = "sleep 4; ", 2  # the first group's two sessions only
 
-    def cut_when_both_run() -> None:
+    direct = DockerHost(HostSpec.of(remote_docker_engine.host)).client()
+
+    def cut_when_the_remote_harness_runs() -> None:
         deadline = time.monotonic() + 300
-        while solver.first_calls < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while time.monotonic() < deadline and not _runs(direct, f"disappear-{OWNER}", "sleep 4"):
+            time.sleep(0.1)
         forwarder.kill()
 
-    threading.Thread(target=cut_when_both_run, daemon=True).start()
+    threading.Thread(target=cut_when_the_remote_harness_runs, daemon=True).start()
     try:
         groups, infra = _run(gateway, factory, source.tasks() * 2, source.make_evaluator(factory),
                              groups=2, group_size=2)  # fmt: skip
     finally:
         solver.prefix = ""
         forwarder.kill()
+        direct.close()
     statuses = [sorted(r.status for r in g.results) for g in groups]
     assert statuses == [[INFRA_FAILURE, OK], [OK, OK]]
     assert infra == {"exec": 1}

@@ -51,7 +51,9 @@ def test_retry_policy_from_config():
 
 
 def test_image_names_of_the_public_datasets():
-    assert swebench_image("django__django-11099") == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
+    assert (
+        swebench_image("django__django-11099") == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
+    )
     assert swegym_image("getmoto__moto-6868") == "xingyaoww/sweb.eval.x86_64.getmoto_s_moto-6868:latest"
     assert split_reference("127.0.0.1:5000/team/img:3") == ("127.0.0.1:5000", "team/img", "3")
     assert split_reference("namanjain12/pandas_final") == (None, "namanjain12/pandas_final", "latest")
@@ -59,13 +61,20 @@ def test_image_names_of_the_public_datasets():
 
 
 def test_dockerfile_base_images():
-    df = "FROM polar-pl/sandbox:bookworm AS build\nRUN true\nFROM --platform=linux/amd64 build\nFROM scratch\n"
+    df = (
+        "FROM polar-pl/sandbox:bookworm AS build\nRUN true\nFROM --platform=linux/amd64 build\nFROM scratch\n"
+    )
     assert base_images(df) == ["polar-pl/sandbox:bookworm"]
 
 
 def test_host_specs():
     spec = HostSpec.of({"url": "tcp://10.0.0.5:2376", "capacity": 8, "cert_path": "/certs"})
-    assert (spec.capacity, spec.ca_cert, spec.client_key, spec.local) == (8, "/certs/ca.pem", "/certs/key.pem", False)
+    assert (spec.capacity, spec.ca_cert, spec.client_key, spec.local) == (
+        8,
+        "/certs/ca.pem",
+        "/certs/key.pem",
+        False,
+    )
     assert HostSpec.of("unix:///run/docker.sock").local and not HostSpec.of("ssh://u@h").local
     with pytest.raises(ValueError, match="unknown keys"):
         HostSpec.of({"url": "tcp://h:1", "capcity": 3})

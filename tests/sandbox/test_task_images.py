@@ -42,7 +42,10 @@ def test_task_image_is_built_once_for_concurrent_sandboxes(docker_engine, docker
         for sb in sandboxes:
             assert _value(sb, "polar_dep_c") == "c"
             assert sb.workdir == "/app" and sb.exec(["id", "-u"]).stdout.strip() == "1000"
-            assert sb.exec(["sh", "-c", "touch /app/x && grep CapEff /proc/self/status"]).stdout.split()[-1] == "0" * 16
+            assert (
+                sb.exec(["sh", "-c", "touch /app/x && grep CapEff /proc/self/status"]).stdout.split()[-1]
+                == "0" * 16
+            )
         assert dict(factory.pool.hosts[0].images.counts) == {"build": 1}
     finally:
         for sb in sandboxes:

@@ -21,7 +21,10 @@ def test_builtin_harbor_tasks():
     tasks = {t.instance_id: t for t in HarborTaskSource().tasks()}
     assert set(tasks) == {"polar/hello-harbor", "polar/fix-mean", "polar/word-count"}
     t = tasks["polar/word-count"]
-    assert t.image.startswith("polar-pl/harbor-polar-word-count:") and Path(t.image_context, "Dockerfile").is_file()
+    assert (
+        t.image.startswith("polar-pl/harbor-polar-word-count:")
+        and Path(t.image_context, "Dockerfile").is_file()
+    )
     assert t.verifier_env == {"CASES": "4"} and t.agent_timeout_s == 180.0 and t.solution_dir
     assert t.prompt == (BUILTIN_DIR / "word-count" / "instruction.md").read_text()
     assert "/logs/verifier" in t.owned_paths

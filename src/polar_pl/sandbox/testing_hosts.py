@@ -52,7 +52,19 @@ def make_tls_certs(out: Path) -> TlsFiles:
         ssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", path)
 
     key("ca-key.pem")
-    ssl("req", "-x509", "-new", "-key", "ca-key.pem", "-days", "1", "-subj", "/CN=polar-test-ca", "-out", "ca.pem")
+    ssl(
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        "ca-key.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=polar-test-ca",
+        "-out",
+        "ca.pem",
+    )
     for name, ext in (("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
                       ("client", "extendedKeyUsage=clientAuth")):  # fmt: skip
         key(f"{name}-key.pem")
@@ -63,7 +75,9 @@ def make_tls_certs(out: Path) -> TlsFiles:
     shutil.copy(out / "ca.pem", client / "ca.pem")
     shutil.copy(out / "client-cert.pem", client / "cert.pem")
     shutil.copy(out / "client-key.pem", client / "key.pem")
-    return TlsFiles(str(out / "ca.pem"), str(out / "server-cert.pem"), str(out / "server-key.pem"), str(client))
+    return TlsFiles(
+        str(out / "ca.pem"), str(out / "server-cert.pem"), str(out / "server-key.pem"), str(client)
+    )
 
 
 def remote_dockerd(root: Path, certs: TlsFiles):
@@ -113,7 +127,9 @@ class LocalRegistry:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"docker-registry exited: {(self.root / 'registry.log').read_text()[-800:]}")
+                raise RuntimeError(
+                    f"docker-registry exited: {(self.root / 'registry.log').read_text()[-800:]}"
+                )
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
                 return self
