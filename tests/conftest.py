@@ -23,7 +23,7 @@ def tiny_model_dir() -> Path:
     return path
 
 
-# The real Docker engine and the offline base image, shared by the sandbox, harness and task tests.
+# The real Docker engine and the offline base image, shared by the sandbox, harness and task tests;
+# a second (TLS, TCP) engine as the remote host, a local registry, per-task images built here.
 from polar_pl.sandbox.testing import docker_engine, docker_image, no_sandbox_leftovers  # noqa: E402, F401
-# A second (TLS, TCP) engine as the remote host, a local registry, per-task images built here.
 from polar_pl.sandbox.testing_hosts import dep_images, registry, remote_docker_engine  # noqa: E402, F401
