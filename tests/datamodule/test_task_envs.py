@@ -17,14 +17,14 @@ from polar_pl.datamodule.pools import INFRA_FAILURE, OK, PoolSizes
 from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
 from polar_pl.datamodule.service import RolloutService
 from polar_pl.datamodule.trajectory import PerRequestBuilder
-from polar_pl.engine.scripted import Reply, ToolCall, serve_scripted
 from polar_pl.gateway.gateway import Gateway
 from polar_pl.harness.mini import Mini
 from polar_pl.sandbox.docker_factory import DockerSandboxes
 from polar_pl.sandbox.hosts import DockerHost, HostSpec
-from polar_pl.sandbox.testing import OWNER
-from polar_pl.sandbox.testing_hosts import TcpForwarder
 from polar_pl.tasks.harbor import BUILTIN_DIR, HarborTaskSource, load_harbor_task
+from polar_pl.testing.hosts import TcpForwarder
+from polar_pl.testing.sandbox import OWNER
+from polar_pl.testing.scripted import Reply, ToolCall, serve_scripted
 from polar_pl.utils.serving import free_port
 
 pytestmark = pytest.mark.slow

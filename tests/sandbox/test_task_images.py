@@ -13,8 +13,8 @@ import pytest
 
 from polar_pl.sandbox.docker_factory import DockerSandboxes
 from polar_pl.sandbox.infra import InfraError
-from polar_pl.sandbox.testing import OWNER
-from polar_pl.sandbox.testing_hosts import dep_image_context, make_wheel
+from polar_pl.testing.hosts import dep_image_context, make_wheel
+from polar_pl.testing.sandbox import OWNER
 
 pytestmark = pytest.mark.slow
 FAST = {"attempts": 2, "backoff_s": 0.1}

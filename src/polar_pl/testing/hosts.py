@@ -1,4 +1,4 @@
-"""Test and bench kit for per-task images and remote hosts (imported by tests/ and bench/ only).
+"""Test and bench kit for per-task images and remote hosts.
 
 - `make_tls_certs(dir)`: a CA, a server certificate for 127.0.0.1 and a client certificate (openssl).
 - `remote_dockerd(root, certs)`: a second dockerd listening on TCP 127.0.0.1 with mutual TLS.
@@ -264,7 +264,7 @@ def remote_docker_engine(docker_engine, tmp_path_factory):
     host. Its data root is fresh (nothing is shared with the local engine but the registry)."""
     from polar_pl.sandbox.dockerd import DockerUnavailable
     from polar_pl.sandbox.hosts import DockerHost, HostSpec
-    from polar_pl.sandbox.testing import OWNER, leftovers
+    from polar_pl.testing.sandbox import OWNER, leftovers
 
     tmp = tmp_path_factory.mktemp("remote-dockerd")
     certs = make_tls_certs(tmp / "certs")
