@@ -61,6 +61,7 @@ class ImageEvent:
     name: str
     how: str
     seconds: float
+    done_at: float = 0.0  # monotonic time it became present
 
 
 class ImageCache:
@@ -91,6 +92,7 @@ class ImageCache:
         self.events: list[ImageEvent] = []
         self.counts: Counter[str] = Counter()  # hit / pull / build / failed
         self.wait_s = 0.0  # summed time callers of ensure() spent blocked on an image
+        self.waits: list[tuple[float, float, str]] = []  # (monotonic start, seconds blocked, image)
 
     # -- API ---------------------------------------------------------------------------------
     def prefetch(self, name: str, context: str | None = None) -> Future:
@@ -105,16 +107,15 @@ class ImageCache:
 
     def ensure(self, name: str, context: str | None = None) -> str:
         """Block until `name` is present on the engine; returns it. Raises InfraError("image")."""
-        fut = self.prefetch(name, context)
-        if fut.done():
-            fut.result()
-            return name
         t0 = time.monotonic()
+        fut = self.prefetch(name, context)
         try:
             fut.result()
         finally:
+            waited = time.monotonic() - t0  # microseconds when the image was ready
             with self._lock:
-                self.wait_s += time.monotonic() - t0
+                self.wait_s += waited
+                self.waits.append((t0, waited, name))
         return name
 
     def ready(self, name: str) -> bool:
@@ -141,7 +142,7 @@ class ImageCache:
             raise
         finally:
             client.close()
-        event = ImageEvent(name, how, time.monotonic() - t0)
+        event = ImageEvent(name, how, time.monotonic() - t0, time.monotonic())
         self.events.append(event)
         self.counts[how] += 1
         log.info("image %s: %s in %.1fs", name, how, event.seconds)
