@@ -122,7 +122,9 @@ def _tls_api():
         one; the engine's own CA must win, or no self-signed engine certificate ever verifies."""
 
         def merge_environment_settings(self, url, proxies, stream, verify, cert):
-            return super().merge_environment_settings(url, proxies, stream, self.verify if verify is None else verify, cert)
+            return super().merge_environment_settings(
+                url, proxies, stream, self.verify if verify is None else verify, cert
+            )
 
     return TlsAPI
 

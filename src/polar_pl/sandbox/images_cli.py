@@ -141,4 +141,3 @@ def gc(args: argparse.Namespace) -> int:
     pool.close()
     print(f"{removed} {'to remove' if args.dry_run else 'removed'}; kept {len(keep)} needed images")
     return 0
-
