@@ -200,14 +200,14 @@ class StagePools:
     async def _run_worker(self) -> None:
         while True:
             job = await self.ready_q.get()
-            job.deadline = time.monotonic() + self.sizes.run_timeout_s
+            # a task's own agent timeout (Harbor's [agent].timeout_sec) can only shorten the pool's
+            limit = min(self.sizes.run_timeout_s, getattr(job.task, "agent_timeout_s", None) or float("inf"))
+            job.deadline = time.monotonic() + limit
             with _busy(self.busy["running"]), _timed(job, "running"):
                 try:
-                    await asyncio.wait_for(
-                        self.stages.run(job), self.sizes.run_timeout_s + self.sizes.cancel_grace_s
-                    )
+                    await asyncio.wait_for(self.stages.run(job), limit + self.sizes.cancel_grace_s)
                 except TimeoutError:
-                    job.status, job.error = TIMEOUT, f"RUNNING exceeded {self.sizes.run_timeout_s:.0f}s"
+                    job.status, job.error = TIMEOUT, f"RUNNING exceeded {limit:.0f}s"
                 except Exception as exc:  # noqa: BLE001
                     job.fail("running", exc)
             await self.post_q.put(job)  # timeouts and failures still go through POSTRUN
