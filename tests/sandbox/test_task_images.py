@@ -87,3 +87,21 @@ def test_registry_pull_with_docker_config_credentials(docker_engine, dep_images,
             sb.stop()
         factory.close()
         client.close()
+
+
+def test_images_and_gc_commands(docker_engine, docker_image, capsys):
+    """`sandbox images` makes a task set's images present (with sizes); `sandbox gc` would remove
+    only per-task images that no given task set needs."""
+    from polar_pl.cli import main
+    from polar_pl.tasks.harbor import BUILTIN_DIR, HarborTaskSource
+
+    host = ["--docker-host", docker_engine.url]
+    assert main(["sandbox", "images", "--tasks", str(BUILTIN_DIR), *host]) == 0
+    out = capsys.readouterr().out
+    assert "3/3 present" in out and "polar-pl/harbor-polar-word-count" in out
+    assert main(["sandbox", "gc", "--tasks", str(BUILTIN_DIR), "--dry-run", *host]) == 0
+    assert "would remove" not in capsys.readouterr().out.split("kept")[0].replace("polar-test", "")
+    assert main(["sandbox", "gc", "--tasks", str(BUILTIN_DIR / "fix-mean"), "--dry-run", *host]) == 0
+    listed = capsys.readouterr().out
+    images = {t.instance_id: t.image for t in HarborTaskSource().tasks()}
+    assert images["polar/hello-harbor"] in listed and images["polar/fix-mean"] not in listed

@@ -17,6 +17,7 @@ filled once per host, and the gateway through a relay multiplexed over a `docker
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -44,6 +45,8 @@ class HostSpec:
             return entry
         if isinstance(entry, str):
             entry = {"url": entry}
+            if entry["url"].startswith("tcp://") and os.environ.get("DOCKER_CERT_PATH"):
+                entry["cert_path"] = os.environ["DOCKER_CERT_PATH"]  # as the docker CLI reads it
         entry = dict(entry)
         url = entry.pop("url", None)
         if not isinstance(url, str) or not url.startswith(("unix://", "tcp://", "ssh://", "http")):
