@@ -105,3 +105,24 @@ def test_images_and_gc_commands(docker_engine, docker_image, capsys):
     listed = capsys.readouterr().out
     images = {t.instance_id: t.image for t in HarborTaskSource().tasks()}
     assert images["polar/hello-harbor"] in listed and images["polar/fix-mean"] not in listed
+
+
+def test_remote_host_reaches_the_gateway_and_nothing_else(remote_docker_engine, docker_image, gateway_stub,
+                                                          other_server):  # fmt: skip
+    """On a remote host the container still has only `lo`; the gateway answers through the
+    exec-stream relay, another server on this machine does not."""
+    factory = DockerSandboxes(docker_hosts=[remote_docker_engine.host], owner=OWNER, harness_prefix="",
+                              node="", retries=FAST)  # fmt: skip
+    sb = factory()
+    sb.start()
+    try:
+        assert sb.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '").stdout.split() == ["lo"]
+        url = sb.expose_gateway(gateway_stub)
+        probe = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+        many = [sb.exec(["python3", "-c", probe, f"{url}/ping"]).stdout.strip() for _ in range(3)]
+        assert many == ["pong"] * 3
+        res = sb.exec(["python3", "-c", probe, other_server + "/ping"])
+        assert res.exit_code != 0 and "pong" not in res.stdout
+    finally:
+        sb.stop()
+        factory.close()
