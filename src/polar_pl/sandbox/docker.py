@@ -20,18 +20,17 @@ raises `InfraError` (infra.py). An exec is retried only when it provably never s
 
 from __future__ import annotations
 
-import io
 import logging
 import shlex
 import shutil
-import tarfile
 import tempfile
 import time
 import uuid
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Self
 
 from polar_pl.sandbox import docker_remote, gitdiff
+from polar_pl.sandbox.docker_files import ContainerFiles
 from polar_pl.sandbox.hosts import DockerHost, HostPool
 from polar_pl.sandbox.image import DEFAULT_TAG, USER_UID, cache_dir, default_harness_prefix
 from polar_pl.sandbox.infra import InfraError, RetryPolicy, transient, with_retries
@@ -69,7 +68,7 @@ def default_host() -> str:
 EXEC_READ_TIMEOUT = 7 * 24 * 3600
 
 
-class DockerSandbox:
+class DockerSandbox(ContainerFiles):
     """`Sandbox` in a container. `workdir` is /workspace, `home` /home/polar, inside the container."""
 
     def __init__(
@@ -148,7 +147,6 @@ class DockerSandbox:
         self.baseline()
 
     def _create(self) -> None:
-        from docker.types import Mount
 
         host = self.host
         self.client = host.client()
@@ -162,16 +160,7 @@ class DockerSandbox:
         if host.local:
             mounts = self._local_mounts()
         else:
-            tools = docker_remote.tool_paths(self.host_pydeps, self.host_prefix, self.node)
-            volume = docker_remote.ensure_tools_volume(host, self.client, self.image, tools)
-            mounts = [Mount(docker_remote.TOOLS_IN, volume, type="volume", read_only=True)]
-            t = docker_remote.TOOLS_IN
-            self.harness_prefix = f"{t}/harness" if self.host_prefix else None
-            self.python = ["env", f"PYTHONPATH={t}/py", "python3"] if self.host_pydeps else ["python3"]
-            self.relay_in = f"{t}/relay.py"
-            env["PATH"] = f"{t}/bin:" + (
-                _image_path(config) or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-            )
+            mounts = docker_remote.use_tools_volume(self, host, config, env)
         user = f"{USER_UID}:{USER_UID}"
         if self.image != DEFAULT_TAG:
             # The container's own process (docker-init + sleep) is root with CAP_CHOWN alone, for the
@@ -389,83 +378,6 @@ class DockerSandbox:
             raise RuntimeError("sandbox not started (call start() first)")
         return self.client.api
 
-    # -- files ---------------------------------------------------------------------------------
-    def _abs(self, path: str) -> str:
-        return path if path.startswith("/") else f"{self.workdir}/{path}"
-
-    def _mkdir(self, path: str) -> None:
-        res = self.exec(["mkdir", "-p", path])
-        if res.exit_code != 0:
-            raise PermissionError(f"cannot create {path} in the sandbox: {res.stderr.strip()}")
-
-    def put_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        import docker
-
-        target = PurePosixPath(self._abs(path))
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            info = tarfile.TarInfo(target.name)
-            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
-            info.uid = info.gid = USER_UID
-            tar.addfile(info, io.BytesIO(data))
-        try:
-            self._put(str(target.parent), buf.getvalue())
-        except docker.errors.NotFound:  # parent folder missing: create it (as the sandbox user)
-            self._mkdir(str(target.parent))
-            self._put(str(target.parent), buf.getvalue())
-
-    def _put(self, dest: str, data: bytes) -> None:
-        api = self._api
-        self._retry("copy", f"copying into {dest}", lambda: api.put_archive(self.container_id, dest, data),
-                    retry_if=_copy_transient)  # fmt: skip
-
-    def _get(self, src: str):
-        api = self._api
-
-        def get():
-            stream, _ = api.get_archive(self.container_id, src)
-            return b"".join(stream)
-
-        return self._retry("copy", f"copying {src} out", get, retry_if=_copy_transient)
-
-    def get_file(self, path: str) -> bytes:
-        import docker
-
-        try:
-            data = self._get(self._abs(path))
-        except docker.errors.NotFound as e:
-            raise FileNotFoundError(path) from e
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            member = tar.next()
-            if member is None or not member.isfile():
-                raise IsADirectoryError(path)
-            return tar.extractfile(member).read()
-
-    def put_archive(self, src: Path, dest: str) -> None:
-        dest = self._abs(dest)
-        self._mkdir(dest)
-
-        def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-            info.uid = info.gid = USER_UID
-            info.uname = info.gname = "polar"
-            return info
-
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(str(src), arcname=".", filter=owned)
-        self._put(dest, buf.getvalue())
-
-    def get_archive(self, src: str, dest: Path) -> None:
-        import docker
-
-        try:
-            data = self._get(self._abs(src).rstrip("/") + "/.")
-        except docker.errors.NotFound as e:
-            raise FileNotFoundError(src) from e
-        dest.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            tar.extractall(dest, filter="tar")
-
     # -- diff ----------------------------------------------------------------------------------
     def baseline(self) -> str:
         res = self.exec(["bash", "-c", gitdiff.baseline_script(GIT_DIR_IN, self.workdir)])
@@ -479,19 +391,6 @@ class DockerSandbox:
         if res.exit_code != 0:
             raise RuntimeError(f"workspace diff failed: {res.stderr.strip()}")
         return res.stdout
-
-
-def _copy_transient(exc: BaseException) -> bool:
-    import docker
-
-    return transient(exc) and not isinstance(exc, docker.errors.NotFound)  # NotFound: a missing path
-
-
-def _image_path(config: dict) -> str | None:
-    for item in config.get("Env") or ():
-        if item.startswith("PATH="):
-            return item[5:]
-    return None
 
 
 def sweep_docker(client, owner: str | None = None) -> int:

@@ -87,6 +87,30 @@ def ensure_tools_volume(host, client, image: str, tools: dict[str, str]) -> str:
         return name
 
 
+def use_tools_volume(sandbox, host, config: dict, env: dict[str, str]) -> list:
+    """Mounts for a container of `sandbox` on the remote `host`: its tools volume. Points the
+    sandbox's harness prefix, Python path and relay at the volume and puts Node on PATH (in env)."""
+    from docker.types import Mount
+
+    tools = tool_paths(sandbox.host_pydeps, sandbox.host_prefix, sandbox.node)
+    volume = ensure_tools_volume(host, sandbox.client, sandbox.image, tools)
+    t = TOOLS_IN
+    sandbox.harness_prefix = f"{t}/harness" if sandbox.host_prefix else None
+    sandbox.python = ["env", f"PYTHONPATH={t}/py", "python3"] if sandbox.host_pydeps else ["python3"]
+    sandbox.relay_in = f"{t}/relay.py"
+    env["PATH"] = f"{t}/bin:" + (
+        _image_path(config) or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    )
+    return [Mount(TOOLS_IN, volume, type="volume", read_only=True)]
+
+
+def _image_path(config: dict) -> str | None:
+    for item in config.get("Env") or ():
+        if item.startswith("PATH="):
+            return item[5:]
+    return None
+
+
 def _readable(info: tarfile.TarInfo) -> tarfile.TarInfo:
     info.uid = info.gid = 0
     info.uname = info.gname = "root"
