@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from polar_pl.datamodule.datamodule import RolloutDataModule
-from polar_pl.datamodule.pools import FAILED, OK, TIMEOUT
+from polar_pl.datamodule.pools import FAILED, HARNESS_ERROR, TIMEOUT
 from polar_pl.datamodule.trajectory import PrefixBuilder
 from polar_pl.engine.embedded import EmbeddedEngine
 from polar_pl.harness.mini import Mini
@@ -95,14 +95,26 @@ def results(dm: RolloutDataModule, n: int = 1):
 
 
 def test_full_batch_of_groups(tiny_model_dir, tmp_path):
+    """A batch of two groups through the real stack. Its merge ratios come from the summed counts:
+    they were summed over sessions (compression ratio 16 for 16 one-call sessions)."""
     dm = make_dm(tiny_model_dir, tmp_path)
     dm.setup()
     try:
         batch = dm.next_batch(timeout=240)
         m = dm.last_metrics
+        groups = dm.last_groups
     finally:
         dm.teardown()
     assert len(set(batch.group_ids)) == 2 and len(set(batch.rollout_ids)) == 4
+    assert m["merge/compression_ratio"] == pytest.approx(m["merge/call_tokens"] / m["merge/row_tokens"])
+    assert m["merge/calls_per_row"] == pytest.approx(
+        (m["merge/calls"] - m["merge/skipped_calls"]) / m["merge/rows"]
+    )
+    assert {g.group_id for g in groups} == set(batch.group_ids)
+    assert all(r.info["session_id"] for g in groups for r in g.results)
+    for stage in ("init", "running", "postrun"):
+        assert m[f"time/session_{stage}_s"] > 0
+        assert 0.0 <= m[f"rollout/busy_{stage}"] <= 1.0
     assert batch.num_rows >= 4
     assert batch.loss_mask.sum() > 0
     sampled = batch.loss_mask.bool()
@@ -112,6 +124,12 @@ def test_full_batch_of_groups(tiny_model_dir, tmp_path):
     assert 0.0 <= m["rollout/reward_mean"] <= 1.0
     assert m["datamodule/sessions_ok"] == 4
     assert m["merge/calls"] >= 4
+    # ratios come from summed counts, not summed per session (which logged 8.0 for a true 1.0)
+    assert m["merge/compression_ratio"] == pytest.approx(m["merge/call_tokens"] / m["merge/row_tokens"])
+    assert m["merge/calls_per_row"] == pytest.approx(
+        (m["merge/calls"] - m["merge/skipped_calls"]) / m["merge/rows"]
+    )
+    assert m["merge/sessions"] == 4
     assert "pool/running_busy" in m
     assert_nothing_left(tmp_path)
 
@@ -144,8 +162,10 @@ def test_crashing_harness_is_recorded_and_the_pools_go_on(tiny_model_dir, tmp_pa
         dm.teardown()
     assert len(res) == 4
     for r in res:
-        assert r.status == OK and r.info["exit_code"] == 3 and r.info["calls"] == 0
-        assert r.reward == 0.0 and not r.rows
+        # a start-up crash is infrastructure: masked, and its output is not an answer
+        assert r.status == HARNESS_ERROR and r.info["harness_error"] == "infra" and r.info["masked"]
+        assert r.info["exit_code"] == 3 and r.info["calls"] == 0 and "boom" in r.error
+        assert r.reward == 0.0 and not r.rows and "eval_status" not in r.info
     assert_nothing_left(tmp_path)
 
 
@@ -227,7 +247,7 @@ def test_infra_failures_are_counted_by_kind_and_kept_out_of_the_reward(tiny_mode
     """A batch's metrics count infrastructure failures per kind; they do not drag reward_mean down."""
     from types import SimpleNamespace
 
-    from polar_pl.datamodule.pools import INFRA_FAILURE, RolloutResult
+    from polar_pl.datamodule.pools import FAILED, INFRA_FAILURE, OK, RolloutResult
     from polar_pl.datamodule.service import Group
 
     dm = make_dm(tiny_model_dir, tmp_path)  # not set up: only the metrics are exercised
@@ -236,8 +256,10 @@ def test_infra_failures_are_counted_by_kind_and_kept_out_of_the_reward(tiny_mode
         RolloutResult("r1", "g0", "t", INFRA_FAILURE, 0.0, info={"infra_kind": "image"}),
         RolloutResult("r2", "g0", "t", INFRA_FAILURE, 0.0, info={"infra_kind": "exec"}),
         RolloutResult("r3", "g0", "t", FAILED, 0.0),
+        RolloutResult("r4", "g0", "t", "harness_error", 0.0, info={"harness_error": "infra"}),
     ))  # fmt: skip
     m = dm._metrics([group], [], SimpleNamespace(padding_waste=0.0), 0.0)
-    assert m["rollout/infra_failures"] == 2 and m["rollout/infra_failures/image"] == 1
-    assert m["rollout/infra_failures/exec"] == 1 and m["rollout/sessions"] == 4
+    assert m["rollout/infra_failures"] == 3 and m["rollout/infra_failures/image"] == 1
+    assert m["rollout/infra_failures/exec"] == 1 and m["rollout/infra_failures/harness"] == 1
+    assert m["rollout/sessions"] == 5
     assert m["rollout/reward_mean"] == 0.5  # over the OK and FAILED attempts only

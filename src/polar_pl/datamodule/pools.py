@@ -21,6 +21,7 @@ from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.sandbox.infra import InfraError
 
 OK, TIMEOUT, FAILED = "ok", "timeout", "failed"
+HARNESS_ERROR = "harness_error"  # the CLI exited non-zero or got an API error (datamodule/outcome.py)
 # The infrastructure failed (sandbox start, image, exec, copy, host), not the policy: never trained.
 INFRA_FAILURE = "infra_failure"
 
@@ -118,6 +119,12 @@ class Occupancy:
         self._advance()
         span = self._last - self._start
         return self._area / (span * self.capacity) if span > 0 else 0.0
+
+    def busy_s(self) -> float:
+        """Occupied capacity-seconds since construction (or the last reset), divided by capacity:
+        differences of it over a window give that window's busy fraction."""
+        self._advance()
+        return self._area / self.capacity if self.capacity else 0.0
 
     def reset(self) -> None:
         self._advance()
@@ -223,6 +230,7 @@ class StagePools:
                     result = _failed_result(job)
                 finally:
                     await self._cleanup(job)
+            result.timings.update(job.timings)  # POSTRUN's own time is known only now
             self._publish(result)
 
     async def _finish_failed(self, job: RolloutJob) -> None:
@@ -256,6 +264,7 @@ class StagePools:
         }
         for stage, occ in self.busy.items():
             m[f"pool/{stage}_busy"] = occ.fraction()
+            m[f"pool/{stage}_busy_s"] = occ.busy_s()
             m[f"pool/{stage}_active"] = occ.count
         for status, n in self.statuses.items():
             m[f"pool/sessions_{status}"] = n
