@@ -17,7 +17,7 @@ from polar_pl.datamodule.pools import INFRA_FAILURE, OK, PoolSizes
 from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
 from polar_pl.datamodule.service import RolloutService
 from polar_pl.datamodule.trajectory import PerRequestBuilder
-from polar_pl.gateway.gateway import Gateway
+from polar_pl.gateway.handle import Gateway
 from polar_pl.harness.mini import Mini
 from polar_pl.sandbox.docker_factory import DockerSandboxes
 from polar_pl.sandbox.hosts import DockerHost, HostSpec
