@@ -193,10 +193,13 @@ def main() -> None:
 
         ops = Table(title=f"sandbox operations, median ms over {args.reps} runs")
         ops.add_column("operation")
-        results = {}
+        results: dict[str, dict[str, list[float]]] = {b: {} for b in backends}
         for b in backends:
             ops.add_column(b, justify="right")
-            results[b] = bench_backend(factories[b], args.reps, gateway.url)
+        for _ in range(args.reps):  # backends interleaved: a load change on the machine hits all alike
+            for b in backends:
+                for op, xs in bench_backend(factories[b], 1, gateway.url).items():
+                    results[b].setdefault(op, []).extend(xs)
         for op in results[backends[0]]:
             ops.add_row(op, *(_ms(results[b][op]) for b in backends))
         if "local" in results:
