@@ -115,7 +115,8 @@ def _export(tasks: list[Task], out: Path) -> None:
                 "FAIL_TO_PASS": json.dumps(list(t.fail_to_pass)),
                 "PASS_TO_PASS": json.dumps(list(t.pass_to_pass)),
                 "setup_commands": list(t.setup_commands), "test_runner": t.test_runner,
-                "repo_path": t.repo_path, "difficulty": t.difficulty,
+                "repo_path": t.repo_path, "difficulty": t.difficulty, "image": t.image,
+                "image_context": t.image_context,
             }  # fmt: skip
             f.write(json.dumps(row) + "\n")
 
