@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 from pathlib import Path
 
 import docker
 import pytest
+import requests
 
 from polar_pl.datamodule.pools import INFRA_FAILURE, OK, PoolSizes
 from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
@@ -125,11 +125,15 @@ def test_remote_tls_host_runs_a_harness_task_through_the_gateway(remote_docker_e
 
 def _runs(client, owner: str, command: str) -> bool:
     """Whether a container of `owner` on that engine runs `command` now."""
-    for c in client.containers.list(filters={"label": f"polar_pl.owner={owner}"}):
+    try:
+        containers = client.containers.list(filters={"label": f"polar_pl.owner={owner}"})
+    except requests.exceptions.RequestException:
+        return False
+    for c in containers:
         try:
             if any(command in " ".join(p) for p in c.top().get("Processes") or []):
                 return True
-        except docker.errors.NotFound:  # a container that went away meanwhile
+        except (docker.errors.APIError, requests.exceptions.RequestException):  # gone meanwhile
             continue
     return False
 
@@ -155,21 +159,25 @@ def test_host_that_disappears_mid_run(docker_engine, remote_docker_engine, gatew
     factory = DockerSandboxes(docker_hosts=[remote, docker_engine.url], owner=f"disappear-{OWNER}",
                               harness_prefix="", node="", retries=FAST, health_interval_s=60)  # fmt: skip
     source = HarborTaskSource(instance_ids=["polar/hello-harbor"])
-    solver.prefix, solver.sleepers = "sleep 4; ", 2  # the first group's two sessions only
+    # only a remote container has the tools volume: whatever the order, only its session sleeps
+    solver.prefix, solver.sleepers = "[ -d /opt/polar/tools ] && sleep 4; ", 4
 
     direct = DockerHost(HostSpec.of(remote_docker_engine.host)).client()
 
+    finished = threading.Event()
+
     def cut_when_the_remote_harness_runs() -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not _runs(direct, f"disappear-{OWNER}", "sleep 4"):
-            time.sleep(0.1)
-        forwarder.kill()
+        while not finished.wait(0.1):
+            if _runs(direct, f"disappear-{OWNER}", "sleep 4"):
+                forwarder.kill()
+                return
 
     threading.Thread(target=cut_when_the_remote_harness_runs, daemon=True).start()
     try:
         groups, infra = _run(gateway, factory, source.tasks() * 2, source.make_evaluator(factory),
                              groups=2, group_size=2)  # fmt: skip
     finally:
+        finished.set()
         solver.prefix = ""
         forwarder.kill()
         direct.close()

@@ -159,12 +159,22 @@ class HostPool:
         self._cond = threading.Condition()
 
     def _probe(self, now: float) -> None:
-        for h in self.hosts:
-            if now - h.checked >= self.health_interval_s:
-                h.checked = now
-                was, h.healthy = h.healthy, h.ping()
-                if was != h.healthy:
-                    log.warning("docker host %s is %s", h.url, "up again" if h.healthy else "down")
+        """Ping the hosts due for a check. Called holding the pool's lock; the pings run without it,
+        so that a host that does not answer stalls no other placement for its ping timeout."""
+        due = [h for h in self.hosts if now - h.checked >= self.health_interval_s]
+        for h in due:
+            h.checked = now
+        if not due:
+            return
+        self._cond.release()
+        try:
+            answers = {h: h.ping() for h in due}
+        finally:
+            self._cond.acquire()
+        for h, up in answers.items():
+            if h.healthy != up:
+                log.warning("docker host %s is %s", h.url, "up again" if up else "down")
+            h.healthy = up
 
     def acquire(self, exclude: Sequence[DockerHost] = ()) -> DockerHost:
         """A healthy host with room (least loaded first); blocks while all are full.
