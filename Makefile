@@ -70,6 +70,7 @@ sandbox-deps:
 docker-deps:
 	@command -v dockerd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null)
 	@command -v debootstrap >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null || true)
+	@test -x /usr/bin/docker-registry || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null || true)
 
 # Headless Chromium for the viewer's browser test (Playwright drives the system browser).
 browser-deps:

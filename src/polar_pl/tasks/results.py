@@ -6,7 +6,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 # resolved / unresolved: the tests ran. The others say why they did not (reward is then 0).
-EvalStatus = Literal["resolved", "unresolved", "empty_patch", "no_answer", "patch_failed", "timeout", "error"]
+# infra_failure: the evaluation sandbox could not be had or used (see polar_pl.sandbox.infra); masked.
+EvalStatus = Literal[
+    "resolved", "unresolved", "empty_patch", "no_answer", "patch_failed", "timeout", "error", "infra_failure"
+]
 TestKind = Literal["FAIL_TO_PASS", "PASS_TO_PASS"]
 Outcome = Literal["passed", "failed", "error", "skipped", "missing", "timeout"]
 
@@ -37,6 +40,7 @@ class EvalResult:
     prewarm_s: float = 0.0  # time spent preparing the evaluation sandbox (overlaps the agent run)
     duration_s: float = 0.0  # time evaluate() itself took
     log: str = field(default="", repr=False)  # tail of the test run output
+    infra_kind: str | None = None  # with status infra_failure: which operation failed
 
     @property
     def resolved(self) -> bool:
