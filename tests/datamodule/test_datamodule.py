@@ -110,6 +110,7 @@ def test_full_batch_of_groups(tiny_model_dir, tmp_path):
     assert (batch.behavior_logprobs[~sampled] == 0).all()
     assert (batch.policy_version[sampled] == 0).all()
     assert 0.0 <= m["rollout/reward_mean"] <= 1.0
+    assert m["rollout/tampering"] == 0.0  # honest attempts (issue 13: caught ones count here)
     assert m["datamodule/sessions_ok"] == 4
     assert m["merge/calls"] >= 4
     assert "pool/running_busy" in m
