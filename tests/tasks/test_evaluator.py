@@ -177,7 +177,7 @@ def test_hooking_unittest_from_the_source_is_caught(evaluator, builtin_tasks):
     res = evaluator.evaluate(evaluator.prewarm(task), task.patch + HOOK_FROM_SOURCE_PATCH)
     assert res.reward == 0.0 and res.restored_test_files == ()
     assert res.status == "tampering" and res.reason.startswith("tampering: ")
-    assert res.tampering == ("test machinery replaced: unittest.case:TestCase.run",)
+    assert "test machinery replaced: unittest.case:TestCase.run" in res.tampering
 
 
 def test_protected_paths():

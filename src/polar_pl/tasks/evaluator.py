@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from polar_pl.sandbox.protocol import Sandbox
-from polar_pl.tasks.grading import RewardMode, grade
+from polar_pl.tasks.grading import RewardMode, grade, require_swebench
 from polar_pl.tasks.patching import apply_patch, forbidden_paths, protected_paths, restore_test_files
 from polar_pl.tasks.results import EvalResult, EvalStatus
 from polar_pl.tasks.task import Task
@@ -78,6 +78,7 @@ class SandboxEvaluator:
     ) -> None:
         if reward not in ("binary", "partial"):
             raise ValueError(f"evaluator.reward is {reward!r}; allowed: binary, partial")
+        require_swebench()  # at construction, not at the first reward
         if sandbox_factory is None:
             from polar_pl.sandbox.local import LocalSandbox  # default backend, imported lazily
 

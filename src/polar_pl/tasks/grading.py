@@ -25,6 +25,15 @@ STATUS = {
 }
 
 
+def require_swebench() -> None:
+    try:
+        import swebench.harness.grading  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "grading patch-based tasks needs SWE-bench's package: pip install 'polar_pl[tasks]'"
+        ) from exc
+
+
 def status_map(tests: tuple[TestOutcome, ...], runner: str) -> dict[str, str]:
     statuses = {t.test_id: STATUS[t.outcome] for t in tests if t.outcome in STATUS}
     if runner != "pytest":
@@ -36,6 +45,7 @@ def status_map(tests: tuple[TestOutcome, ...], runner: str) -> dict[str, str]:
 
 def grade(tests: tuple[TestOutcome, ...], runner: str, mode: RewardMode) -> tuple[float, bool]:
     """(reward, resolved). partial: SWE-bench's fail-to-pass rate times its pass-to-pass rate."""
+    require_swebench()
     from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, ResolvedStatus
     from swebench.harness.grading import (
         compute_fail_to_pass,

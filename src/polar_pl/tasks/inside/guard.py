@@ -122,7 +122,9 @@ class Guard:
 
     # -- audit hook ----------------------------------------------------------------------------
     def install(self):
-        sys.addaudithook(self._audit)
+        """The audit hook (Python >= 3.8; older interpreters get the fingerprints only)."""
+        if hasattr(sys, "addaudithook"):
+            sys.addaudithook(self._audit)
 
     def _audit(self, event, args):
         if not self.armed or self._quiet or (event not in _WATCHED and not event.startswith("ctypes.")):
@@ -318,7 +320,8 @@ def _cell_full(cell):
 
 def _catchable_signals():
     skip = {signal.SIGKILL, signal.SIGSTOP}
-    return [s for s in signal.valid_signals() if s not in skip and s < getattr(signal, "SIGRTMIN", 65)]
+    valid = signal.valid_signals() if hasattr(signal, "valid_signals") else range(1, signal.NSIG)
+    return [s for s in valid if s not in skip and s < getattr(signal, "SIGRTMIN", 65)]
 
 
 class _Probe:

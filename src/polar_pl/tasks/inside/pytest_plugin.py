@@ -136,6 +136,10 @@ class Plugin:
         above) for passing assertions too."""
 
 
+if not hasattr(__import__("_pytest.hookspec").hookspec, "pytest_assertion_pass"):  # pytest < 5
+    del Plugin.pytest_assertion_pass
+
+
 class ConftestCheck:
     """Registered next to Plugin: wraps the loading of the conftests (and the code they import)."""
 

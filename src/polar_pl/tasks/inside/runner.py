@@ -93,6 +93,26 @@ class VerifiedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return data.decode() if data is not None else None
 
 
+class ZipFiles:
+    """The bundle's files by name, decompressed on first use (a test process imports a fraction)."""
+
+    def __init__(self, data):
+        import io
+        import zipfile
+
+        self.zip = zipfile.ZipFile(io.BytesIO(data))
+        self.names = frozenset(n for n in self.zip.namelist() if n.endswith(".py"))
+
+    def __contains__(self, name):
+        return name in self.names
+
+    def __getitem__(self, name):
+        return self.zip.read(name)
+
+    def get(self, name, default=None):
+        return self[name] if name in self.names else default
+
+
 def harden_unittest(guard):
     """Assertions that also refuse forged equality; SkipTest raised by code under test is flagged."""
     for name in _ASSERTS:
@@ -202,12 +222,7 @@ def load_pytest(kit, workspace):
     found = importlib.util.find_spec("pytest")
     own = found is not None and found.origin and not os.path.realpath(found.origin).startswith(workspace + os.sep)
     if not own and kit.get("bundle"):
-        import io
-        import zipfile
-
-        with zipfile.ZipFile(io.BytesIO(kit["bundle"])) as z:
-            files = {n: z.read(n) for n in z.namelist() if n.endswith(".py")}
-        sys.meta_path.insert(0, VerifiedFinder(files, BUNDLE_PREFIX))
+        sys.meta_path.insert(0, VerifiedFinder(ZipFiles(kit["bundle"]), BUNDLE_PREFIX))
     import _pytest
     import pluggy
     import pytest
