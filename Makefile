@@ -34,7 +34,7 @@ $(VENV)/.installed: pyproject.toml
 
 test-env: $(VENV)/.test-installed
 $(VENV)/.test-installed: $(VENV)/.installed
-	$(BIN)/pip install $(PIP_Q) -e ".[test,qwen]"
+	$(BIN)/pip install $(PIP_Q) -e ".[test,qwen,tasks]"
 	touch $@
 
 # vLLM's CPU build lives in its own environment: it pins its own transformers and friends.

@@ -1,6 +1,6 @@
 """A SWE-bench-style instance end to end: a local git repository with history, `base_commit`
 checked out through `git archive`, setup commands, the pytest runner with SWE-bench's `test_cmd`,
-and per-test outcomes read from pytest's `-rA` summary."""
+per-test outcomes from pytest's reports, cross-checked against SWE-bench's own log parser."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 from polar_pl.sandbox.local import LocalSandbox
 from polar_pl.tasks.evaluator import SandboxEvaluator
 from polar_pl.tasks.sources import SWEBenchTaskSource
-from polar_pl.tasks.testrun import parse_pytest_summary
 
 PYTEST = ("pytest",)
 CORE_V1 = "from widgets._generated import SCALE\n\n\ndef area(w, h):\n    return w * h * SCALE - 1\n"
@@ -103,27 +102,50 @@ def test_swebench_instance_from_git_history(swebench_file):
     assert {t.test_id: t.outcome for t in unpatched.tests}["tests/test_core.py::test_area"] == "failed"
 
 
-def test_parse_pytest_summary_from_a_real_run(tmp_path):
-    (tmp_path / "test_mix.py").write_text(
-        "import pytest\n\n"
-        "def test_ok():\n    pass\n\n"
-        "def test_bad():\n    assert 1 == 2\n\n"
-        "@pytest.mark.skip(reason='later')\ndef test_skipped():\n    pass\n\n"
-        "@pytest.mark.xfail\ndef test_known_bug():\n    assert False\n\n"
-        "@pytest.fixture\ndef broken():\n    raise RuntimeError('fixture')\n\n"
-        "def test_error(broken):\n    pass\n\n"
-        "@pytest.mark.parametrize('x', [1, 2])\ndef test_param(x):\n    assert x == 1\n"
-    )  # fmt: skip
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "-q", "test_mix.py"],
+MIX = (
+    "import pytest\n\n"
+    "def test_ok():\n    pass\n\n"
+    "def test_bad():\n    assert 1 == 2\n\n"
+    "@pytest.mark.skip(reason='later')\ndef test_skipped():\n    pass\n\n"
+    "@pytest.mark.xfail\ndef test_known_bug():\n    assert False\n\n"
+    "@pytest.mark.xfail\ndef test_fixed_bug():\n    pass\n\n"
+    "@pytest.fixture\ndef broken():\n    raise RuntimeError('fixture')\n\n"
+    "def test_error(broken):\n    pass\n\n"
+    "@pytest.mark.parametrize('x', [1, 2])\ndef test_param(x):\n    assert x == 1\n"
+)  # fmt: skip
+MIX_IDS = ["test_ok", "test_bad", "test_skipped", "test_known_bug", "test_fixed_bug", "test_error",
+           "test_param[1]", "test_param[2]"]  # fmt: skip
+
+
+def test_outcomes_agree_with_swebench_parser_on_a_real_run(tmp_path, local_factory):
+    """What the runner reports through its channel (pytest's own reports) and what SWE-bench's
+    parser reads from pytest's printed -rA summary of the same file agree, test by test."""
+    from swebench.harness.log_parsers.python import parse_log_pytest
+
+    from polar_pl.tasks.grading import STATUS
+    from polar_pl.tasks.task import task_from_row
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_mix.py").write_text(MIX)
+    ids = [f"tests/test_mix.py::{name}" for name in MIX_IDS]
+    row = {"instance_id": "mix-1", "repo": "t/mix", "base_commit": "x", "problem_statement": "mixed outcomes",
+           "FAIL_TO_PASS": ids[:1], "PASS_TO_PASS": ids[1:], "test_runner": "pytest",
+           "test_cmd": f"{sys.executable} -m pytest", "repo_path": str(tmp_path)}  # fmt: skip
+    ev = SandboxEvaluator(local_factory)
+    try:
+        res = ev.run_unpatched(task_from_row(row))
+    finally:
+        ev.close()
+    printed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "tests/test_mix.py"],
         cwd=tmp_path, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    got = {k: v["outcome"] for k, v in parse_pytest_summary(out.stdout).items()}
-    assert got == {
-        "test_mix.py::test_ok": "passed",
-        "test_mix.py::test_bad": "failed",
-        "test_mix.py::test_known_bug": "passed",  # xfail counts as passing, as in SWE-bench
-        "test_mix.py::test_error": "error",
-        "test_mix.py::test_param[1]": "passed",
-        "test_mix.py::test_param[2]": "failed",
-    }  # the skipped test has no id in its summary line: it stays "missing", which is not a pass
+    ).stdout  # fmt: skip
+    parsed = parse_log_pytest(printed, None)
+    ours = {t.test_id: t.outcome for t in res.tests}
+    assert ours == {
+        ids[0]: "passed", ids[1]: "failed", ids[2]: "skipped", ids[3]: "xfail", ids[4]: "xpass",
+        ids[5]: "error", ids[6]: "passed", ids[7]: "failed",
+    }, res.log  # fmt: skip
+    # The printed summary names every test but the skipped one (its line shows a location).
+    assert {i: STATUS.get(o) for i, o in ours.items() if i in parsed} == parsed
+    assert set(ours) - set(parsed) == {ids[2], ids[4]}  # skipped, and XPASS (no SWE-bench status)

@@ -1,7 +1,8 @@
 """`polar-pl tasks`: list a task source, run the suite's self-check, export SWE-bench JSONL.
 
 polar-pl tasks list [--source builtin|learnable|swebench|harbor --data-files F] [DIR]
-polar-pl tasks check [--ids calc-1 ...] [--difficulty hard] [--sandbox local|docker] [--json OUT]
+polar-pl tasks check [--ids calc-1 ...] [--difficulty hard] [--sandbox local|docker] [--runner pytest]
+                     [--json OUT]
 polar-pl tasks check --source harbor [DIR]   (solution/solve.sh passes, the empty attempt fails)
 polar-pl tasks export --out suite.jsonl
 """
@@ -35,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--repos-dir", help="directory of owner__name checkouts for --source swebench")
         p.add_argument("--ids", nargs="+", help="only these instance ids")
         p.add_argument("--difficulty", nargs="+", choices=("easy", "medium", "hard"))
+        p.add_argument("--runner", choices=("unittest", "pytest"), default="unittest",
+                       help="test runner for the built-in suite (the same tests either way)")
         if name == "check":
             p.add_argument("--sandbox", choices=("local", "docker"), default="local")
             p.add_argument("--docker-host", help="Docker engine URL (default: DOCKER_HOST)")
@@ -48,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _source(args: argparse.Namespace) -> TaskSource:
     common = {"instance_ids": args.ids, "difficulty": args.difficulty}
     if args.source == "builtin":
-        return BuiltinTaskSource(**common)
+        return BuiltinTaskSource(**common, runner=args.runner)
     if args.source == "harbor":
         from polar_pl.tasks.harbor import HarborTaskSource
 
