@@ -12,14 +12,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from fixture_paths import REPO
 
-from polar_pl.gateway.store.records import SessionInfo
+from polar_pl.gateway.store.records import SessionInfo, hash_token
 from polar_pl.gateway.store.traces import TraceStore, read_records
 from polar_pl.monitor.rollouts import read_rollouts
 from polar_pl.utils.serving import ServerThread
 from polar_pl.viewer.app import create_app
 
-REPO = Path(__file__).resolve().parents[2]
 ARTEFACTS = REPO / "outputs" / "test-artefacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-dev-shm-usage",
@@ -48,7 +48,9 @@ def add_break_session(store_path: Path) -> None:
     store = TraceStore(store_path)
     try:
         store.put_session(
-            SessionInfo(BREAKS, token="viewer-test-token", task_id=first.task_id, harness="mini")
+            SessionInfo(
+                BREAKS, token_hash=hash_token("viewer-test-token"), task_id=first.task_id, harness="mini"
+            )
         )
         for rec in calls:
             store.append(rec).result(10)
