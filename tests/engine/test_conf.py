@@ -31,6 +31,7 @@ def test_engine_group_instantiates(choice, cls, tiny_model_dir, monkeypatch):
         cmd = engine.command()
         assert cmd[:3] == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
         assert cmd[cmd.index("--tool-call-parser") + 1] == "hermes" and "--port" in cmd
+        assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"  # what the trainer rebuilds
 
 
 def test_vllm_python_comes_from_env_or_path_and_is_a_clear_error_when_absent(tmp_path, monkeypatch):

@@ -80,6 +80,7 @@ class VLLMEngine:
         max_model_len: int | None = 32768,
         enforce_eager: bool = True,
         reasoning_parser: str | None = None,
+        logprobs_mode: str = "processed_logprobs",
         extra_args: list[str] | tuple[str, ...] = (),
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 600.0,
@@ -96,6 +97,7 @@ class VLLMEngine:
         self.max_model_len = max_model_len
         self.enforce_eager = enforce_eager
         self.reasoning_parser = reasoning_parser
+        self.logprobs_mode = logprobs_mode
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
         self.startup_timeout = startup_timeout
@@ -124,6 +126,9 @@ class VLLMEngine:
             "--host", self.host, "--port", str(self.port),
             "--dtype", self.dtype,
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+            # logprobs of the distribution sampled (after temperature / top-k / top-p), as the
+            # embedded engine reports them and the trainer rebuilds them
+            "--logprobs-mode", self.logprobs_mode,
         ]  # fmt: skip
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]

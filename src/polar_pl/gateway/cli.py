@@ -48,6 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-tokens-cap", type=int, default=None, help="upper bound on each call's response tokens"
     )
     p.add_argument(
+        "--sampling",
+        choices=("recorded", "pinned"),
+        default="recorded",
+        help="recorded: each call states the harness's temperature/top_p/top_k (the trainer rebuilds "
+        "that distribution); pinned: temperature 1, top_p 1, no top_k",
+    )
+    p.add_argument(
         "--pause-timeout",
         type=float,
         default=300.0,
@@ -101,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         token_faithful=args.token_faithful,
         reasoning_parser=args.reasoning_parser,
         max_tokens_cap=args.max_tokens_cap,
+        sampling=args.sampling,
         pause_timeout=args.pause_timeout,
     )
     print(f"polar-pl gateway on {public} -> {', '.join(args.upstream)} (store {args.store})", flush=True)

@@ -27,6 +27,7 @@ from starlette.responses import Response
 
 from polar_pl.gateway.call.capture import CallCapture
 from polar_pl.gateway.call.gate import EngineGate
+from polar_pl.gateway.call.sampling import check_policy, settle_sampling
 from polar_pl.gateway.call.sidecalls import SideCallRule, classify
 from polar_pl.gateway.call.stats import GatewayStats
 from polar_pl.gateway.call.volatile import strip_volatile
@@ -120,6 +121,7 @@ class Proxy:
         side_rules: tuple[SideCallRule, ...],
         faithful: TokenFaithful | None = None,
         max_tokens_cap: int | None = None,
+        sampling: str = "recorded",
         gate: EngineGate | None = None,
     ):
         if max_tokens_cap is not None and (not isinstance(max_tokens_cap, int) or max_tokens_cap < 1):
@@ -135,6 +137,7 @@ class Proxy:
 
         self.faithful = faithful
         self.max_tokens_cap = max_tokens_cap
+        self.sampling = check_policy(sampling)
         self.gate = gate or EngineGate()
         self.stats = GatewayStats()
 
@@ -218,6 +221,7 @@ class Proxy:
             call.call_kind = "side"
             call.notes.append(f"side call: {side}")
         self._cap_max_tokens(chat, call.notes)
+        settle_sampling(chat, self.sampling, call.notes)
         if self.faithful is None:
             call.engine_body = {**chat, **CAPTURE_FIELDS}
         else:  # the record keeps the chat body; the engine gets its token-in equivalent
