@@ -20,7 +20,9 @@ def tiny_model_dir() -> Path:
     return path
 
 
-# The real Docker engine and the offline base image, shared by the sandbox, harness and task tests.
+# The real Docker engine and the offline base image, shared by the sandbox, harness and task tests;
+# a second (TLS, TCP) engine as the remote host, a local registry, per-task images built here.
+from polar_pl.testing.hosts import dep_images, registry, remote_docker_engine  # noqa: F401
 from polar_pl.testing.sandbox import docker_engine, docker_image, no_sandbox_leftovers  # noqa: F401
 
 

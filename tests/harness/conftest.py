@@ -58,8 +58,6 @@ def _make(kind: str, request):
     from polar_pl.sandbox.local import LocalSandbox
 
     prefix = str(HARNESS_PREFIX)
-    if kind == "local":
-        return LocalSandbox(owner=OWNER, harness_prefix=prefix)
     if kind == "bwrap":
         return LocalSandbox(isolation="bwrap", owner=OWNER, harness_prefix=prefix)
     engine = request.getfixturevalue("docker_engine")

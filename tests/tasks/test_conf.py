@@ -28,7 +28,7 @@ def test_builtin_option_scores_in_the_configured_sandbox():
     cfg = _task_cfg("builtin", instance_ids=["graphkit-3"])
     source = instantiate(cfg.task)
     assert isinstance(source, BuiltinTaskSource) and isinstance(source, TaskSource)
-    sandbox_factory = instantiate(OmegaConf.create({"sandbox": OmegaConf.load(CONF / "sandbox" / "local.yaml")}).sandbox,
+    sandbox_factory = instantiate(OmegaConf.create({"sandbox": OmegaConf.load(CONF / "sandbox" / "bwrap.yaml")}).sandbox,
                                   owner="pytest", harness_prefix=None)  # fmt: skip
     evaluator = source.make_evaluator(sandbox_factory)
     assert isinstance(evaluator, SandboxEvaluator) and evaluator.reward == "binary"

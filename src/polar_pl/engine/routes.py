@@ -1,26 +1,31 @@
 """The engine contract's routes (DESIGN.md, "Engine contract"), as a module-level router whose
 thin handlers read their state from `request.app.state` (set by `server.create_app`): `backend`
-(a GenerationBackend), `model_name` (the served name) and `reasoning_parser`. Conversion to and
+(a GenerationBackend), `model_name` (the served name), `reasoning_parser` and `admin_token`. Conversion to and
 from OpenAI JSON lives in `engine/serving.py`.
 
   POST /v1/chat/completions      chat, streaming or not, tools, logprobs, token ids
   POST /v1/completions           token-id (or text) prompt in, tokens + logprobs out
   GET  /v1/models, GET /health   discovery and liveness
-  POST /update_weights_from_disk {"path": DIR} -> {"policy_version": v}
+  POST /tokenize, /detokenize     vLLM's token routes (prompt or messages -> ids; ids -> text)
+  POST /update_weights_from_disk {"path": DIR} -> {"policy_version": v}   (Bearer admin token;
+                                 off without one: weights must never come from a sandbox)
   GET  /policy_version, GET /weight_info (vLLM's shape), GET /stats
 Every response carries the header `x-policy-version`.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from http import HTTPStatus
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from polar_pl.chat.reasoning import thinking_enabled
@@ -31,6 +36,8 @@ from polar_pl.engine.errors import EngineError, context_length_error, error_body
 from polar_pl.engine.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     UpdateWeightsFromDiskRequest,
 )
 
@@ -135,11 +142,50 @@ async def models(request: Request):
         "object": "model",
         "created": int(time.time()),
         "owned_by": "polar_pl",
-        "root": backend.model_name,
+        # vLLM's root is the model path it serves: a gateway on this machine loads its
+        # tokenizer from there (token-faithful prompts, local token counts)
+        "root": str(getattr(backend, "model_dir", None) or backend.model_name),
         "parent": None,
         "max_model_len": backend.max_model_len,
     }
     return JSONResponse({"object": "list", "data": [card]}, headers=version_headers(backend))
+
+
+@router.post("/tokenize")
+async def tokenize(req: TokenizeRequest, request: Request):
+    """vLLM's route: the prompt ids a completion or chat request would get, and their count."""
+    backend = backend_of(request)
+    check_model(request, req.model)
+    if (req.prompt is None) == (req.messages is None):
+        raise EngineError("give exactly one of `prompt` and `messages`", param="prompt")
+    if req.messages is not None:
+        try:
+            _, ids = render_chat(
+                backend.tokenizer,
+                req.messages,
+                req.tools,
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+                chat_template_kwargs=req.chat_template_kwargs,
+            )
+        except RenderError as exc:
+            raise EngineError(str(exc), HTTPStatus.BAD_REQUEST, param=exc.param) from exc
+    else:
+        special = req.add_special_tokens is not False
+        ids = backend.tokenizer.encode(req.prompt, add_special_tokens=special)
+    strs = backend.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+    body = {"count": len(ids), "max_model_len": backend.max_model_len, "tokens": ids, "token_strs": strs}
+    return JSONResponse(body, headers=version_headers(backend))
+
+
+@router.post("/detokenize")
+async def detokenize(req: DetokenizeRequest, request: Request):
+    backend = backend_of(request)
+    check_model(request, req.model)
+    vocab = len(backend.tokenizer)
+    if bad := [t for t in req.tokens if not 0 <= t < vocab]:
+        raise EngineError(f"token ids out of vocabulary (size {vocab}): {bad[:5]}", param="tokens")
+    return JSONResponse({"prompt": backend.tokenizer.decode(req.tokens)}, headers=version_headers(backend))
 
 
 @router.get("/policy_version")
@@ -172,8 +218,31 @@ async def stats(request: Request):
     )
 
 
-@router.post("/update_weights_from_disk")
-async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest, request: Request):
+def require_admin(request: Request) -> None:
+    """The dependency of the weight route: the engine's admin token as `Authorization: Bearer`."""
+    admin_token = request.app.state.admin_token
+    if admin_token is None:
+        raise EngineError(
+            "weight updates are off: start the engine with an admin token "
+            "(--admin-token-file or $POLAR_ADMIN_TOKEN)",
+            HTTPStatus.FORBIDDEN,
+        )
+    auth = request.headers.get("authorization", "")
+    given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    if not secrets.compare_digest(given.encode(), admin_token.encode()):
+        raise EngineError(
+            "weight updates need the engine's admin token (Authorization: Bearer <token>)",
+            HTTPStatus.UNAUTHORIZED,
+        )
+
+
+@router.post("/update_weights_from_disk", dependencies=[Depends(require_admin)])
+async def update_weights_from_disk(request: Request):
+    # the body is parsed here, after the admin check (a declared body would be validated first)
+    try:
+        body = UpdateWeightsFromDiskRequest.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from exc
     backend = backend_of(request)
     try:
         version = await run_in_threadpool(backend.update_weights_from_disk, body.path)

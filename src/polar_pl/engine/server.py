@@ -1,6 +1,7 @@
 """The engine's FastAPI app: the engine contract of DESIGN.md over any `GenerationBackend`.
 
-`create_app` puts the backend, the served model name and the reasoning parser on `app.state`,
+`create_app` puts the backend, the served model name, the reasoning parser and the admin token
+on `app.state`,
 installs the error handlers (every error in vLLM's error shape, with `x-policy-version`) and
 includes the module-level router of `engine/routes.py`, whose handlers read that state.
 """
@@ -47,14 +48,19 @@ async def internal_error(request: Request, exc: Exception):
 
 
 def create_app(
-    backend: GenerationBackend, served_model_name: str | None = None, reasoning_parser: str | None = None
+    backend: GenerationBackend,
+    served_model_name: str | None = None,
+    reasoning_parser: str | None = None,
+    admin_token: str | None = None,
 ) -> FastAPI:
     """Build the app. The backend is started and closed with the app's lifespan.
-    reasoning_parser: None or "qwen3" (vLLM's `--reasoning-parser qwen3`, see chat/reasoning.py)."""
+    reasoning_parser: None or "qwen3" (vLLM's `--reasoning-parser qwen3`, see chat/reasoning.py).
+    admin_token: the bearer token weight updates need; None turns the weight route off."""
     app = FastAPI(title="polar_pl engine", lifespan=lifespan)
     app.state.backend = backend
     app.state.model_name = served_model_name or backend.model_name
     app.state.reasoning_parser = check_reasoning_parser(reasoning_parser)
+    app.state.admin_token = admin_token
     app.add_exception_handler(EngineError, engine_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(Exception, internal_error)

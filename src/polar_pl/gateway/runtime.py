@@ -38,6 +38,7 @@ class GatewayRuntime:
         read_timeout: float = 600.0,
         token_faithful: bool | None = None,
         max_tokens_cap: int | None = None,
+        cap_policy: str = "length",
         sampling: str = "recorded",
         pause_timeout: float = 300.0,
         reasoning_parser: str | None = None,
@@ -45,7 +46,8 @@ class GatewayRuntime:
         """token_faithful: splice sampled tokens into prompts and call the engine's token-in
         route (faithful/); None = on when the gateway has a tokenizer (tokenizer_dir), since
         both engines (vLLM, embedded) accept token prompts. max_tokens_cap: upper bound on each
-        call's response length (None: the harness's request). sampling: "recorded" (the
+        call's response length (None: the harness's request). cap_policy: what the harness is
+        told when the cap cut a response, "length" or "end_turn" (call/proxy.py). sampling: "recorded" (the
         harness's temperature / top_p / top_k, stated explicitly) or "pinned" (1 / 1 / off), see
         call/sampling.py. pause_timeout: how long a call
         waits at a paused gate before a 503 / 529 with Retry-After. reasoning_parser: the
@@ -77,6 +79,7 @@ class GatewayRuntime:
             if token_faithful
             else None,
             max_tokens_cap=max_tokens_cap,
+            cap_policy=cap_policy,
             sampling=sampling,
             gate=self.gate,
         )

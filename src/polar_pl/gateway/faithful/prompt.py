@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from polar_pl.chat.render import conversation_for_template, render_chat
+from polar_pl.chat.render import conversation_for_template, render_chat, render_marked
 from polar_pl.chat.toolparse import parse_tool_calls
 from polar_pl.gateway.store.records import TraceRecord
 
@@ -73,10 +73,10 @@ def faithful_prompt(
         return FaithfulPrompt(rendered, rendered)
     k, rec = found
     marked = [*messages[:k], {"role": "assistant", "content": _MARK}, *messages[k + 1 :]]
-    text, _ = render_chat(tokenizer, marked, tools, chat_template_kwargs=kwargs)
+    text, shield = render_marked(tokenizer, marked, tools, chat_template_kwargs=kwargs)
     if text.count(_MARK) != 1:
         return FaithfulPrompt(rendered, rendered)
-    tail = tokenizer.encode(text[text.index(_MARK) + len(_MARK) :], add_special_tokens=False)
+    tail = shield.encode(text[text.index(_MARK) + len(_MARK) :])
     response = list(rec.response_ids)
     if tail and response and response[-1] == tail[0] and tail[0] in set(tokenizer.all_special_ids):
         tail = tail[1:]  # the sampled end-of-turn token is the template's: keep the sampled one only

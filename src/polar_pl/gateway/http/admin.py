@@ -54,10 +54,9 @@ def base_of(request: Request) -> str:
     return runtime(request).public_url or str(request.base_url).rstrip("/")
 
 
-def _session_json(info, base: str) -> dict[str, Any]:
+def _session_json(info) -> dict[str, Any]:
     d = asdict(info)
-    d.pop("token")
-    d["base_url"] = f"{base}/s/{info.token}"
+    d.pop("token_hash")  # the token went to whoever created the session, and only to them
     return d
 
 
@@ -80,17 +79,17 @@ async def create_session(request: Request) -> Response:
     bad = [k for k, v in fields.items() if v is not None and not isinstance(v, str)]
     if bad:
         return JSONResponse({"error": f"{', '.join(bad)}: must be strings"}, 400)
-    info = runtime(request).sessions.create(
+    info, token = runtime(request).sessions.create(
         **fields, meta=body.get("meta") if isinstance(body.get("meta"), dict) else None
     )
     return JSONResponse(
-        {"session_id": info.session_id, "token": info.token, "base_url": f"{base_of(request)}/s/{info.token}"}
+        {"session_id": info.session_id, "token": token, "base_url": f"{base_of(request)}/s/{token}"}
     )
 
 
 @admin.get("/sessions")
 async def list_sessions(request: Request) -> Response:
-    return JSONResponse([_session_json(s, base_of(request)) for s in runtime(request).sessions.all()])
+    return JSONResponse([_session_json(s) for s in runtime(request).sessions.all()])
 
 
 @admin.get("/sessions/{session_id}")
@@ -99,7 +98,7 @@ async def get_session(session_id: str, request: Request) -> Response:
     info = rt.sessions.get(session_id)
     if info is None:
         return JSONResponse({"error": f"no session {session_id}"}, 404)
-    d = _session_json(info, base_of(request))
+    d = _session_json(info)
     d["calls"] = rt.store.count(session_id)
     return JSONResponse(d)
 

@@ -65,7 +65,8 @@ def create_app(
 ) -> FastAPI:
     """Build the gateway app. options: tokenizer_dir, model, side_rules, client ("aiohttp" or
     "httpx"), store_synchronous, public_url, health_interval, connect_timeout, read_timeout,
-    token_faithful, max_tokens_cap, sampling, pause_timeout, reasoning_parser (see GatewayRuntime)."""
+    token_faithful, max_tokens_cap, cap_policy, sampling, pause_timeout, reasoning_parser (see
+    GatewayRuntime)."""
     rt = GatewayRuntime(
         upstreams, store_path, admin_token=admin_token or secrets.token_urlsafe(24), **options
     )
