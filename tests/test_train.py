@@ -1,5 +1,7 @@
-"""`python train.py` end to end on CPU: learning sanity (with and without weight push), a Hydra
-sweep with one W&B offline run per value, and resume from a checkpoint."""
+"""`python train.py` end to end on CPU: `train(cfg)` in-process on the composed config (shrunk, as
+lightning-hydra-template's tests/test_train.py does), then as a subprocess: learning sanity (with
+and without weight push), a Hydra sweep with one W&B offline run per value, and resume from a
+checkpoint."""
 
 from __future__ import annotations
 
@@ -11,7 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixture_paths import REPO
+from fixture_paths import CONF, REPO
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
 
 from polar_pl.engine.vllm_engine import vllm_installed, vllm_python
 from polar_pl.gateway.store.traces import TraceStore
@@ -38,6 +43,39 @@ def metrics(run_dir: Path) -> list[dict[str, str]]:
 
 def rewards_by_step(run_dir: Path) -> list[float]:
     return [float(r["rollout/reward_mean"]) for r in metrics(run_dir) if r.get("rollout/reward_mean")]
+
+
+def compose_train(run_dir: Path, model_dir: Path, *overrides: str):
+    """The root config as train.py composes it, run directory and model set by hand (no Hydra run)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(
+            "config", overrides=[f"model_dir={model_dir}", *overrides], return_hydra_config=True
+        )
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+    HydraConfig().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]  # as @hydra.main hands it over: the hydra node lives in HydraConfig only
+    return cfg
+
+
+def test_train_in_process_on_the_composed_config(tiny_model_dir, tmp_path):
+    """`train(cfg)` on the real config groups, shrunk to one step of one group of two: rollouts
+    through the gateway, a GRPO step, the weight push, a checkpoint from the callbacks group."""
+    from polar_pl.training import train as train_cfg
+
+    cfg = compose_train(
+        tmp_path, tiny_model_dir, "debug=fast", "steps=1", "checkpoint_every=1",
+        "torch_threads=null", "datamodule.progress=false", "datamodule.max_groups_in_flight=1",
+    )  # fmt: skip
+    logged = train_cfg(cfg)
+    assert "rollout/reward_mean" in logged and logged["train/policy_version"] == 1.0
+    assert rewards_by_step(tmp_path) and (tmp_path / "checkpoints" / "last.ckpt").exists()
+    store = TraceStore(tmp_path / "traces.db")
+    try:
+        assert len(store.sessions()) == 2  # one group of two attempts
+    finally:
+        store.close()
 
 
 def group_seqs(run_dir: Path) -> set[int]:
