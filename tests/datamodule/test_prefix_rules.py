@@ -67,6 +67,22 @@ def test_truncated_response_dropped_by_harness_is_a_truncation_break() -> None:
     assert res.rows[1].meta["start"] == "truncation"
 
 
+def test_drift_after_a_length_cut_response_is_drift_not_truncation() -> None:
+    """classify_break checked truncation first, so a re-render that changed a kept, length-cut
+    turn was labelled truncation and drift on real traces was under-reported."""
+    cut = [200, 201]
+    m2 = [*MSGS1, {"role": "assistant", "content": "cut"}, {"role": "user", "content": "go on"}]
+    p2 = P1 + [200, 299, E, NL] + user(103) + GEN  # the cut turn re-rendered to other tokens
+    by_messages = build([rec(0, P1, cut, finish="length", messages=MSGS1), rec(1, p2, [202, E], messages=m2)])
+    assert by_messages.stats.breaks == {"drift": 1}
+    by_tokens = build([rec(0, P1, cut, finish="length"), rec(1, p2, [202, E])])
+    assert by_tokens.stats.breaks == {"drift": 1}
+    dropped = [*MSGS1, {"role": "user", "content": "go on"}]  # the harness threw the cut turn away
+    p3 = P1 + [E, NL] + user(103) + GEN
+    res = build([rec(0, P1, cut, finish="length", messages=MSGS1), rec(1, p3, [202, E], messages=dropped)])
+    assert res.stats.breaks == {"truncation": 1}
+
+
 def test_compaction_rewrites_history() -> None:
     m2 = [*MSGS1, {"role": "assistant", "content": "a"}, {"role": "user", "content": "more"}]
     p2 = P1 + R1 + [NL] + user(103) + GEN

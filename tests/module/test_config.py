@@ -32,7 +32,7 @@ def test_default_module_config(tiny_model_dir) -> None:
     assert module.tis.func is offpolicy.tis_token and module.tis.keywords == {"cap": 2.0}
     assert module.policy_loss.func is losses.clipped_policy_loss
     assert module.policy_loss.keywords == {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None}
-    assert (module.kl, module.kl_coef, module.lr, module.push_every) == (None, 0.0, 1e-3, 1)
+    assert (module.kl, module.kl_coef, module.lr, module.push_every) == (None, 0.0, 5e-2, 1)
     assert (module.side_rows, module.overlong, module.off_policy_mask, module.lr_scheduler) == (
         "own",
         None,

@@ -106,6 +106,29 @@ def test_chunked_equals_whole_with_gradients(chunk) -> None:
     assert torch.allclose(grads[0], grads[1], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_needed_columns_only_equal_the_whole_pass(chunk) -> None:
+    """`need` (the sampled tokens) runs the LM head on those columns only: their logprobs,
+    entropies and gradients equal the whole pass; every other column reads 0."""
+    ids, pos = batch()
+    s = mixed_sampling(ids)
+    need = torch.zeros(ids.shape, dtype=torch.bool)
+    need[0, [3, 4, 10]] = True
+    need[1, [4, 11]] = True
+    out = []
+    for kw in ({}, {"need": need}):
+        model = small_model()
+        lp, ent = token_logprobs(model, ids, pos, sampling=s, with_entropy=True, chunk_tokens=chunk, **kw)
+        ((lp + 0.3 * ent) * need).sum().backward()
+        out.append((lp.detach(), ent.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    (lp_all, ent_all, g_all), (lp_need, ent_need, g_need) = out
+    cols = need.any(0)
+    assert torch.allclose(lp_need[:, cols], lp_all[:, cols], atol=1e-5)
+    assert torch.allclose(ent_need[:, cols], ent_all[:, cols], atol=1e-5)
+    assert (lp_need[:, ~cols] == 0).all() and (ent_need[:, ~cols] == 0).all()
+    assert torch.allclose(g_need, g_all, atol=1e-5, rtol=1e-4)
+
+
 def test_entropy_of_the_processed_distribution() -> None:
     model = small_model()
     ids, pos = batch(n=1, t=4)

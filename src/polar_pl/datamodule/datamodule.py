@@ -25,6 +25,7 @@ from polar_pl.datamodule.pools import PoolSizes
 from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
 from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.datamodule.service import Group, RolloutService
+from polar_pl.datamodule.trajectory import MergeStats
 from polar_pl.gateway.handle import Gateway
 
 log = logging.getLogger(__name__)
@@ -105,20 +106,27 @@ class RolloutDataModule(L.LightningDataModule):
         self._issued: deque[list[int]] = deque()
         self.batches_done = 0  # batches a training step consumed (survives resume)
         self._busy_mark = (0.0, 0.0)
+        self._stage_mark: tuple[float | None, dict[str, float]] = (None, {})
         self._batch_metrics: deque[dict[str, float]] = deque()
+        self._batch_groups: deque[list[Group]] = deque()
+        self.wait_total_s = 0.0  # trainer time spent blocked on rollouts, over the run
 
     # ---- lifecycle ------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
         if self.gateway is not None:
             return
         try:
+            t0 = time.monotonic()
             self.engine.start()
+            log.info("engine ready: %s at %s (%.1f s)", type(self.engine).__name__, self.engine.url,
+                     time.monotonic() - t0)  # fmt: skip
             store = self.store_path or self._tmp_store()
             options = dict(self.gateway_options)
             model_dir = getattr(self.engine, "model_dir", None)
             if model_dir is not None:
                 options.setdefault("tokenizer_dir", str(model_dir))
             self.gateway = Gateway([self.engine.url], store, **options).start()
+            log.info("gateway ready: %s, traces in %s", self.gateway.url, store)
         except BaseException:
             self.teardown()
             raise
@@ -139,6 +147,7 @@ class RolloutDataModule(L.LightningDataModule):
                 group_deadline_s=self.group_deadline_s,
                 **self._resume.get("service", {}),
             ).start()
+            self._stage_mark = (time.monotonic(), {})
         return self.service
 
     def teardown(self, stage: str | None = None) -> None:
@@ -205,6 +214,7 @@ class RolloutDataModule(L.LightningDataModule):
                 self.counters["batches_without_rows"] += 1
         rows = rows or flat
         wait_s = time.monotonic() - t0
+        self.wait_total_s += wait_s
         budget = self.token_budget or max(len(r.input_ids) for r in rows)
         batch = collate(
             rows, mode=self.collate_mode, token_budget=budget, pad_id=getattr(self.engine, "pad_token_id", 0)
@@ -213,6 +223,7 @@ class RolloutDataModule(L.LightningDataModule):
         metrics = self._metrics(groups, rows, batch, wait_s)
         metrics["rollout/groups_drawn"] = float(len(groups))
         self._batch_metrics.append(metrics)
+        self._batch_groups.append(groups)
         return batch
 
     def live_metrics(self) -> dict[str, float]:
@@ -224,6 +235,11 @@ class RolloutDataModule(L.LightningDataModule):
         """Rollout metrics of the batch being trained now: the oldest one not yet committed
         (Lightning fetches the next batch before training this one)."""
         return self._batch_metrics[0] if self._batch_metrics else {}
+
+    @property
+    def last_groups(self) -> list[Group]:
+        """The groups of the batch being trained now (the oldest not yet committed)."""
+        return self._batch_groups[0] if self._batch_groups else []
 
     def _fresh_rows(self, groups: list[Group]) -> list[TrajectoryRow]:
         """The rows of `groups` without the stale rollouts (or groups, by `stale_unit`)."""
@@ -264,16 +280,22 @@ class RolloutDataModule(L.LightningDataModule):
             "rollout/wait_s": wait_s,
             "rollout/padding_waste": batch.padding_waste,
         }
+        for stage in ("init", "running", "postrun"):  # per session, mean over the batch
+            spent = [r.timings[stage] for r in results if stage in r.timings]
+            if spent:
+                m[f"time/session_{stage}_s"] = sum(spent) / len(spent)
         if len(rewards) > 1:
             mean = m["rollout/reward_mean"]
             m["rollout/reward_std"] = (sum((x - mean) ** 2 for x in rewards) / (len(rewards) - 1)) ** 0.5
-        merged: Counter[str] = Counter()
-        for r in results:
-            merged.update(r.info.get("merge", {}))
-        m.update({k: float(v) for k, v in merged.items()})
+        # Counts add up over sessions; ratios are recomputed from the sums (a sum of per-session
+        # ratios logged 8.0 for eight sessions whose true compression ratio was 1.0).
+        stats = [MergeStats.from_metrics(r.info["merge"]) for r in results if "merge" in r.info]
+        if stats:
+            m.update({k: float(v) for k, v in sum(stats, MergeStats()).to_metrics("merge").items()})
         m.update({f"datamodule/{k}": float(v) for k, v in self.counters.items()})
         if self.service is not None:
             m.update(self.service.metrics())
+            m.update(self._stage_busy(m))
         if self.gateway is not None:
             stats = self.gateway.stats()
             busy_s, up_s = stats.get("gateway/engine_busy_s", 0.0), stats.get("gateway/uptime_s", 0.0)
@@ -284,6 +306,16 @@ class RolloutDataModule(L.LightningDataModule):
             m.update({k: float(v) for k, v in stats.items() if isinstance(v, int | float)})
         return m
 
+    def _stage_busy(self, m: dict[str, float]) -> dict[str, float]:
+        """rollout/busy_<stage>: each stage pool's busy fraction since the last batch."""
+        now = time.monotonic()
+        busy = {s: m.get(f"pool/{s}_busy_s", 0.0) for s in ("init", "running", "postrun")}
+        last_t, last = self._stage_mark
+        self._stage_mark = (now, busy)
+        if last_t is None or now <= last_t:
+            return {}
+        return {f"rollout/busy_{s}": (busy[s] - last.get(s, 0.0)) / (now - last_t) for s in busy}
+
     def push_target(self) -> PausingEngine:
         """What the weight sync should push to: the engine, with the gateway paused meanwhile."""
         return PausingEngine(self)
@@ -292,6 +324,7 @@ class RolloutDataModule(L.LightningDataModule):
         """Called after a training step used the oldest issued batch (see `CommitBatches`)."""
         if self._batch_metrics:
             self._batch_metrics.popleft()
+            self._batch_groups.popleft()
         if self._issued and self.service is not None:
             self.service.mark_consumed(self._issued.popleft())
             self.batches_done += 1

@@ -38,7 +38,7 @@ from polar_pl.datamodule.collate import TrainBatch
 from polar_pl.module import advantages as adv_fns
 from polar_pl.module import aggregation as agg_fns
 from polar_pl.module import losses
-from polar_pl.module.logprobs import Sampling, forward_inputs, token_logprobs
+from polar_pl.module.logprobs import Sampling, forward_inputs, scorable, token_logprobs
 from polar_pl.module.metrics import batch_metrics, harness_metrics, numeric, unit_metrics
 from polar_pl.module.model import Frozen, enable_checkpointing, load_model
 from polar_pl.module.prepare import Prepared, prepare, unit_sums
@@ -286,9 +286,10 @@ class GRPOModule(L.LightningModule):
         self.model.eval()
         olds, ents, refs = [], [], []
         ref_model = self._ref.on(batch.input_ids.device) if self._ref is not None else None
+        sampled = batch.loss_mask * scorable(batch.position_ids)
         for idx in self._micro(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device), batch):
             args = self._inputs(batch, idx)
-            kw = {"sampling": sampling[idx], "chunk_tokens": self.logprob_chunk_tokens}
+            kw = {"sampling": sampling[idx], "chunk_tokens": self.logprob_chunk_tokens, "need": sampled[idx]}
             lp, ent = token_logprobs(self.model, *args, with_entropy=True, **kw)
             olds.append(lp)
             ents.append(ent)
@@ -343,7 +344,7 @@ class GRPOModule(L.LightningModule):
         """Forward, loss and backward of one micro-batch (sequences `idx`, token weights `w`)."""
         logp, ent = token_logprobs(
             self.model, *self._inputs(batch, idx), sampling=prep.sampling[idx],
-            with_entropy=self.entropy_coef > 0, chunk_tokens=self.logprob_chunk_tokens,
+            with_entropy=self.entropy_coef > 0, chunk_tokens=self.logprob_chunk_tokens, need=mask[idx],
         )  # fmt: skip
         m = mask[idx]
         per_token, clipped = self.policy_loss(logp, old[idx], tok_adv[idx], m, prep.segments.select(idx))

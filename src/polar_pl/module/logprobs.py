@@ -133,6 +133,7 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_tokens: int | None = None,
+    need: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob of each token under the model's processed distribution, and optionally the entropy
     of that distribution at each prediction.
@@ -140,6 +141,10 @@ def token_logprobs(
     input_ids, position_ids: (N, T) long; attention_mask: (N, T) or None.
     sampling: per-token settings (`Sampling`); None: `temperature` everywhere, no top-k / top-p.
     chunk_tokens: tokens (N x columns) per LM-head chunk; None: the whole batch at once.
+    need: (N, T) bool/0-1, the tokens whose logprob is wanted (the sampled ones), or None for all.
+    Only the columns where some row needs a logprob go through the LM head: an agent's rows are
+    mostly prompt (system prompt, tool schemas), and the logits of those columns were most of the
+    work. Columns not computed read 0, like column 0.
     Returns (logp (N, T) float32, entropy (N, T) float32 or None), aligned with input_ids:
     logp[:, t] = log p(input_ids[:, t] | tokens before t in its row), 0 in column 0. Both carry
     grad when grad is enabled (the entropy bonus trains on it).
@@ -151,21 +156,36 @@ def token_logprobs(
     hidden = hidden[:, :-1]
     targets = input_ids[:, 1:]
     params = (sampling.temperature[:, 1:], sampling.top_k[:, 1:], sampling.top_p[:, 1:])
-    cols = t - 1 if chunk_tokens is None else max(1, chunk_tokens // max(n, 1))
+    keep = None
+    if need is not None:  # (K,) indices into the shifted columns: prediction c scores token c + 1
+        keep = torch.nonzero(need[:, 1:].bool().any(0)).squeeze(-1)
+        hidden, targets = hidden[:, keep], targets[:, keep]
+        params = tuple(p[:, keep] for p in params)
+    k = targets.shape[1]
+    cols = k if chunk_tokens is None else max(1, chunk_tokens // max(n, 1))
     grad = torch.is_grad_enabled()
     logps, ents = [], []
-    for c0 in range(0, t - 1, cols):
+    for c0 in range(0, k, cols):
         sl = slice(c0, c0 + cols)
         args = (head, hidden[:, sl], targets[:, sl], *(p[:, sl] for p in params), with_entropy)
-        if grad and cols < t - 1:
+        if grad and cols < k:
             lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:
             lp, ent = _chunk_logprobs(*args)
         logps.append(lp)
         ents.append(ent)
-    pad = nn.functional.pad
-    logp = pad(torch.cat(logps, dim=1), (1, 0)) if logps else torch.zeros(n, t, device=input_ids.device)
+    logp = _place(logps, keep, n, t, input_ids.device)
     if not with_entropy:
         return logp, None
-    ent = pad(torch.cat(ents, dim=1), (1, 0)) if ents else torch.zeros(n, t, device=input_ids.device)
-    return logp, ent
+    return logp, _place(ents, keep, n, t, input_ids.device)
+
+
+def _place(chunks: list[torch.Tensor], keep: torch.Tensor | None, n: int, t: int, device) -> torch.Tensor:
+    """(N, T): the computed columns (concatenated chunks, at shifted indices `keep` or all) put
+    back in place, 0 in column 0 and in every column not computed."""
+    if not chunks:
+        return torch.zeros(n, t, device=device)
+    vals = torch.cat(chunks, dim=1)
+    if keep is None:
+        return nn.functional.pad(vals, (1, 0))
+    return vals.new_zeros(n, t).index_copy(1, keep + 1, vals)
