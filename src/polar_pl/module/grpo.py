@@ -324,6 +324,8 @@ class GRPOModule(L.LightningModule):
             for mb in mbs:
                 # x len(mbs): each optimiser step carries its share of the batch at full scale.
                 for idx in self._micro(mb, batch):
+                    if mask[idx].sum() == 0:  # nothing trainable in these sequences: no forward
+                        continue
                     self._micro_step(
                         batch, prep, idx, weights[idx] * len(mbs), mask, tok_adv, old, ref, corr, sums
                     )
