@@ -174,12 +174,15 @@ NOTES_SYSTEM = "You are a careful assistant. Take short notes before you answer.
 TITLE_SYSTEM = "You are a title generator. You output ONLY a thread title: a few words, nothing else."
 
 
-def run_notes(task: str, model: str, work_turns: int, extra: dict, title: bool) -> tuple[int, str]:
+def run_notes(
+    task: str, model: str, work_turns: int, extra: dict, title: bool, note_tokens: int | None = None
+) -> tuple[int, str]:
     """The note-taking loop (`--work-turns N`): ReAct-style text turns, no function calling.
 
     Each of N work turns sends the conversation, keeps the reply as a note and answers it with an
     observation (a user message restating the task: what a scratchpad tool would return); turn
     N + 1 is the final answer. With `title`, a title call first, as OpenCode and Claude Code make.
+    note_tokens bounds the work turns' replies (the answer keeps the `max_tokens` in `extra`).
     An untrained model never emits a well-formed function call, so this is how a multi-call
     session with tool-result turns between sampled turns is run with one.
     """
@@ -191,7 +194,8 @@ def run_notes(task: str, model: str, work_turns: int, extra: dict, title: bool) 
         client.chat.completions.create(model=model, messages=titled, **{**extra, "max_tokens": 8})
     messages: list[dict] = [{"role": "system", "content": NOTES_SYSTEM}, {"role": "user", "content": task}]
     for turn in range(work_turns + 1):
-        reply = client.chat.completions.create(model=model, messages=messages, **extra)
+        limit = {"max_tokens": note_tokens} if note_tokens and turn < work_turns else {}
+        reply = client.chat.completions.create(model=model, messages=messages, **{**extra, **limit})
         text = reply.choices[0].message.content or ""
         messages.append({"role": "assistant", "content": text})
         if turn == work_turns:
@@ -215,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         "--work-turns", type=int, default=0, help="note-taking turns before the answer (no tools)"
     )
     ap.add_argument("--title", action="store_true", help="make a title side call first")
+    ap.add_argument("--note-tokens", type=int, default=None, help="response limit of the work turns")
     args = ap.parse_args(argv)
     try:
         if args.work_turns > 0 or args.title:
@@ -223,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
                 for k, v in (("temperature", args.temperature), ("max_tokens", args.max_tokens))
                 if v is not None
             }
-            code, answer = run_notes(args.task, args.model, args.work_turns, extra, args.title)
+            code, answer = run_notes(
+                args.task, args.model, args.work_turns, extra, args.title, args.note_tokens
+            )
         else:
             code, answer = run(
                 args.task, args.model, args.max_turns, args.bash_timeout, args.temperature, args.max_tokens
