@@ -21,7 +21,7 @@ import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
 from polar_pl.datamodule.collate import TrainBatch, collate
-from polar_pl.datamodule.pools import PoolSizes
+from polar_pl.datamodule.pools import INFRA_FAILURE, PoolSizes
 from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
 from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.datamodule.service import Group, RolloutService
@@ -269,12 +269,20 @@ class RolloutDataModule(L.LightningDataModule):
         return bool(versions) and current - min(versions) > self.max_staleness
 
     def _metrics(self, groups: list[Group], rows: list[TrajectoryRow], batch: TrainBatch, wait_s: float):
-        results = [r for g in groups for r in g.results]
+        every = [r for g in groups for r in g.results]
+        # infrastructure failures say nothing about the policy: out of the reward statistics
+        results = [r for r in every if _infra_kind(r) is None]
         rewards = [r.reward for r in results]
+        infra = Counter(k for r in every if (k := _infra_kind(r)) is not None)
         m: dict[str, float] = {
+            "rollout/infra_failures": float(sum(infra.values())),
+            **{f"rollout/infra_failures/{kind}": float(n) for kind, n in infra.items()},
             "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
             "rollout/pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
-            "rollout/sessions": len(results),
+            # share of attempts the evaluator caught reaching for the evaluation itself (reward 0)
+            "rollout/tampering": sum(r.info.get("eval_status") == "tampering" for r in results) / len(results)
+            if results else 0.0,
+            "rollout/sessions": len(every),
             "rollout/rows": len(rows),
             "rollout/trainable_tokens": sum(r.num_trainable for r in rows),
             "rollout/wait_s": wait_s,
@@ -356,6 +364,16 @@ def _has_signal(rows: Sequence[TrajectoryRow]) -> bool:
     """Whether the task rollouts of a group's rows scored differently (side rows do not count)."""
     rewards = {r.rollout_id: r.reward for r in rows if r.meta.get("call_kind") != "side"}
     return len(rewards) > 1 and max(rewards.values()) - min(rewards.values()) > 1e-8
+
+
+def _infra_kind(result) -> str | None:
+    """The infrastructure failure of an attempt: a sandbox one (its kind), a harness error the
+    records blame on the engine or gateway ("harness"), or None (the policy's own attempt)."""
+    if result.status == INFRA_FAILURE:
+        return result.info.get("infra_kind", "unknown")
+    if result.info.get("harness_error") == "infra":
+        return "harness"
+    return None
 
 
 class _Batches(IterableDataset):

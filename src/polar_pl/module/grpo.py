@@ -73,7 +73,7 @@ class GRPOModule(L.LightningModule):
     temperature: the sampling temperature of calls that record no sampling settings (the trainer
         otherwise uses each call's recorded temperature / top_p / top_k).
     lr_scheduler: fn(optimizer) -> an LR scheduler stepped after every optimiser step, or None.
-    weight_sync: a WeightSync (bound to the datamodule's engine in on_fit_start if unbound), or None.
+    weight_sync: a WeightSync (bound to the datamodule's `push_target()` in on_fit_start if unbound), or None.
     """
 
     def __init__(
@@ -161,16 +161,22 @@ class GRPOModule(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.lr_scheduler(opt), "interval": "step"}}
 
     def bind_engine(self, engine: Any) -> None:
-        """Point the weight sync at the engine (the datamodule owns it). on_fit_start does this
-        itself from `trainer.datamodule.engine` when the sync is still unbound."""
+        """Point the weight sync at a push target by hand; on_fit_start binds the datamodule's
+        `push_target()` when the sync is still unbound, so this is only for custom loops."""
         if self.weight_sync is not None:
             self.weight_sync.bind(engine)
 
     def on_fit_start(self) -> None:
-        dm = getattr(self.trainer, "datamodule", None)
-        engine = getattr(dm, "engine", None)
-        if self.weight_sync is not None and self.weight_sync.engine is None and engine is not None:
-            self.weight_sync.bind(engine)
+        # The datamodule's push target pauses the gateway around each push and tells it the new
+        # policy version; the raw engine would do neither, so there is no fallback to it.
+        if self.weight_sync is not None and self.weight_sync.engine is None:
+            dm = getattr(self.trainer, "datamodule", None)
+            if not callable(getattr(dm, "push_target", None)):
+                raise ValueError(
+                    "module.weight_sync is unbound and the datamodule has no push_target(): fit with a "
+                    "RolloutDataModule, or bind_engine(...) before fit"
+                )
+            self.weight_sync.bind(dm.push_target())
         if self.optimizer_steps and self.weight_sync is not None:
             # Resumed (Lightning restores the weights before this hook): the engine started from the
             # initial checkpoint, so it must receive the trained weights before the first rollout.
