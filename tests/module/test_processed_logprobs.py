@@ -27,7 +27,7 @@ def sessions(engine, tiny_model_dir, tmp_path_factory):
 
 def test_processed_logprobs_match_the_trainer(tiny_model_dir, sessions) -> None:
     m = trainer_gap(tiny_model_dir, sessions)
-    print(f"embedded, T=0.7 top_p=0.5: gap {m["train/logprob_gap_mean"]:.2e}")
+    print(f"embedded, T=0.7 top_p=0.5: gap {m['train/logprob_gap_mean']:.2e}")
     assert m["train/logprob_gap_mean"] < 0.01
     assert m["train/ratio_p05"] > 0.98 and m["train/ratio_p95"] < 1.02
 
