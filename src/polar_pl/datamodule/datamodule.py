@@ -215,12 +215,11 @@ class RolloutDataModule(L.LightningDataModule):
     def _metrics(self, groups: list[Group], rows: list[TrajectoryRow], batch: TrainBatch, wait_s: float):
         results = [r for g in groups for r in g.results]
         rewards = [r.reward for r in results]
+        tampered = sum(r.info.get("eval_status") == "tampering" for r in results)  # caught by the evaluator
         m: dict[str, float] = {
             "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
             "rollout/pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
-            # share of attempts the evaluator caught reaching for the evaluation itself (reward 0)
-            "rollout/tampering": sum(r.info.get("eval_status") == "tampering" for r in results) / len(results)
-            if results else 0.0,
+            "rollout/tampering": tampered / len(results) if results else 0.0,
             "rollout/sessions": len(results),
             "rollout/rows": len(rows),
             "rollout/trainable_tokens": sum(r.num_trainable for r in rows),
