@@ -6,16 +6,13 @@ import os
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-CAPTURES = SHARED / "fixtures" / "harness-captures"
+from fixture_paths import REPO, TINY_MODEL
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The tiny model directory ($POLAR_TINY_MODEL, else .cache/tiny-model), built if absent."""
-    path = Path(os.environ.get("POLAR_TINY_MODEL", REPO / ".cache" / "tiny-model"))
+    path = TINY_MODEL
     if not (path / "config.json").exists():
         from polar_pl.tinymodel.build import build_tiny_model
 
@@ -23,5 +20,25 @@ def tiny_model_dir() -> Path:
     return path
 
 
-# The real Docker engine and the offline base image, shared by the sandbox, harness and task tests.
-from polar_pl.sandbox.testing import docker_engine, docker_image, no_sandbox_leftovers  # noqa: E402, F401
+# The real Docker engine and the offline base image, shared by the sandbox, harness and task tests;
+# a second (TLS, TCP) engine as the remote host, a local registry, per-task images built here.
+from polar_pl.testing.hosts import dep_images, registry, remote_docker_engine  # noqa: F401
+from polar_pl.testing.sandbox import docker_engine, docker_image, no_sandbox_leftovers  # noqa: F401
+
+
+@pytest.fixture(scope="session")
+def short_run(tiny_model_dir, tmp_path_factory) -> tuple[Path, str]:
+    """A real two-step `python train.py debug=fast logger=default` run (W&B offline): its
+    directory (traces.db, rollouts.jsonl, csv/, plots/, wandb/) and everything it printed.
+    Shared by the monitor and viewer tests."""
+    import subprocess
+    import sys
+
+    run = tmp_path_factory.mktemp("short_run") / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "train.py", "debug=fast", "steps=2", "logger=default", f"hydra.run.dir={run}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return run, proc.stdout + proc.stderr

@@ -4,16 +4,16 @@ and tear everything down in `finally` (engine, gateway, pools, sandboxes, logger
 from __future__ import annotations
 
 from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
 from polar_pl.datamodule.progress import LiveProgress
+from polar_pl.monitor.noise import quiet
 
 
 def build_parts(cfg: DictConfig) -> dict[str, Any]:
@@ -30,6 +30,7 @@ def build_parts(cfg: DictConfig) -> dict[str, Any]:
     )
     return {
         "harness": harness,
+        "sandbox": sandbox,
         "tasks": tasks,
         "evaluator": evaluator,
         "engine": engine,
@@ -39,23 +40,26 @@ def build_parts(cfg: DictConfig) -> dict[str, Any]:
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit GRPO on rollouts; returns the final logged metrics."""
-    L.seed_everything(cfg.seed, workers=True)
-    out_dir = Path(cfg.trainer.default_root_dir)
+    quiet()
+    if cfg.get("torch_threads"):
+        torch.set_num_threads(int(cfg.torch_threads))
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    if cfg.get("warm_start"):  # a CLI harness's model: warm-started inside that CLI's request
+        from polar_pl.tinymodel.build import ensure_harness_model
+
+        ws = cfg.warm_start
+        ensure_harness_model(
+            cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes
+        )
     parts = build_parts(cfg)
     dm: RolloutDataModule = parts["datamodule"]
     loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.get("logger") else []
     try:
         module = instantiate(cfg.module)
-        module.bind_engine(dm.push_target())
-        checkpoints = ModelCheckpoint(
-            dirpath=out_dir / "checkpoints",
-            every_n_train_steps=cfg.checkpoint_every,
-            save_last=True,
-            save_top_k=-1,
-        )
-        trainer: L.Trainer = instantiate(
-            cfg.trainer, logger=loggers, callbacks=[CommitBatches(), checkpoints]
-        )
+        # CommitBatches after the configured callbacks: Lightning moves checkpointing last, so a
+        # checkpoint always holds the batch just committed.
+        callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
+        trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=[*callbacks, CommitBatches()])
         for lg in loggers:
             lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
         with LiveProgress(dm.live_metrics, title="rollouts") if dm.progress else nullcontext():
@@ -63,9 +67,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
         return {k: float(v) for k, v in trainer.logged_metrics.items()}
     finally:
         dm.teardown()
-        close = getattr(parts["evaluator"], "close", None)
-        if close is not None:
-            close()
+        for part in ("evaluator", "sandbox"):  # the evaluator first: its sandboxes use the factory's hosts
+            close = getattr(parts[part], "close", None)
+            if close is not None:
+                close()
         for lg in loggers:
             finalize = getattr(lg, "finalize", None)
             if finalize is not None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from polar_pl.datamodule.datamodule import RolloutDataModule
-from polar_pl.datamodule.pools import FAILED, OK, TIMEOUT
+from polar_pl.datamodule.pools import FAILED, HARNESS_ERROR, TIMEOUT
 from polar_pl.datamodule.trajectory import PrefixBuilder
 from polar_pl.engine.embedded import EmbeddedEngine
 from polar_pl.harness.mini import Mini
@@ -36,6 +36,15 @@ class CrashBeforeCall(Mini):
         return dataclasses.replace(p, argv=("bash", "-c", "echo boom >&2; exit 3"))
 
 
+class AnswerWithoutCall(Mini):
+    """A harness that answers at once (exit 0, no model call): its run is always evaluated."""
+
+    def plan(self, session, prompt, paths):
+        p = super().plan(session, prompt, paths)
+        script = "mkdir -p .polar && echo HELLO > .polar/answer.txt"
+        return dataclasses.replace(p, argv=("bash", "-c", script))
+
+
 class CrashingEvaluator:
     def __init__(self, inner):
         self.inner = inner
@@ -50,7 +59,9 @@ class CrashingEvaluator:
         self.inner.discard(handle)
 
 
-def make_dm(tiny_model_dir, tmp_path: Path, *, harness=None, evaluator_wrap=None, tasks=2, **kw) -> RolloutDataModule:
+def make_dm(
+    tiny_model_dir, tmp_path: Path, *, harness=None, evaluator_wrap=None, tasks=2, **kw
+) -> RolloutDataModule:
     source = LearnableTaskSource(n_tasks=tasks)
     sandbox = partial(LocalSandbox, base_dir=str(tmp_path / "sbx"))
     (tmp_path / "sbx").mkdir(exist_ok=True)
@@ -82,7 +93,9 @@ def assert_nothing_left(tmp_path: Path) -> None:
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                where = os.readlink(proc / "cwd") + " " + (proc / "cmdline").read_bytes().decode(errors="replace")
+                where = (
+                    os.readlink(proc / "cwd") + " " + (proc / "cmdline").read_bytes().decode(errors="replace")
+                )
             except OSError:
                 continue
             if root in where:
@@ -95,14 +108,26 @@ def results(dm: RolloutDataModule, n: int = 1):
 
 
 def test_full_batch_of_groups(tiny_model_dir, tmp_path):
+    """A batch of two groups through the real stack. Its merge ratios come from the summed counts:
+    they were summed over sessions (compression ratio 16 for 16 one-call sessions)."""
     dm = make_dm(tiny_model_dir, tmp_path)
     dm.setup()
     try:
         batch = dm.next_batch(timeout=240)
         m = dm.last_metrics
+        groups = dm.last_groups
     finally:
         dm.teardown()
     assert len(set(batch.group_ids)) == 2 and len(set(batch.rollout_ids)) == 4
+    assert m["merge/compression_ratio"] == pytest.approx(m["merge/call_tokens"] / m["merge/row_tokens"])
+    assert m["merge/calls_per_row"] == pytest.approx(
+        (m["merge/calls"] - m["merge/skipped_calls"]) / m["merge/rows"]
+    )
+    assert {g.group_id for g in groups} == set(batch.group_ids)
+    assert all(r.info["session_id"] for g in groups for r in g.results)
+    for stage in ("init", "running", "postrun"):
+        assert m[f"time/session_{stage}_s"] > 0
+        assert 0.0 <= m[f"rollout/busy_{stage}"] <= 1.0
     assert batch.num_rows >= 4
     assert batch.loss_mask.sum() > 0
     sampled = batch.loss_mask.bool()
@@ -111,16 +136,30 @@ def test_full_batch_of_groups(tiny_model_dir, tmp_path):
     assert (batch.policy_version[sampled] == 0).all()
     assert 0.0 <= m["rollout/reward_mean"] <= 1.0
     assert m["rollout/tampering"] == 0.0  # honest attempts (issue 13: caught ones count here)
-    assert m["datamodule/sessions_ok"] == 4
+    # a random tiny model may call tools on both of its 2 turns: the mini agent then exits 3 (out of
+    # turns), a policy-caused harness_error that still trains (reward 0), never an infra mask
+    assert m.get("datamodule/sessions_ok", 0) + m.get("datamodule/sessions_harness_error", 0) == 4
     assert m["merge/calls"] >= 4
+    # ratios come from summed counts, not summed per session (which logged 8.0 for a true 1.0)
+    assert m["merge/compression_ratio"] == pytest.approx(m["merge/call_tokens"] / m["merge/row_tokens"])
+    assert m["merge/calls_per_row"] == pytest.approx(
+        (m["merge/calls"] - m["merge/skipped_calls"]) / m["merge/rows"]
+    )
+    assert m["merge/sessions"] == 4
     assert "pool/running_busy" in m
     assert_nothing_left(tmp_path)
 
 
 def test_hanging_harness_times_out_and_keeps_its_partial_trajectory(tiny_model_dir, tmp_path):
     pools = {"init": 2, "ready": 2, "running": 2, "postrun": 2, "run_timeout_s": 20}
-    dm = make_dm(tiny_model_dir, tmp_path, harness=HangAfterCall(max_turns=1, max_tokens=8), pools=pools,
-                 group_size=2, groups_per_step=1)
+    dm = make_dm(
+        tiny_model_dir,
+        tmp_path,
+        harness=HangAfterCall(max_turns=1, max_tokens=8),
+        pools=pools,
+        group_size=2,
+        groups_per_step=1,
+    )
     dm.setup()
     try:
         dm._start_service()
@@ -145,13 +184,18 @@ def test_crashing_harness_is_recorded_and_the_pools_go_on(tiny_model_dir, tmp_pa
         dm.teardown()
     assert len(res) == 4
     for r in res:
-        assert r.status == OK and r.info["exit_code"] == 3 and r.info["calls"] == 0
-        assert r.reward == 0.0 and not r.rows
+        # a start-up crash is infrastructure: masked, and its output is not an answer
+        assert r.status == HARNESS_ERROR and r.info["harness_error"] == "infra" and r.info["masked"]
+        assert r.info["exit_code"] == 3 and r.info["calls"] == 0 and "boom" in r.error
+        assert r.reward == 0.0 and not r.rows and "eval_status" not in r.info
     assert_nothing_left(tmp_path)
 
 
 def test_crashing_evaluator_fails_the_attempt_with_its_reason(tiny_model_dir, tmp_path):
-    dm = make_dm(tiny_model_dir, tmp_path, evaluator_wrap=CrashingEvaluator, groups_per_step=1)
+    # the harness answers without a call: a random model's out-of-turns run is a harness error and
+    # never reaches the evaluator
+    dm = make_dm(tiny_model_dir, tmp_path, harness=AnswerWithoutCall(max_tokens=8),
+                 evaluator_wrap=CrashingEvaluator, groups_per_step=1)
     dm.setup()
     try:
         dm._start_service()
@@ -222,3 +266,25 @@ def test_resume_continues_the_task_cursor(tiny_model_dir, tmp_path):
     finally:
         dm2.teardown()
     assert batch.group_ids[0].endswith(f"-g{1 - done}")  # the untrained one, never the trained one
+
+
+def test_infra_failures_are_counted_by_kind_and_kept_out_of_the_reward(tiny_model_dir, tmp_path):
+    """A batch's metrics count infrastructure failures per kind; they do not drag reward_mean down."""
+    from types import SimpleNamespace
+
+    from polar_pl.datamodule.pools import FAILED, INFRA_FAILURE, OK, RolloutResult
+    from polar_pl.datamodule.service import Group
+
+    dm = make_dm(tiny_model_dir, tmp_path)  # not set up: only the metrics are exercised
+    group = Group("g0", 0, "t", (
+        RolloutResult("r0", "g0", "t", OK, 1.0),
+        RolloutResult("r1", "g0", "t", INFRA_FAILURE, 0.0, info={"infra_kind": "image"}),
+        RolloutResult("r2", "g0", "t", INFRA_FAILURE, 0.0, info={"infra_kind": "exec"}),
+        RolloutResult("r3", "g0", "t", FAILED, 0.0),
+        RolloutResult("r4", "g0", "t", "harness_error", 0.0, info={"harness_error": "infra"}),
+    ))  # fmt: skip
+    m = dm._metrics([group], [], SimpleNamespace(padding_waste=0.0), 0.0)
+    assert m["rollout/infra_failures"] == 3 and m["rollout/infra_failures/image"] == 1
+    assert m["rollout/infra_failures/exec"] == 1 and m["rollout/infra_failures/harness"] == 1
+    assert m["rollout/sessions"] == 5
+    assert m["rollout/reward_mean"] == 0.5  # over the OK and FAILED attempts only

@@ -48,8 +48,14 @@ class SimStages:
         if job.task == "evalcrash":
             raise RuntimeError("evaluator crashed")
         return RolloutResult(
-            job.rollout_id, job.group_id, str(job.task), job.status, float(job.state.get("answer", 0)),
-            error=job.error, failed_stage=job.failed_stage, info={"partial": "answer" not in job.state},
+            job.rollout_id,
+            job.group_id,
+            str(job.task),
+            job.status,
+            float(job.state.get("answer", 0)),
+            error=job.error,
+            failed_stage=job.failed_stage,
+            info={"partial": "answer" not in job.state},
         )
 
     async def cleanup(self, job: RolloutJob) -> None:
@@ -57,8 +63,40 @@ class SimStages:
             self.cleaned[job.rollout_id] += 1
 
 
+class BlockingStages(SimStages):
+    """RUNNING and POSTRUN block in worker threads, as the real stages do (subprocess, HTTP)."""
+
+    def __init__(self, barrier: threading.Barrier):
+        super().__init__()
+        self.barrier = barrier
+
+    async def run(self, job: RolloutJob) -> None:
+        await asyncio.to_thread(self.barrier.wait)
+        job.state["answer"] = job.member
+
+    async def postrun(self, job: RolloutJob) -> RolloutResult:
+        await asyncio.to_thread(time.sleep, 0.01)
+        return await super().postrun(job)
+
+
+def test_every_stage_worker_gets_a_thread():
+    """RUNNING 8 wide on a 2-core machine: each harness run blocks a thread, and the event loop's
+    default executor (cpu_count + 4 = 6 threads) starved the rest: runs queued behind each other and
+    POSTRUN waited a minute for a thread. All 8 runs must be in their threads at once."""
+    barrier = threading.Barrier(8, timeout=20)
+    sizes = PoolSizes(init=4, ready=8, running=8, postrun=4, run_timeout_s=60, cancel_grace_s=1)
+    svc = make(BlockingStages(barrier), ["a"], g=8, sizes=sizes).start()
+    try:
+        (group,) = svc.next_groups(1, timeout=60)
+    finally:
+        svc.stop()
+    assert group.complete and all(r.status == OK for r in group.results), [r.error for r in group.results]
+
+
 def make(stages, tasks, g=4, **kw):
-    sizes = kw.pop("sizes", PoolSizes(init=2, ready=2, running=3, postrun=2, run_timeout_s=0.3, cancel_grace_s=0.1))
+    sizes = kw.pop(
+        "sizes", PoolSizes(init=2, ready=2, running=3, postrun=2, run_timeout_s=0.3, cancel_grace_s=0.1)
+    )
     return RolloutService(stages, tasks, group_size=g, sizes=sizes, **kw)
 
 
@@ -158,3 +196,51 @@ def test_state_dict_resumes_the_task_cursor():
 def test_empty_task_source_is_a_clear_error():
     with pytest.raises(ValueError, match="task source is empty"):
         make(SimStages(), [])
+
+
+def test_infrastructure_failures_are_their_own_status_and_counted_by_kind():
+    from polar_pl.datamodule.pools import INFRA_FAILURE
+    from polar_pl.sandbox.infra import InfraError
+
+    class Infra(SimStages):
+        async def init(self, job):
+            await super().init(job)
+            if job.task == "nostart":
+                raise InfraError("start", "engine refused the container")
+
+        async def run(self, job):
+            if job.task == "hostgone":
+                raise InfraError("exec", "the exec stream broke")
+            await super().run(job)
+
+    svc = make(Infra(), ["nostart", "hostgone", "ok"], g=2).start()
+    try:
+        nostart, hostgone, ok = svc.next_groups(3, timeout=30)
+        metrics = svc.metrics()
+    finally:
+        svc.stop()
+    assert [(r.status, r.failed_stage, r.info.get("infra_kind")) for r in nostart.results] == [
+        (INFRA_FAILURE, "init", "start")] * 2  # fmt: skip
+    assert all(r.status == INFRA_FAILURE and r.failed_stage == "running" for r in hostgone.results)
+    assert all(r.status == OK for r in ok.results)
+    assert metrics["pool/infra_failures/start"] == 2 and metrics["pool/sessions_infra_failure"] == 4
+
+
+def test_the_service_hands_the_tasks_ahead_of_its_cursor_to_prefetch():
+    class Prefetching(SimStages):
+        prefetch_depth = 2
+
+        def __init__(self):
+            super().__init__()
+            self.asked: list[list[str]] = []
+
+        def prefetch(self, tasks):
+            self.asked.append(list(tasks))
+
+    stages = Prefetching()
+    svc = make(stages, ["a", "b", "c"], g=1, limit=3).start()
+    try:
+        svc.next_groups(3, timeout=30)
+    finally:
+        svc.stop()
+    assert stages.asked == [["a", "b", "c"], ["b", "c"], ["c"]]  # seq, the next 2, never past limit

@@ -8,19 +8,18 @@ is the tiny model trained to answer the tool request with a hermes tool call (co
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from polar_pl.engine.embedded import EmbeddedEngine
-from polar_pl.engine.vllm_engine import VLLMEngine, vllm_python
+from polar_pl.engine.vllm_engine import VLLMEngine, vllm_installed, vllm_python
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
-        not Path(vllm_python()).exists(),
+        not vllm_installed(),
         reason=f"vLLM CPU build not installed at $POLAR_VLLM_PYTHON={vllm_python()} (make vllm-env installs it)",
     ),
 ]

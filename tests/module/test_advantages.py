@@ -1,4 +1,4 @@
-"""Advantages, rollout plumbing and zero-variance filtering against values computed by hand."""
+"""Advantages and zero-variance filtering against values computed by hand."""
 
 from __future__ import annotations
 
@@ -7,13 +7,7 @@ import math
 import pytest
 import torch
 
-from polar_pl.module.advantages import (
-    group_mean,
-    leave_one_out,
-    nonzero_variance_groups,
-    rollout_rewards,
-    rollout_row_weights,
-)
+from polar_pl.module.advantages import group_mean, leave_one_out, nonzero_variance_groups
 
 T = torch.tensor
 
@@ -45,22 +39,24 @@ def test_leave_one_out() -> None:
     )
 
 
-def test_rollout_rewards_collapse_rows() -> None:
-    rewards, group = rollout_rewards(T([1.0, 1.0, 0.0]), T([0, 0, 2]), T([0, 0, 1]))
-    assert rewards.tolist() == [1.0, 0.0, 0.0] and group.tolist() == [0, -1, 1]
-    with pytest.raises(ValueError, match="disagree"):
-        rollout_rewards(T([1.0, 0.5]), T([0, 0]), T([0, 0]))
-
-
-def test_row_weights_split_rollout_weighs_once() -> None:
-    assert rollout_row_weights(T([0, 0, 1])).tolist() == [0.5, 0.5, 1.0]
-    # A row without trainable tokens neither weighs nor dilutes its sibling.
-    assert rollout_row_weights(T([0, 0, 1]), T([True, False, True])).tolist() == [1.0, 0.0, 1.0]
-
-
 def test_nonzero_variance_groups() -> None:
     rewards = T([1.0, 1.0, 0.0, 1.0, 5.0, 0.3, 0.3])
     group = T([0, 0, 1, 1, 2, -1, 3])
     # group 0 all equal, group 1 spread, group 2 alone, index 5 has no rows, group 3 alone.
     assert nonzero_variance_groups(rewards, group).tolist() == [False, False, True, True, False, False, False]
     assert nonzero_variance_groups(T([0.0, 1e-12]), T([0, 0])).tolist() == [False, False]
+
+
+def test_eps_keeps_a_near_zero_spread_finite() -> None:
+    """A group whose rewards differ by 1e-6 is divided by std + eps, not by ~0."""
+    r, g = T([0.0, 1e-6]), T([0, 0])
+    std = math.sqrt(2 * (0.5e-6) ** 2)
+    a = 0.5e-6 / (std + 1e-6)
+    assert group_mean(r, g).tolist() == pytest.approx([-a, a], rel=1e-3)
+    assert leave_one_out(r, g, std_normalize=True).tolist() == pytest.approx([-2 * a, 2 * a], rel=1e-3)
+
+
+def test_variance_filter_tolerance_is_strict() -> None:
+    assert nonzero_variance_groups(T([0.0, 0.5, 0.0, 0.75]), T([0, 0, 1, 1]), tol=0.5).tolist() == [
+        False, False, True, True,
+    ]  # fmt: skip

@@ -14,20 +14,20 @@ from pathlib import Path
 
 import datasets
 import pytest
+from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from rich.console import Console
 from sft_upstream import solver
 
-from polar_pl.engine.scripted import serve_scripted
-from polar_pl.gateway.store import read_records
+from polar_pl.gateway.store.traces import read_records
 from polar_pl.harness.mini_agent import TOOLS
 from polar_pl.sft import generate
 from polar_pl.tasks.builtin import load_suite
+from polar_pl.testing.scripted import serve_scripted
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 TASKS = ["calc-1", "graphkit-3", "strkit-1"]
 SOLVED = {"calc-1", "graphkit-3"}
 GROUP_SIZE = 2
@@ -63,7 +63,7 @@ def sft_cfg(upstream, out_dir: Path, tiny_model_dir: Path, *extra: str):
         f"sft.output_dir={out_dir}",
         *extra,
     ]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = compose(config_name="sft", overrides=overrides, return_hydra_config=True)
     HydraConfig().set_config(cfg)
     return cfg

@@ -21,11 +21,12 @@ import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
 from polar_pl.datamodule.collate import TrainBatch, collate
-from polar_pl.datamodule.pools import PoolSizes
+from polar_pl.datamodule.pools import INFRA_FAILURE, PoolSizes
 from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
 from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.datamodule.service import Group, RolloutService
-from polar_pl.gateway.gateway import Gateway
+from polar_pl.datamodule.trajectory import MergeStats
+from polar_pl.gateway.handle import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,13 @@ class RolloutDataModule(L.LightningDataModule):
     sandbox: a zero-argument factory returning a fresh Sandbox (Hydra `_partial_: true`).
     tasks: an indexable task source; evaluator: scores attempts; builder: the merge strategy.
     groups_per_step: GRPO groups per batch; group_size: attempts per task (G).
-    max_staleness: rows whose oldest sampled token is more than this many policy versions behind
-        the engine are dropped (and counted); None keeps everything.
+    max_staleness: a rollout whose oldest sampled token is more than this many policy versions
+        behind the engine is dropped whole (all its rows, counted); None keeps everything.
+    stale_unit: "rollout" drops the stale rollouts of a group; "group" drops the whole group when
+        any of its rollouts is stale (its baseline is then never computed on survivors).
+    dynamic_sampling: DAPO's dynamic sampling: a group whose rollouts all scored the same carries
+        no GRPO signal, so more groups are drawn until `groups_per_step` groups with signal are in
+        the batch, or `max_groups_drawn` groups were drawn (null: 4 x groups_per_step).
     gateway_options: passed to the gateway; by default it gets the engine's model directory as
         `tokenizer_dir`, which turns token-faithful prompts on (both engines take token prompts).
     pause_on_push: while new weights are pushed, new engine calls wait at the gateway; "drain"
@@ -61,6 +67,9 @@ class RolloutDataModule(L.LightningDataModule):
         max_groups_in_flight: int | None = None,
         group_deadline_s: float | None = None,
         max_staleness: int | None = 1,
+        stale_unit: str = "rollout",
+        dynamic_sampling: bool = False,
+        max_groups_drawn: int | None = None,
         options: RolloutOptions | dict[str, Any] | None = None,
         collate_mode: str = "pack",
         token_budget: int | None = None,
@@ -76,12 +85,18 @@ class RolloutDataModule(L.LightningDataModule):
         self.sizes = pools if isinstance(pools, PoolSizes) else PoolSizes(**(pools or {}))
         self.max_groups_in_flight = max_groups_in_flight or 2 * groups_per_step
         self.group_deadline_s, self.max_staleness = group_deadline_s, max_staleness
+        if stale_unit not in ("rollout", "group"):
+            raise ValueError(f"datamodule.stale_unit={stale_unit!r}: allowed values are rollout, group")
+        self.stale_unit, self.dynamic_sampling = stale_unit, dynamic_sampling
+        self.max_groups_drawn = max_groups_drawn or 4 * groups_per_step
         self.options = options if isinstance(options, RolloutOptions) else RolloutOptions(**(options or {}))
         self.collate_mode, self.token_budget = collate_mode, token_budget
         self.store_path, self.gateway_options = store_path, dict(gateway_options or {})
         self.progress = progress
         if pause_on_push not in (None, "drain", "keep"):
-            raise ValueError(f"datamodule.pause_on_push={pause_on_push!r}: allowed values are drain, keep, null")
+            raise ValueError(
+                f"datamodule.pause_on_push={pause_on_push!r}: allowed values are drain, keep, null"
+            )
         self.pause_on_push = pause_on_push
         self.gateway: Gateway | None = None
         self.service: RolloutService | None = None
@@ -91,20 +106,27 @@ class RolloutDataModule(L.LightningDataModule):
         self._issued: deque[list[int]] = deque()
         self.batches_done = 0  # batches a training step consumed (survives resume)
         self._busy_mark = (0.0, 0.0)
+        self._stage_mark: tuple[float | None, dict[str, float]] = (None, {})
         self._batch_metrics: deque[dict[str, float]] = deque()
+        self._batch_groups: deque[list[Group]] = deque()
+        self.wait_total_s = 0.0  # trainer time spent blocked on rollouts, over the run
 
     # ---- lifecycle ------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
         if self.gateway is not None:
             return
         try:
+            t0 = time.monotonic()
             self.engine.start()
+            log.info("engine ready: %s at %s (%.1f s)", type(self.engine).__name__, self.engine.url,
+                     time.monotonic() - t0)  # fmt: skip
             store = self.store_path or self._tmp_store()
             options = dict(self.gateway_options)
             model_dir = getattr(self.engine, "model_dir", None)
             if model_dir is not None:
                 options.setdefault("tokenizer_dir", str(model_dir))
             self.gateway = Gateway([self.engine.url], store, **options).start()
+            log.info("gateway ready: %s, traces in %s", self.gateway.url, store)
         except BaseException:
             self.teardown()
             raise
@@ -125,6 +147,7 @@ class RolloutDataModule(L.LightningDataModule):
                 group_deadline_s=self.group_deadline_s,
                 **self._resume.get("service", {}),
             ).start()
+            self._stage_mark = (time.monotonic(), {})
         return self.service
 
     def teardown(self, stage: str | None = None) -> None:
@@ -157,29 +180,50 @@ class RolloutDataModule(L.LightningDataModule):
         return DataLoader(_Batches(self), batch_size=None, num_workers=0)
 
     def next_batch(self, timeout: float | None = None) -> TrainBatch:
-        """Take groups_per_step released groups, drop stale rows, collate. When every row was
-        dropped (all stale or failed), take the next groups instead of yielding an empty step.
-        The groups count as consumed (for resume) only when `commit_batch` says a step trained
-        on them."""
+        """Take groups_per_step released groups, drop stale rollouts, collate. Groups left without
+        rows (all stale or failed) are replaced by the next ones instead of yielding an empty
+        step; with dynamic sampling, so are groups without reward variance (up to
+        max_groups_drawn). The groups count as consumed (for resume) only when `commit_batch`
+        says a step trained on them."""
         service = self._start_service()
         t0 = time.monotonic()
         seqs: list[int] = []
         groups: list[Group] = []
         rows: list[TrajectoryRow] = []
-        while not rows:
-            taken = service.next_groups(self.groups_per_step, timeout=timeout, consume=False)
+        flat: list[TrajectoryRow] = []  # rows of groups without signal, trained only if nothing else came
+        kept = 0
+        while kept < self.groups_per_step:
+            taken = service.next_groups(self.groups_per_step - kept, timeout=timeout, consume=False)
             seqs += [g.seq for g in taken]
             groups += taken
-            rows = self._fresh_rows(taken)
-            if not rows:
+            for g in taken:
+                g_rows = self._fresh_rows([g])
+                if self.dynamic_sampling and g_rows and not _has_signal(g_rows):
+                    self.counters["groups_without_signal"] += 1
+                    flat += g_rows
+                elif g_rows:
+                    rows += g_rows
+                    kept += 1
+            if (
+                (rows and not self.dynamic_sampling)
+                or len(groups) >= self.max_groups_drawn
+                and (rows or flat)
+            ):
+                break
+            if not rows and not flat:
                 self.counters["batches_without_rows"] += 1
+        rows = rows or flat
         wait_s = time.monotonic() - t0
+        self.wait_total_s += wait_s
         budget = self.token_budget or max(len(r.input_ids) for r in rows)
         batch = collate(
             rows, mode=self.collate_mode, token_budget=budget, pad_id=getattr(self.engine, "pad_token_id", 0)
         )
         self._issued.append(seqs)
-        self._batch_metrics.append(self._metrics(groups, rows, batch, wait_s))
+        metrics = self._metrics(groups, rows, batch, wait_s)
+        metrics["rollout/groups_drawn"] = float(len(groups))
+        self._batch_metrics.append(metrics)
+        self._batch_groups.append(groups)
         return batch
 
     def live_metrics(self) -> dict[str, float]:
@@ -192,50 +236,80 @@ class RolloutDataModule(L.LightningDataModule):
         (Lightning fetches the next batch before training this one)."""
         return self._batch_metrics[0] if self._batch_metrics else {}
 
+    @property
+    def last_groups(self) -> list[Group]:
+        """The groups of the batch being trained now (the oldest not yet committed)."""
+        return self._batch_groups[0] if self._batch_groups else []
+
     def _fresh_rows(self, groups: list[Group]) -> list[TrajectoryRow]:
+        """The rows of `groups` without the stale rollouts (or groups, by `stale_unit`)."""
         current = self.engine.policy_version()
         rows: list[TrajectoryRow] = []
         for g in groups:
             self.counters["groups"] += 1
             self.counters["groups_incomplete"] += int(not g.complete)
-            for r in g.results:
+            stale = [self._stale(r.rows, current) for r in g.results]
+            if self.stale_unit == "group" and any(stale):
+                self.counters["groups_stale_dropped"] += 1
+                stale = [bool(r.rows) for r in g.results]
+            for r, is_stale in zip(g.results, stale, strict=True):
                 self.counters[f"sessions_{r.status}"] += 1
-                for row in r.rows:
-                    versions = [v for v, m in zip(row.policy_version, row.loss_mask) if m]
-                    if (
-                        self.max_staleness is not None
-                        and versions
-                        and current - min(versions) > self.max_staleness
-                    ):
-                        self.counters["rows_stale_dropped"] += 1
-                        continue
-                    rows.append(row)
+                if is_stale:
+                    self.counters["rollouts_stale_dropped"] += 1
+                    self.counters["rows_stale_dropped"] += len(r.rows)
+                else:
+                    rows.extend(r.rows)
         return rows
 
+    def _stale(self, rows: Sequence[TrajectoryRow], current: int) -> bool:
+        """A rollout is stale when its oldest sampled token is past max_staleness."""
+        if self.max_staleness is None:
+            return False
+        versions = [v for row in rows for v, m in zip(row.policy_version, row.loss_mask) if m]
+        return bool(versions) and current - min(versions) > self.max_staleness
+
     def _metrics(self, groups: list[Group], rows: list[TrajectoryRow], batch: TrainBatch, wait_s: float):
-        results = [r for g in groups for r in g.results]
+        every = [r for g in groups for r in g.results]
+        # infrastructure failures say nothing about the policy: out of the reward statistics
+        results = [r for r in every if _infra_kind(r) is None]
         rewards = [r.reward for r in results]
-        tampered = sum(r.info.get("eval_status") == "tampering" for r in results)  # caught by the evaluator
+        infra = Counter(k for r in every if (k := _infra_kind(r)) is not None)
         m: dict[str, float] = {
+            "rollout/infra_failures": float(sum(infra.values())),
+            **{f"rollout/infra_failures/{kind}": float(n) for kind, n in infra.items()},
             "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
             "rollout/pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
-            "rollout/tampering": tampered / len(results) if results else 0.0,
-            "rollout/sessions": len(results),
+            # share of attempts the evaluator caught reaching for the evaluation itself (reward 0)
+            "rollout/tampering": sum(r.info.get("eval_status") == "tampering" for r in results) / len(results)
+            if results else 0.0,
+            "rollout/sessions": len(every),
             "rollout/rows": len(rows),
             "rollout/trainable_tokens": sum(r.num_trainable for r in rows),
             "rollout/wait_s": wait_s,
             "rollout/padding_waste": batch.padding_waste,
         }
+        for stage in ("init", "running", "postrun"):  # per session, mean over the batch
+            spent = [r.timings[stage] for r in results if stage in r.timings]
+            if spent:
+                m[f"time/session_{stage}_s"] = sum(spent) / len(spent)
+        by_check: dict[str, list[float]] = {}
+        for g in groups:  # per answer check: a task family that mixes kinds shows each one
+            check = getattr(getattr(g.task, "answer_check", None), "kind", None)
+            if check:
+                by_check.setdefault(check, []).extend(r.reward for r in g.results)
+        m.update({f"rollout/reward_by_check/{k}": sum(v) / len(v) for k, v in by_check.items() if v})
         if len(rewards) > 1:
             mean = m["rollout/reward_mean"]
             m["rollout/reward_std"] = (sum((x - mean) ** 2 for x in rewards) / (len(rewards) - 1)) ** 0.5
-        merged: Counter[str] = Counter()
-        for r in results:
-            merged.update(r.info.get("merge", {}))
-        m.update({k: float(v) for k, v in merged.items()})
+        # Counts add up over sessions; ratios are recomputed from the sums (a sum of per-session
+        # ratios logged 8.0 for eight sessions whose true compression ratio was 1.0).
+        stats = [MergeStats.from_metrics(r.info["merge"]) for r in results if "merge" in r.info]
+        if stats:
+            m.update({k: float(v) for k, v in sum(stats, MergeStats()).to_metrics("merge").items()})
         m.update({f"datamodule/{k}": float(v) for k, v in self.counters.items()})
         if self.service is not None:
             m.update(self.service.metrics())
+            m.update(self._stage_busy(m))
         if self.gateway is not None:
             stats = self.gateway.stats()
             busy_s, up_s = stats.get("gateway/engine_busy_s", 0.0), stats.get("gateway/uptime_s", 0.0)
@@ -246,6 +320,16 @@ class RolloutDataModule(L.LightningDataModule):
             m.update({k: float(v) for k, v in stats.items() if isinstance(v, int | float)})
         return m
 
+    def _stage_busy(self, m: dict[str, float]) -> dict[str, float]:
+        """rollout/busy_<stage>: each stage pool's busy fraction since the last batch."""
+        now = time.monotonic()
+        busy = {s: m.get(f"pool/{s}_busy_s", 0.0) for s in ("init", "running", "postrun")}
+        last_t, last = self._stage_mark
+        self._stage_mark = (now, busy)
+        if last_t is None or now <= last_t:
+            return {}
+        return {f"rollout/busy_{s}": (busy[s] - last.get(s, 0.0)) / (now - last_t) for s in busy}
+
     def push_target(self) -> PausingEngine:
         """What the weight sync should push to: the engine, with the gateway paused meanwhile."""
         return PausingEngine(self)
@@ -254,6 +338,7 @@ class RolloutDataModule(L.LightningDataModule):
         """Called after a training step used the oldest issued batch (see `CommitBatches`)."""
         if self._batch_metrics:
             self._batch_metrics.popleft()
+            self._batch_groups.popleft()
         if self._issued and self.service is not None:
             self.service.mark_consumed(self._issued.popleft())
             self.batches_done += 1
@@ -273,6 +358,22 @@ class RolloutDataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume = dict(state_dict)
         self.batches_done = int(state_dict.get("batches_done", 0))
+
+
+def _has_signal(rows: Sequence[TrajectoryRow]) -> bool:
+    """Whether the task rollouts of a group's rows scored differently (side rows do not count)."""
+    rewards = {r.rollout_id: r.reward for r in rows if r.meta.get("call_kind") != "side"}
+    return len(rewards) > 1 and max(rewards.values()) - min(rewards.values()) > 1e-8
+
+
+def _infra_kind(result) -> str | None:
+    """The infrastructure failure of an attempt: a sandbox one (its kind), a harness error the
+    records blame on the engine or gateway ("harness"), or None (the policy's own attempt)."""
+    if result.status == INFRA_FAILURE:
+        return result.info.get("infra_kind", "unknown")
+    if result.info.get("harness_error") == "infra":
+        return "harness"
+    return None
 
 
 class _Batches(IterableDataset):

@@ -8,15 +8,18 @@ ahead it may run is bounded by `max_groups_in_flight`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from polar_pl.datamodule.pools import PoolSizes, RolloutJob, RolloutResult, RolloutStages, StagePools
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,7 @@ class RolloutService:
         self._taken: set[int] = set(skip_seqs)  # handed out (consumed or not): never fed again
         self.id_prefix = id_prefix or uuid.uuid4().hex[:6]
         self.late_results = 0
+        self._first_logged = False
         self._demand = 0
         self._ready: list[Group] = []
         self._cond = threading.Condition()
@@ -171,6 +175,12 @@ class RolloutService:
 
     async def _run(self) -> None:
         self._main_task = asyncio.current_task()
+        # Every stage worker may sit in asyncio.to_thread at once (a harness run blocks one for its
+        # whole length); the loop's default executor has only cpu_count + 4 threads, so on a small
+        # machine POSTRUN waited for RUNNING to free one.
+        workers = self.sizes.init + self.sizes.running + self.sizes.postrun + 2
+        executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout-stage")
+        asyncio.get_running_loop().set_default_executor(executor)
         self.pools = StagePools(self.stages, self.sizes)
         self.pools.start()
         pending: dict[str, _Pending] = {}
@@ -197,11 +207,20 @@ class RolloutService:
             if seq in self._taken:
                 continue
             task = self.tasks[seq % len(self.tasks)]
+            self._prefetch(seq)
             group_id = f"{self.id_prefix}-g{seq}"
             ids = [f"{group_id}-r{m}" for m in range(self.group_size)]
             pending[group_id] = _Pending(seq, task, ids, time.monotonic())
             for m, rid in enumerate(ids):
                 await self.pools.submit(RolloutJob(rid, group_id, task, member=m))
+
+    def _prefetch(self, seq: int) -> None:
+        """Hand the stages the tasks that come after `seq` (images pulled ahead of the cursor)."""
+        depth = int(getattr(self.stages, "prefetch_depth", 0) or 0)
+        if depth:
+            end = seq + 1 + depth if self.limit is None else min(seq + 1 + depth, self.limit)
+            upcoming = range(seq, end)
+            self.stages.prefetch([self.tasks[s % len(self.tasks)] for s in upcoming if s not in self._taken])
 
     async def _collect(self, pending: dict[str, _Pending]) -> None:
         assert self.pools is not None
@@ -211,6 +230,9 @@ class RolloutService:
             except TimeoutError:
                 result = None
             if result is not None:
+                if not self._first_logged:
+                    self._first_logged = True
+                    _log_first(result)
                 p = pending.get(result.group_id)
                 if p is None:
                     self.late_results += 1  # its group was released at the deadline already
@@ -236,6 +258,14 @@ class RolloutService:
         with self._cond:
             self._ready.append(group)
             self._cond.notify_all()
+
+
+def _log_first(result: RolloutResult) -> None:
+    stages = ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items() if k != "submitted")
+    log.info(
+        "first rollout: %s, reward %.3f (%s)%s", result.status, result.reward, stages,
+        f": {result.error}" if result.error else "",
+    )  # fmt: skip
 
 
 def run_groups(service_factory: Callable[[], RolloutService], n: int, timeout: float) -> list[Group]:

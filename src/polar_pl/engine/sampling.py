@@ -1,7 +1,11 @@
 """Next-token sampling for a batch of sequences with per-sequence settings (vLLM semantics).
 
-Logprobs are those of the raw model distribution (vLLM's default `raw_logprobs`), not of the
-temperature/top-p adjusted one; temperature < 1e-5 means greedy.
+Logprobs are those of the distribution actually sampled from: after temperature, top-k and top-p
+(vLLM's `--logprobs-mode processed_logprobs`, which polar_pl's vLLM launcher sets), so the
+behaviour logprobs a trace records describe the sampling policy and the trainer can rebuild it
+(module/logprobs.py calls `processed_logits` too). Temperature < 1e-5 means greedy; greedy rows
+report the raw distribution, as vLLM does. A tool-call grammar masks the logits before any of
+this (engine/scheduler.py), as vLLM's structured outputs do.
 """
 
 from __future__ import annotations
@@ -13,6 +17,61 @@ from polar_pl.engine.backend import SamplingParams, TokenLogprob
 _GREEDY_EPS = 1e-5
 
 
+@torch.no_grad()
+def sampling_filter(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor | None:
+    """(..., V) bool: tokens top-k then top-p remove from temperature-scaled logits, or None if
+    neither is on anywhere.
+
+    scaled: (..., V) float32 logits already divided by the temperature; top_k: (...) long (<= 0 or
+    >= V: off); top_p: (...) float in (0, 1]. vLLM's rules (`apply_top_k_top_p`): top-k keeps every
+    token tied with the k-th largest; top-p then renormalises over the survivors, sorts ascending
+    and drops the tokens whose cumulative mass is <= 1 - p, always keeping the most likely one.
+    """
+    vocab = scaled.shape[-1]
+    k_on = (top_k > 0) & (top_k < vocab)
+    p_on = top_p < 1.0
+    if not bool(k_on.any()) and not bool(p_on.any()):
+        return None
+    ordered, order = scaled.sort(dim=-1)  # ascending, as vLLM
+    k = torch.where(k_on, top_k, vocab).clamp(max=vocab)
+    kth = ordered.gather(-1, (vocab - k).unsqueeze(-1))
+    drop = ordered < kth
+    if bool(p_on.any()):
+        cum = ordered.masked_fill(drop, float("-inf")).softmax(dim=-1).cumsum(dim=-1)
+        drop |= cum <= (1.0 - top_p).unsqueeze(-1)
+        drop[..., -1] = False
+    return torch.empty_like(drop).scatter_(-1, order, drop)
+
+
+def processed_logits(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    keep: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The logits of the distribution actually sampled (vLLM's `processed_logprobs` mode).
+
+    logits: (..., V) float; temperature, top_p: (...) float; top_k: (...) long; keep: (...) long
+    token ids never filtered out, or None. Returns (..., V) float32: logits / temperature with the
+    `sampling_filter` tokens at -inf. Greedy positions (temperature < 1e-5) come back unscaled and
+    unfiltered: vLLM reports their raw logprobs. Differentiable in `logits` (the filter is a
+    constant). The trainer passes the sampled token as `keep`: a token sampled from the engine's
+    nucleus must not become -inf because the trainer's numerics put it just outside.
+    """
+    greedy = temperature < _GREEDY_EPS
+    temp = torch.where(greedy, 1.0, temperature).to(torch.float32)
+    scaled = logits.float() / temp.unsqueeze(-1)
+    drop = sampling_filter(
+        scaled.detach(), torch.where(greedy, -1, top_k), torch.where(greedy, 1.0, top_p).to(torch.float32)
+    )
+    if drop is None:
+        return scaled
+    if keep is not None:
+        drop = drop.scatter(-1, keep.unsqueeze(-1), False)
+    return scaled.masked_fill(drop, float("-inf"))
+
+
 def make_generator(params: SamplingParams, index: int, device: torch.device) -> torch.Generator | None:
     """A seeded generator per choice (seed + choice index), None for unseeded or greedy sampling."""
     if params.seed is None or params.temperature < _GREEDY_EPS:
@@ -20,21 +79,6 @@ def make_generator(params: SamplingParams, index: int, device: torch.device) -> 
     gen = torch.Generator(device=device)
     gen.manual_seed(params.seed + index)
     return gen
-
-
-def _filter_top_k_top_p(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """(V,) temperature-scaled logits with everything outside top-k / top-p set to -inf."""
-    if params.top_k > 0 and params.top_k < logits.numel():
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        drop = probs.cumsum(dim=-1) - probs >= params.top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
-    return logits
 
 
 def sample_batch(
@@ -53,18 +97,18 @@ def sample_batch(
     generator so their samples do not depend on what else is in the batch.
     """
     logits = logits.float()
-    logprobs = torch.log_softmax(logits, dim=-1)  # (B, V)
+    dev = logits.device
+    temps = torch.tensor([p.temperature for p in params], device=dev)
+    top_k = torch.tensor([p.top_k for p in params], device=dev)
+    top_p = torch.tensor([p.top_p for p in params], device=dev)
+    processed = processed_logits(logits, temps, top_k, top_p)  # (B, V); greedy rows: raw
+    logprobs = torch.log_softmax(processed, dim=-1)  # reported, as vLLM's processed_logprobs
     greedy = torch.argmax(logits, dim=-1)  # (B,)
     random_rows = [i for i, p in enumerate(params) if p.temperature >= _GREEDY_EPS]
     tokens = greedy.clone()
     if random_rows:
-        idx = torch.tensor(random_rows, device=logits.device)
-        temps = torch.tensor([params[i].temperature for i in random_rows], device=logits.device)
-        scaled = logits.index_select(0, idx) / temps.unsqueeze(1)  # (R, V)
-        for j, i in enumerate(random_rows):
-            if params[i].top_k > 0 or params[i].top_p < 1.0:
-                scaled[j] = _filter_top_k_top_p(scaled[j], params[i])
-        probs = torch.softmax(scaled, dim=-1)
+        idx = torch.tensor(random_rows, device=dev)
+        probs = torch.softmax(processed.index_select(0, idx), dim=-1)  # (R, V)
         # q = -log(u), u ~ U[0, 1): torch.rand is several times faster than exponential_ on CPU.
         u = torch.empty_like(probs)
         unseeded = [j for j, i in enumerate(random_rows) if generators[i] is None]

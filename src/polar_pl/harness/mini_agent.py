@@ -8,7 +8,8 @@ package) because it is copied into the sandbox and run there with the sandbox's 
         python mini_agent.py --model NAME --max-turns 20 --answer-file .polar/answer.txt "task"
 
 Loop: send the conversation with the tools; run every tool call the model makes and append its
-result; stop when the model answers without tool calls (or after --max-turns model calls). The
+result; stop when the model answers without tool calls (or after --max-turns model calls).
+With --work-turns N (and/or --title) it runs the note-taking loop instead (`run_notes`). The
 final assistant message is printed to stdout and written to --answer-file, where evaluators read it.
 Exit status: 0 answered, 3 max turns reached, 4 the API failed.
 """
@@ -168,6 +169,43 @@ def run(
     )
 
 
+NOTES_SYSTEM = "You are a careful assistant. Take short notes before you answer."
+# OpenCode's title prompt opening: the gateway tags this call as a side call (gateway/call/sidecalls.py).
+TITLE_SYSTEM = "You are a title generator. You output ONLY a thread title: a few words, nothing else."
+
+
+def run_notes(
+    task: str, model: str, work_turns: int, extra: dict, title: bool, note_tokens: int | None = None
+) -> tuple[int, str]:
+    """The note-taking loop (`--work-turns N`): ReAct-style text turns, no function calling.
+
+    Each of N work turns sends the conversation, keeps the reply as a note and answers it with an
+    observation (a user message restating the task: what a scratchpad tool would return); turn
+    N + 1 is the final answer. With `title`, a title call first, as OpenCode and Claude Code make.
+    note_tokens bounds the work turns' replies (the answer keeps the `max_tokens` in `extra`).
+    An untrained model never emits a well-formed function call, so this is how a multi-call
+    session with tool-result turns between sampled turns is run with one.
+    """
+    from openai import OpenAI
+
+    client = OpenAI(max_retries=2)
+    if title:
+        titled = [{"role": "system", "content": TITLE_SYSTEM}, {"role": "user", "content": task}]
+        client.chat.completions.create(model=model, messages=titled, **{**extra, "max_tokens": 8})
+    messages: list[dict] = [{"role": "system", "content": NOTES_SYSTEM}, {"role": "user", "content": task}]
+    for turn in range(work_turns + 1):
+        limit = {"max_tokens": note_tokens} if note_tokens and turn < work_turns else {}
+        reply = client.chat.completions.create(model=model, messages=messages, **{**extra, **limit})
+        text = reply.choices[0].message.content or ""
+        messages.append({"role": "assistant", "content": text})
+        if turn == work_turns:
+            return 0, text
+        last = turn + 1 == work_turns
+        nxt = "Now give your final answer." if last else "Write your next note."
+        messages.append({"role": "user", "content": f"Note {turn + 1} saved. The task: {task} {nxt}"})
+    return 0, ""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mini", description=__doc__.split("\n\n")[0])
     ap.add_argument("task", help="the task prompt")
@@ -177,11 +215,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--max-tokens", type=int, default=None, help="per-call response token limit")
     ap.add_argument("--answer-file", default=".polar/answer.txt")
+    ap.add_argument(
+        "--work-turns", type=int, default=0, help="note-taking turns before the answer (no tools)"
+    )
+    ap.add_argument("--title", action="store_true", help="make a title side call first")
+    ap.add_argument("--note-tokens", type=int, default=None, help="response limit of the work turns")
     args = ap.parse_args(argv)
     try:
-        code, answer = run(
-            args.task, args.model, args.max_turns, args.bash_timeout, args.temperature, args.max_tokens
-        )
+        if args.work_turns > 0 or args.title:
+            extra = {
+                k: v
+                for k, v in (("temperature", args.temperature), ("max_tokens", args.max_tokens))
+                if v is not None
+            }
+            code, answer = run_notes(
+                args.task, args.model, args.work_turns, extra, args.title, args.note_tokens
+            )
+        else:
+            code, answer = run(
+                args.task, args.model, args.max_turns, args.bash_timeout, args.temperature, args.max_tokens
+            )
     except Exception as e:  # noqa: BLE001  (API errors: reported like a CLI does, no traceback)
         print(f"mini: model API error: {type(e).__name__}: {e}", file=sys.stderr)
         return 4

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from polar_pl.datamodule.collate import TrainBatch
+from polar_pl.module.rollouts import Rollouts
 
 QUANTILES = {"p05": 0.05, "p50": 0.5, "p95": 0.95}
 
@@ -38,12 +39,15 @@ def batch_metrics(
     token_versions: torch.Tensor,
     current_version: int,
     tis_w: torch.Tensor | None = None,
+    keep_w: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """All (N, T). sampled: every sampled token with a trainer logprob; mask: those in the loss.
 
     train/logprob_gap_mean: mean |old - behavior| over sampled tokens (trainer pi_old vs engine mu);
     train/ratio_pXX: quantiles of exp(old - behavior); train/staleness_mean / _max: engine version
-    now minus the version that sampled each token; train/entropy: mean predictive entropy.
+    now minus the version that sampled each token; train/entropy: mean entropy of the sampled
+    distribution; train/tis_weight_mean: mean truncated importance weight over the loss tokens;
+    train/off_policy_masked_frac: share of the loss tokens an off-policy mask removed.
     """
     sel = sampled > 0
     diff = (old.double() - behavior.double())[sel]
@@ -60,6 +64,25 @@ def batch_metrics(
         out["train/entropy"] = _mean(entropy, sampled)
     if tis_w is not None:
         out["train/tis_weight_mean"] = _mean(tis_w, mask)
+    if keep_w is not None:
+        out["train/off_policy_masked_frac"] = 1.0 - _mean(keep_w, mask)
+    return out
+
+
+def unit_metrics(
+    units: Rollouts, adv: torch.Tensor, penalty: torch.Tensor | None, truncated_calls: int
+) -> dict[str, float]:
+    """Per rollout (statistics unit), not per row: a rollout split into many rows counts once.
+    adv: (K,) advantages; penalty: (K,) KL-in-reward penalties or None."""
+    present = units.present
+    out = {
+        "train/advantage_abs_mean": float(adv[present].abs().mean()) if present.any() else 0.0,
+        "train/rollouts": float((present & ~units.side).sum()),
+        "train/side_rollouts": float((present & units.side).sum()),
+        "train/truncated_calls": float(truncated_calls),
+    }
+    if penalty is not None:
+        out["train/kl_reward_penalty_mean"] = float(penalty[present].mean())
     return out
 
 

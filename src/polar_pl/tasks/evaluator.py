@@ -22,6 +22,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from polar_pl.sandbox.infra import InfraError
 from polar_pl.sandbox.protocol import Sandbox
 from polar_pl.tasks.grading import RewardMode, grade, require_swebench
 from polar_pl.tasks.patching import apply_patch, forbidden_paths, protected_paths, restore_test_files
@@ -29,7 +30,7 @@ from polar_pl.tasks.results import EvalResult, EvalStatus
 from polar_pl.tasks.task import Task
 from polar_pl.tasks.testrun import KIT_DIR, run_tests
 from polar_pl.tasks.trusted import trusted_files
-from polar_pl.tasks.workspace import prepare_workspace
+from polar_pl.tasks.workspace import new_sandbox, prepare_workspace
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class SandboxEvaluator:
     def _prepare(self, task: Task) -> tuple[Sandbox, float, dict[str, bytes]]:
         t0 = time.monotonic()
         trusted = self._trusted_files(task)
-        sandbox = self.sandbox_factory()
+        sandbox = new_sandbox(self.sandbox_factory, task)
         try:
             sandbox.start()
             prepare_workspace(task, sandbox, setup_timeout=self.setup_timeout_s)
@@ -149,10 +150,14 @@ class SandboxEvaluator:
         except FutureTimeout:
             self.discard(handle)
             return _fail(task, "timeout", "evaluation sandbox was not ready in time", t0)
+        except InfraError as exc:
+            return _infra(task, f"preparing the evaluation sandbox failed: {exc}", exc, t0)
         except Exception as exc:  # noqa: BLE001  (any preparation failure is recorded, never raised)
             return _fail(task, "error", f"preparing the evaluation sandbox failed: {exc}", t0)
         try:
             return self._score_in(sandbox, task, patch, trusted, prewarm_s, t0)
+        except InfraError as exc:
+            return _infra(task, f"evaluation failed: {exc}", exc, t0, prewarm_s)
         except Exception as exc:  # noqa: BLE001  (a broken backend must not take the trainer down)
             return _fail(task, "error", f"evaluation failed: {type(exc).__name__}: {exc}", t0)
         finally:
@@ -201,6 +206,11 @@ def _fail(
         task.instance_id, 0.0, status, reason, prewarm_s=prewarm_s, duration_s=time.monotonic() - t0,
         tampering=tampering,
     )
+
+
+def _infra(task: Task, reason: str, exc: InfraError, t0: float, prewarm_s: float = 0.0) -> EvalResult:
+    return EvalResult(task.instance_id, 0.0, "infra_failure", reason, prewarm_s=prewarm_s,
+                      duration_s=time.monotonic() - t0, infra_kind=exc.kind)  # fmt: skip
 
 
 def _stop_quietly(sandbox: Sandbox) -> None:

@@ -10,7 +10,12 @@ lr 1e-2; see tests/tasks/test_learnable.py).
 
 Other kinds: `echo` (character similarity to a word the prompt quotes) and `digits` (share of
 non-space characters that are digits); harder for a random model, useful once it has learnt
-something.
+something. `case` alternates `uppercase` tasks (even indices) with their opposite, a reply in
+lowercase letters only (odd indices): the untrained model scores ~0.1 and ~0.9, so a policy that
+ignores the prompt (collapsed onto capitals, or onto anything) cannot beat the ~0.5 it starts at;
+only reading the prompt raises the mean. `file` is scored from the workspace, not the answer: the agent must create
+`answer.txt` holding a given word (character similarity of the file's content, 0 without the
+file) — a task for real CLIs, which write it with their own tools.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Sequence
 from polar_pl.tasks.sources import EvaluatorPartial, _Source
 from polar_pl.tasks.task import AnswerCheck, Task
 
-KINDS = ("uppercase", "echo", "digits")
+KINDS = ("uppercase", "echo", "digits", "file", "case")
 
 _TOPICS = (
     "the weather today", "your favourite animal", "a good name for a cat", "what you had for lunch",
@@ -34,15 +39,28 @@ _UPPER_TEMPLATES = (
     "I can only read UPPERCASE text. Say something about {topic} using capital letters only.",
     "Shout your answer in CAPITALS: {topic}?",
 )
+_LOWER_TEMPLATES = (
+    "tell me about {topic}, and write your whole reply in lowercase letters only, no capitals.",
+    "answer in small letters, not a single capital: what do you think of {topic}?",
+    "i can only read lowercase text. say something about {topic} without any capital letter.",
+    "whisper your answer in lowercase: {topic}?",
+)
 _ECHO_WORDS = ("banana", "polaris", "gradient", "sandbox", "harness", "reward", "kernel", "lattice")
+
+
+def file_task_prompt(word: str) -> str:
+    return f"Create a file named answer.txt whose whole content is the word {word}."
 
 
 def learnable_task(kind: str, index: int, seed: int = 0) -> Task:
     """Task `index` of the family `kind`; deterministic in (kind, index, seed)."""
     rng = random.Random(f"{kind}-{seed}-{index}")
-    if kind == "uppercase":
+    if kind == "uppercase" or (kind == "case" and index % 2 == 0):
         prompt = rng.choice(_UPPER_TEMPLATES).format(topic=rng.choice(_TOPICS))
         check = AnswerCheck("uppercase_fraction", {"min_letters": 8})
+    elif kind == "case":
+        prompt = rng.choice(_LOWER_TEMPLATES).format(topic=rng.choice(_TOPICS))
+        check = AnswerCheck("lowercase_fraction", {"min_letters": 8})
     elif kind == "echo":
         word = rng.choice(_ECHO_WORDS)
         prompt = f"Reply with exactly this word and nothing else: {word}"
@@ -50,6 +68,10 @@ def learnable_task(kind: str, index: int, seed: int = 0) -> Task:
     elif kind == "digits":
         prompt = f"Reply with a number of at least {rng.randint(6, 12)} digits, digits only."
         check = AnswerCheck("charset_fraction", {"chars": "0123456789", "min_chars": 6})
+    elif kind == "file":
+        word = rng.choice(_ECHO_WORDS).upper()
+        prompt = file_task_prompt(word)
+        check = AnswerCheck("file_similarity", {"path": "answer.txt", "target": word})
     else:
         raise ValueError(f"task.kind is {kind!r}; allowed: {', '.join(KINDS)}")
     return Task(

@@ -7,8 +7,10 @@ from typing import Literal
 
 # resolved / unresolved: the tests ran. tampering: the attempt reached for the evaluation itself
 # (reward 0, trained on). The others say why the tests did not run (reward 0; "error" is masked).
+# infra_failure: the evaluation sandbox could not be had or used (see polar_pl.sandbox.infra); masked.
 EvalStatus = Literal[
-    "resolved", "unresolved", "tampering", "empty_patch", "no_answer", "patch_failed", "timeout", "error"
+    "resolved", "unresolved", "tampering", "empty_patch", "no_answer", "patch_failed", "timeout", "error",
+    "infra_failure",
 ]
 TestKind = Literal["FAIL_TO_PASS", "PASS_TO_PASS"]
 Outcome = Literal["passed", "xfail", "failed", "xpass", "error", "skipped", "missing", "timeout"]
@@ -40,6 +42,7 @@ class EvalResult:
     prewarm_s: float = 0.0  # time spent preparing the evaluation sandbox (overlaps the agent run)
     duration_s: float = 0.0  # time evaluate() itself took
     log: str = field(default="", repr=False)  # tail of the test run output
+    infra_kind: str | None = None  # with status infra_failure: which operation failed
     tampering: tuple[str, ...] = ()  # what the guard caught (status "tampering")
 
     @property

@@ -1,0 +1,133 @@
+"""Harness traffic as a raw ASGI handler: probes, model lists, count_tokens and model calls.
+
+This is the gateway's hot path, so it bypasses FastAPI's router and middleware (measured in
+bench/gateway.py). Routing is by hand because CLIs reach the same API under `/v1/...`, `/...`
+and `/s/<token>/...`: the provider comes from the path, then the headers, then the body. An
+unknown or missing token is refused with 401 in the provider's shape before anything is recorded.
+Any unexpected exception becomes a provider-shaped 500, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import parse_qsl
+
+import orjson
+from starlette.responses import JSONResponse, Response
+
+from polar_pl.gateway.call.volatile import strip_volatile
+from polar_pl.gateway.http.detect import (
+    detect_provider,
+    find_token,
+    is_count_tokens,
+    provider_for_models,
+    provider_from_headers,
+    provider_from_path,
+    split_session_path,
+)
+from polar_pl.gateway.http.errors import error_response
+from polar_pl.gateway.providers import RequestError, UnknownProvider, get_adapter
+from polar_pl.gateway.runtime import GatewayRuntime
+from polar_pl.gateway.upstream.client import UpstreamError
+
+log = logging.getLogger(__name__)
+
+
+async def read_body(receive) -> bytes:
+    parts = []
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            break
+        parts.append(msg.get("body", b""))
+        if not msg.get("more_body"):
+            break
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+class HarnessRoutes:
+    def __init__(self, rt: GatewayRuntime):
+        self.rt = rt
+
+    async def __call__(self, scope, receive, send) -> None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        path_token, sub = split_session_path(scope["path"])
+        try:
+            resp = await self.route(
+                scope["method"], sub, path_token, headers, scope.get("query_string", b""), receive
+            )
+        except Exception as exc:  # the last line of defence: a provider-shaped 500, logged
+            log.exception("gateway error on %s %s", scope["method"], sub)
+            provider = provider_from_path(sub) or provider_from_headers(headers)
+            resp = error_response(provider, 500, f"internal gateway error: {type(exc).__name__}")
+        await resp(scope, receive, send)
+
+    async def route(
+        self,
+        method: str,
+        sub: str,
+        path_token: str | None,
+        headers: dict[str, str],
+        query_string: bytes,
+        receive,
+    ) -> Response:
+        if method == "HEAD":  # Claude Code's reachability probes (HEAD / and HEAD /api/hello)
+            return Response(status_code=200)
+        if method == "GET" and sub.rstrip("/").endswith("/models"):
+            return await self.list_models(sub, headers)
+        provider = provider_from_path(sub) or provider_from_headers(headers)
+        if method != "POST":
+            return error_response(provider, 404, f"no route for {method} {sub}")
+        body = await read_body(receive)
+        if provider is None:
+            try:
+                provider = detect_provider(sub, headers, orjson.loads(body))
+            except orjson.JSONDecodeError:
+                provider = None
+        query = dict(parse_qsl(query_string.decode("latin-1"))) if query_string else {}
+        session = self.rt.sessions.by_token(find_token(path_token, headers, query))
+        if session is None:  # nothing is recorded under an unknown token
+            return error_response(provider, 401, "invalid or missing session token (API key)")
+        if provider is None:
+            return error_response(None, 404, f"no provider API at POST {sub}")
+        try:
+            adapter = get_adapter(provider)
+        except UnknownProvider as exc:
+            return error_response(provider, 501, str(exc))
+        if is_count_tokens(sub):
+            return await self.count_tokens(session, adapter, sub, query, body)
+        return await self.rt.proxy.model_call(
+            session=session, provider=provider, adapter=adapter, path=sub, query=query, body=body
+        )
+
+    async def count_tokens(self, session, adapter, path, query, body) -> Response:
+        """Not a model call (nothing recorded): the prompt rendered and tokenized as the engine would."""
+        rt = self.rt
+        try:
+            raw = orjson.loads(body)
+            if not isinstance(raw, dict):
+                raise RequestError("request body must be a JSON object")
+            norm = adapter.to_chat(adapter.count_tokens_body(raw), path=path, query=query)
+        except (RequestError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            return error_response(adapter.name, 400, f"invalid request: {exc}")
+        chat = dict(norm.chat)
+        strip_volatile(chat)
+        rep = rt.pool.pick(session.session_id)
+        try:
+            n = await rt.counter.count(chat, rep.url, await rt.pool.model_for(rep))
+        except UpstreamError as exc:
+            return error_response(adapter.name, 502, f"token count failed: {exc.message}")
+        except ValueError as exc:  # the template cannot render these messages
+            return error_response(adapter.name, 400, f"token count failed: {exc}")
+        return JSONResponse(adapter.count_tokens_answer(n))
+
+    async def list_models(self, sub: str, headers: dict[str, str]) -> Response:
+        """The served model, in the shape of the API that asks (no token needed: read-only)."""
+        pool = self.rt.pool
+        rep = next((r for r in pool.replicas if r.healthy), pool.replicas[0])
+        provider = provider_for_models(sub, headers)
+        try:
+            name = await pool.model_for(rep)
+        except UpstreamError as exc:
+            return error_response(provider, 502, exc.message)
+        return JSONResponse(get_adapter(provider or "openai_chat").models_body(name))

@@ -1,0 +1,102 @@
+"""Engine replicas: sticky sessions, least-loaded placement, health checks.
+
+A session keeps talking to one replica so its growing prompt hits that replica's prefix cache.
+New sessions go to the healthy replica with the fewest requests in flight (ties: fewest
+sessions). A replica that refuses connections or fails its health check is skipped until a later
+check finds it healthy again; sessions stuck to it move on their next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from polar_pl.gateway.upstream.client import UpstreamClient, UpstreamError
+
+
+@dataclass(slots=True)
+class Replica:
+    url: str
+    healthy: bool = True
+    inflight: int = 0
+    sessions: set[str] = field(default_factory=set)
+    model: str | None = None
+    served: int = 0
+
+    def endpoint(self, path: str) -> str:
+        return f"{self.url}{path}"
+
+
+class ReplicaPool:
+    def __init__(
+        self,
+        urls: list[str],
+        client: UpstreamClient,
+        *,
+        model: str | None = None,
+        health_interval: float = 2.0,
+    ):
+        if not urls:
+            raise ValueError("gateway upstreams: at least one engine URL is required")
+        self.replicas = [Replica(u.rstrip("/").removesuffix("/v1"), model=model) for u in urls]
+        self._client = client
+        self._sticky: dict[str, Replica] = {}
+        self._health_interval = health_interval
+        self._task: asyncio.Task | None = None
+
+    def pick(self, session_id: str) -> Replica:
+        rep = self._sticky.get(session_id)
+        if rep is not None and rep.healthy:
+            return rep
+        healthy = [r for r in self.replicas if r.healthy] or self.replicas
+        best = min(healthy, key=lambda r: (r.inflight, len(r.sessions)))
+        if rep is not None:
+            rep.sessions.discard(session_id)
+        best.sessions.add(session_id)
+        self._sticky[session_id] = best
+        return best
+
+    def release(self, session_id: str) -> None:
+        rep = self._sticky.pop(session_id, None)
+        if rep is not None:
+            rep.sessions.discard(session_id)
+
+    def mark_dead(self, rep: Replica) -> None:
+        if len(self.replicas) > 1:  # with one replica there is nothing to fail over to
+            rep.healthy = False
+
+    async def model_for(self, rep: Replica) -> str:
+        """The name the engine serves (harnesses send their own model names; the engine ignores
+        nothing, so the gateway always asks for the served one)."""
+        if rep.model is None:
+            data = await self._client.request_json("GET", rep.endpoint("/v1/models"))
+            models = (data or {}).get("data") or []
+            if not models:
+                raise UpstreamError("http", f"engine at {rep.url} serves no model", 502)
+            rep.model = models[0]["id"]
+        return rep.model
+
+    async def check(self, rep: Replica) -> bool:
+        try:
+            await self._client.request_json("GET", rep.endpoint("/health"), timeout=2.0)
+            rep.healthy = True
+        except UpstreamError:
+            rep.healthy = False
+        return rep.healthy
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._health_interval)
+            await asyncio.gather(*(self.check(r) for r in self.replicas))
+
+    def start(self) -> None:
+        if len(self.replicas) > 1 and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
