@@ -280,7 +280,7 @@ def main(kit, rfd, wfd):
     undumpable = make_undumpable()
     workspace = os.getcwd()
     trusted = kit["trusted"]
-    guard = polar_guard.Guard(workspace, trusted, kit.get("framework_dirs", ()))
+    guard = polar_guard.Guard(workspace, trusted)
     guard.boundary.add(sys._getframe().f_code)
     guard.install()
     harden_unittest(guard)
