@@ -10,6 +10,7 @@ policy version across a resume.
 from __future__ import annotations
 
 import logging
+import resource
 import tempfile
 import time
 from collections import Counter, deque
@@ -234,6 +235,8 @@ class RolloutDataModule(L.LightningDataModule):
         m: dict[str, float] = {
             "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
             "rollout/pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
+            # this process (trainer; in thread mode also the engine and the gateway), in MiB
+            "sys/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "rollout/sessions": len(results),
             "rollout/masked": sum(bool(r.info.get("masked")) for r in results),
             "rollout/harness_error_policy": sum(r.info.get("harness_error") == "policy" for r in results),
