@@ -78,9 +78,12 @@ def test_debug_fast_composes_with_every_harness(name):
 def test_cli_defaults_come_from_the_harness_conf(name, monkeypatch):
     """Each CLI's own defaults (chosen by measurement, conf/harness/<name>.yaml) win over the
     datamodule's: its warm-started model, group size, timeout, response cap and cap policy."""
+    from hydra.core.hydra_config import HydraConfig
+
     monkeypatch.setenv("POLAR_MODEL_CACHE", "/models")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"harness={name}"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
     assert cfg.warm_start.harness == name and cfg.model_dir == f"/models/tiny-model-{name}"
     assert cfg.datamodule.group_size == 4 and cfg.datamodule.pools.run_timeout_s == 300
     assert cfg.datamodule.gateway_options.cap_policy == "end_turn"
