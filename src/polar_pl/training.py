@@ -34,6 +34,7 @@ def build_parts(cfg: DictConfig) -> dict[str, Any]:
     )
     return {
         "harness": harness,
+        "sandbox": sandbox,
         "tasks": tasks,
         "evaluator": evaluator,
         "engine": engine,
@@ -58,7 +59,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
     loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.get("logger") else []
     try:
         module = instantiate(cfg.module)
-        module.bind_engine(dm.push_target())
         checkpoints = ModelCheckpoint(
             dirpath=out_dir / "checkpoints",
             every_n_train_steps=cfg.checkpoint_every,
@@ -75,9 +75,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
         return {k: float(v) for k, v in trainer.logged_metrics.items()}
     finally:
         dm.teardown()
-        close = getattr(parts["evaluator"], "close", None)
-        if close is not None:
-            close()
+        for part in ("evaluator", "sandbox"):  # the evaluator first: its sandboxes use the factory's hosts
+            close = getattr(parts[part], "close", None)
+            if close is not None:
+                close()
         for lg in loggers:
             finalize = getattr(lg, "finalize", None)
             if finalize is not None:

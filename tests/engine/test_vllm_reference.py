@@ -8,19 +8,18 @@ is the tiny model trained to answer the tool request with a hermes tool call (co
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from polar_pl.engine.embedded import EmbeddedEngine
-from polar_pl.engine.vllm_engine import VLLMEngine, vllm_python
+from polar_pl.engine.vllm_engine import VLLMEngine, vllm_installed, vllm_python
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
-        not Path(vllm_python()).exists(),
+        not vllm_installed(),
         reason=f"vLLM CPU build not installed at $POLAR_VLLM_PYTHON={vllm_python()} (make vllm-env installs it)",
     ),
 ]
@@ -317,6 +316,21 @@ def test_streamed_forced_tool_choice_matches_vllm(engines, tool_case, choice):
     ours, ref = (_summary(_stream(eng, body)) for eng in engines)
     assert ours == ref
     assert ours["names"][0] == "write_file" and ours["content"] == ""
+
+
+def test_processed_logprobs_match_the_trainer_on_both_engines(engines, tool_model_dir, tmp_path):
+    """Calls at temperature 0.7 / top_p 0.5 through the gateway: both engines report logprobs of
+    the distribution they sampled (vLLM with --logprobs-mode processed_logprobs) and the trainer,
+    rebuilding it from the recorded settings, agrees to < 0.01 on fresh weights."""
+    from polar_pl.testing.sampling_gap import sample_records, trainer_gap
+
+    for eng in engines:
+        sessions = sample_records(
+            eng, tmp_path / f"{type(eng).__name__}.db", tool_model_dir, temperature=0.7, top_p=0.5
+        )
+        gap = trainer_gap(tool_model_dir, sessions)["train/logprob_gap_mean"]
+        print(f"{type(eng).__name__}: T=0.7 top_p=0.5 trainer-engine gap {gap:.5f}")
+        assert gap < 0.01, (type(eng).__name__, gap)
 
 
 def test_tokenize_and_detokenize_match_vllm(engines, tool_case):

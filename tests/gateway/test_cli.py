@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -102,25 +103,29 @@ def test_gateway_process_and_session_new(engine, tmp_path, tiny_model_dir):
             base_url=q["OPENAI_BASE_URL"], api_key=q["OPENAI_API_KEY"], max_retries=0
         ).chat.completions.create(model=q["OPENAI_MODEL"], messages=[{"role": "user", "content": "hi"}])
         assert r.choices[0].message.content == "Hello from the engine."
+        (tmp_path / "wrong-token").write_text("wrong\n")
+        new = [
+            sys.executable,
+            "-m",
+            "polar_pl.cli",
+            "session",
+            "new",
+            "--gateway",
+            url,
+            "--harness",
+            "qwen_code",
+        ]
         bad = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "polar_pl.cli",
-                "session",
-                "new",
-                "--gateway",
-                url,
-                "--harness",
-                "qwen_code",
-                "--admin-token",
-                "wrong",
-            ],
+            [*new, "--admin-token-file", str(tmp_path / "wrong-token")],
             check=False,
             capture_output=True,
             text=True,
         )
         assert bad.returncode != 0 and "401" in bad.stderr
+        on_cmdline = subprocess.run(
+            [*new, "--admin-token", "adm"], check=False, capture_output=True, text=True
+        )
+        assert on_cmdline.returncode == 2 and "--admin-token-file" in on_cmdline.stderr
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
@@ -128,7 +133,9 @@ def test_gateway_process_and_session_new(engine, tmp_path, tiny_model_dir):
     assert rec.status == "ok" and rec.provider == "openai_chat"
 
 
-def test_generated_admin_token_is_printed(engine, tmp_path):
+def test_generated_admin_token_goes_to_a_file(engine, tmp_path):
+    """The token was printed, and `--admin-token VALUE` put it on the command line (readable in
+    /proc/<pid>/cmdline by every process on the host): now it is written to a file of mode 0600."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "POLAR_ADMIN_TOKEN"}
     proc = subprocess.Popen(
@@ -153,8 +160,11 @@ def test_generated_admin_token_is_printed(engine, tmp_path):
     try:
         proc.stdout.readline()
         line = proc.stdout.readline()
-        assert line.startswith("admin token: ")
-        token = line.split(": ", 1)[1].strip()
+        assert line == f"admin token in {tmp_path / 't.admin-token'}\n"
+        token_file = tmp_path / "t.admin-token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        token = token_file.read_text().strip()
+        assert token.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         deadline = time.monotonic() + 60
         while True:
             try:

@@ -4,13 +4,15 @@ Routes (thin; conversion lives in `engine/serving.py`):
   POST /v1/chat/completions      chat, streaming or not, tools, logprobs, token ids
   POST /v1/completions           token-id (or text) prompt in, tokens + logprobs out
   GET  /v1/models, GET /health   discovery and liveness
-  POST /update_weights_from_disk {"path": DIR} -> {"policy_version": v}
+  POST /update_weights_from_disk {"path": DIR} -> {"policy_version": v}   (Bearer admin token;
+                                 off without one: weights must never come from a sandbox)
   GET  /policy_version, GET /weight_info (vLLM's shape), GET /stats
 Every response carries the header `x-policy-version`.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,6 +23,7 @@ from http import HTTPStatus
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from polar_pl.chat.reasoning import check_reasoning_parser, thinking_enabled
@@ -67,10 +70,14 @@ async def _guarded(lines: AsyncIterator[str], gen: AsyncIterator) -> AsyncIterat
 
 
 def create_app(
-    backend: GenerationBackend, served_model_name: str | None = None, reasoning_parser: str | None = None
+    backend: GenerationBackend,
+    served_model_name: str | None = None,
+    reasoning_parser: str | None = None,
+    admin_token: str | None = None,
 ) -> FastAPI:
     """Build the app. The backend is started and closed with the app's lifespan.
-    reasoning_parser: None or "qwen3" (vLLM's `--reasoning-parser qwen3`, see chat/reasoning.py)."""
+    reasoning_parser: None or "qwen3" (vLLM's `--reasoning-parser qwen3`, see chat/reasoning.py).
+    admin_token: the bearer token weight updates need; None turns the weight route off."""
     model_name = served_model_name or backend.model_name
     reasoning_parser = check_reasoning_parser(reasoning_parser)
 
@@ -217,8 +224,28 @@ def create_app(
             headers=headers(),
         )
 
+    def check_admin(request: Request) -> None:
+        if admin_token is None:
+            raise EngineError(
+                "weight updates are off: start the engine with an admin token "
+                "(--admin-token-file or $POLAR_ADMIN_TOKEN)",
+                HTTPStatus.FORBIDDEN,
+            )
+        auth = request.headers.get("authorization", "")
+        given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        if not secrets.compare_digest(given.encode(), admin_token.encode()):
+            raise EngineError(
+                "weight updates need the engine's admin token (Authorization: Bearer <token>)",
+                HTTPStatus.UNAUTHORIZED,
+            )
+
     @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest):
+    async def update_weights_from_disk(request: Request):
+        check_admin(request)  # before the body is even parsed
+        try:
+            body = UpdateWeightsFromDiskRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from exc
         try:
             version = await run_in_threadpool(backend.update_weights_from_disk, body.path)
         except (FileNotFoundError, ValueError, KeyError) as exc:

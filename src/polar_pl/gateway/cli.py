@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import sys
 
 from polar_pl.gateway.call.sidecalls import SideCallRule
+from polar_pl.utils import tokens
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,10 +21,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8787)
     p.add_argument("--store", required=True, metavar="PATH", help="trace store (SQLite file)")
-    p.add_argument(
-        "--admin-token",
-        default=None,
-        help="admin bearer token (default: $POLAR_ADMIN_TOKEN, else generated and printed)",
+    tokens.add_arguments(
+        p,
+        "file holding the admin bearer token (default: $POLAR_ADMIN_TOKEN; neither: a new token is "
+        "written to <store>.admin-token, readable by you only). A missing file is created the same way",
     )
     p.add_argument(
         "--tokenizer-dir",
@@ -47,6 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-tokens-cap", type=int, default=None, help="upper bound on each call's response tokens"
+    )
+    p.add_argument(
+        "--sampling",
+        choices=("recorded", "pinned"),
+        default="recorded",
+        help="recorded: each call states the harness's temperature/top_p/top_k (the trainer rebuilds "
+        "that distribution); pinned: temperature 1, top_p 1, no top_k",
     )
     p.add_argument(
         "--cap-policy",
@@ -122,9 +129,14 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
 
-    token = args.admin_token or os.environ.get("POLAR_ADMIN_TOKEN")
-    generated = token is None
-    token = token or secrets.token_urlsafe(24)
+    path = args.admin_token_file
+    if path is None and tokens.admin_token(None) is None:
+        path = f"{os.path.splitext(args.store)[0]}.admin-token"
+    try:
+        token = tokens.admin_token(path, create=True)
+    except (OSError, ValueError) as exc:
+        print(f"polar-pl gateway: {exc}", file=sys.stderr)
+        return 2
     side_rules = None
     if args.side_rules:
         with open(args.side_rules, "rb") as f:
@@ -144,13 +156,14 @@ def run(args: argparse.Namespace) -> int:
         token_faithful=args.token_faithful,
         reasoning_parser=args.reasoning_parser,
         max_tokens_cap=args.max_tokens_cap,
+        sampling=args.sampling,
         cap_policy=args.cap_policy,
         pause_timeout=args.pause_timeout,
     )
     faithful = f"token-faithful on (tokenizer {args.tokenizer_dir})" if args.token_faithful else "token-faithful off"
     print(f"polar-pl gateway on {public} -> {', '.join(args.upstream)} (store {args.store}; {faithful})", flush=True)
-    if generated:
-        print(f"admin token: {token}", flush=True)
+    if path is not None:
+        print(f"admin token in {path}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=60)
     return 0
 

@@ -17,6 +17,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from polar_pl.utils import tokens
+
 # For names that are an API rather than a harness ("a user's own agent").
 GENERIC_ENV = {
     "openai": lambda base, tok, model: {
@@ -42,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         help="claude_code, codex, qwen_code, pi, gemini_cli, opencode, mini, or openai/anthropic/google",
     )
-    new.add_argument("--admin-token", default=None, help="default: $POLAR_ADMIN_TOKEN")
+    tokens.add_arguments(new, "file holding the gateway's admin token (default: $POLAR_ADMIN_TOKEN)")
     new.add_argument("--provider", default=None, help="API the harness speaks, where it can speak several")
     new.add_argument("--model", default="polar", help="model name the harness asks for")
     new.add_argument("--task-id", default=None)
@@ -60,9 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _register(args) -> dict:
     import httpx
 
-    token = args.admin_token or os.environ.get("POLAR_ADMIN_TOKEN")
+    try:
+        token = tokens.admin_token(args.admin_token_file)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"polar-pl session new: {exc}") from None
     if not token:
-        raise SystemExit("polar-pl session new: pass --admin-token or set POLAR_ADMIN_TOKEN")
+        raise SystemExit("polar-pl session new: pass --admin-token-file or set POLAR_ADMIN_TOKEN")
     r = httpx.post(
         f"{args.gateway.rstrip('/')}/admin/sessions",
         headers={"authorization": f"Bearer {token}"},

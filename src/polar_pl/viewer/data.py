@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from polar_pl.datamodule.trajectory import PrefixBuilder
-from polar_pl.gateway.records import SessionInfo, TraceRecord
-from polar_pl.gateway.store import read_records, read_sessions
+from polar_pl.gateway.store.records import SessionInfo, TraceRecord
+from polar_pl.gateway.store.traces import read_records, read_sessions
 from polar_pl.monitor.rollouts import FILE as ROLLOUTS
 from polar_pl.monitor.rollouts import read_rollouts
 

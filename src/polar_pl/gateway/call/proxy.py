@@ -31,12 +31,14 @@ from starlette.responses import Response
 
 from polar_pl.gateway.call.capture import CallCapture
 from polar_pl.gateway.call.gate import EngineGate
+from polar_pl.gateway.call.sampling import check_policy, settle_sampling
 from polar_pl.gateway.call.sidecalls import SideCallRule, classify
 from polar_pl.gateway.call.stats import GatewayStats
 from polar_pl.gateway.call.toolguard import ToolCallGuard
 from polar_pl.gateway.call.volatile import strip_volatile
-from polar_pl.gateway.faithful.history import CompletionStream, TokenFaithful
-from polar_pl.gateway.faithful.prompt import FaithfulPrompt, completion_body
+from polar_pl.gateway.faithful.completion import CompletionStream, completion_body
+from polar_pl.gateway.faithful.history import TokenFaithful
+from polar_pl.gateway.faithful.prompt import FaithfulPrompt
 from polar_pl.gateway.http.errors import error_response, upstream_status
 from polar_pl.gateway.providers import ProviderAdapter, RequestError
 from polar_pl.gateway.store.records import SessionInfo, TraceRecord
@@ -141,6 +143,7 @@ class Proxy:
         side_rules: tuple[SideCallRule, ...],
         faithful: TokenFaithful | None = None,
         max_tokens_cap: int | None = None,
+        sampling: str = "recorded",
         cap_policy: str = "length",
         gate: EngineGate | None = None,
     ):
@@ -160,6 +163,7 @@ class Proxy:
 
         self.faithful = faithful
         self.max_tokens_cap = max_tokens_cap
+        self.sampling = check_policy(sampling)
         self.gate = gate or EngineGate()
         self.stats = GatewayStats()
 
@@ -245,6 +249,7 @@ class Proxy:
         call.guard = ToolCallGuard(chat.get("tools"))
         capped = self._cap_max_tokens(chat, call.notes)
         call.end_turn_at_cap = capped and self.cap_policy == "end_turn"
+        settle_sampling(chat, self.sampling, call.notes)
         if self.faithful is None:
             call.engine_body = {**chat, **CAPTURE_FIELDS}
         else:  # the record keeps the chat body; the engine gets its token-in equivalent
@@ -256,13 +261,13 @@ class Proxy:
             if call.faithful.anchor is not None and call.faithful.rendered_if_different is not None:
                 call.notes.append(f"token-faithful: sampled tokens of call {call.faithful.anchor} spliced in")
         if not await self.gate.enter():
-            status = 529 if provider == "anthropic" else 503
+            status = adapter.retryable_status(503)
             return await self._fail(call, status, "engine paused for a weight update; retry shortly")
         try:
             stream = await self.open_engine_stream(call)
         except UpstreamError as exc:
             self.gate.leave()
-            return await self._fail(call, upstream_status(provider, exc), exc.message)
+            return await self._fail(call, upstream_status(adapter, exc), exc.message)
         call.replica.served += 1
         if call.norm.stream:
             media = call.norm.extra.get("media_type", "text/event-stream")
@@ -295,7 +300,7 @@ class Proxy:
             async for chunk in stream:
                 cap.add(chunk)
         except UpstreamError as exc:
-            status = upstream_status(call.provider, exc)
+            status = upstream_status(call.adapter, exc)
             resp = error_response(call.provider, status, exc.message)
             await _durable(self._append(call.record(cap, resp.body.decode(), "error", exc.message)))
             return resp
@@ -349,7 +354,7 @@ class Proxy:
             await _durable(fut)  # durable before the harness sees the end
             yield tail
         except UpstreamError as exc:
-            tail = translator.error(upstream_status(call.provider, exc), exc.message)
+            tail = translator.error(upstream_status(call.adapter, exc), exc.message)
             sent.append(tail)
             fut = self._append(call.record(cap, b"".join(sent).decode(), "error", exc.message))
             recorded = True
