@@ -84,7 +84,8 @@ def test_cli_defaults_come_from_the_harness_conf(name, monkeypatch):
         cfg = compose(config_name="config", overrides=[f"harness={name}"], return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     assert cfg.warm_start.harness == name and cfg.model_dir == f"/models/tiny-model-{name}"
-    assert cfg.datamodule.group_size == 4 and cfg.datamodule.pools.run_timeout_s == 300
+    assert cfg.datamodule.group_size == 4 and cfg.datamodule.pools.run_timeout_s in (300, 600)
+    assert cfg.datamodule.options.timeout_policy == "mask"
     assert cfg.datamodule.gateway_options.cap_policy == "end_turn"
 
 
