@@ -34,6 +34,7 @@ from polar_pl.gateway.call.gate import EngineGate
 from polar_pl.gateway.call.sampling import check_policy, settle_sampling
 from polar_pl.gateway.call.sidecalls import SideCallRule, classify
 from polar_pl.gateway.call.stats import GatewayStats
+from polar_pl.gateway.call.toolguard import ToolCallGuard
 from polar_pl.gateway.call.volatile import strip_volatile
 from polar_pl.gateway.faithful.completion import CompletionStream, completion_body
 from polar_pl.gateway.faithful.history import TokenFaithful
@@ -79,6 +80,7 @@ class CallInFlight:
     replica: Replica | None = None
     faithful: FaithfulPrompt | None = None
     end_turn_at_cap: bool = False  # cap_policy end_turn and the gateway's cap bounds this call
+    guard: ToolCallGuard | None = None  # set once the request's tools are known
 
     def for_harness(self, finish_reason: str | None) -> str | None:
         """The finish reason the harness is told (cap_policy end_turn: a cut at the cap is a stop)."""
@@ -96,7 +98,7 @@ class CallInFlight:
         self, cap: CallCapture | None, raw_response: str, status: str = "ok", error: str | None = None
     ) -> TraceRecord:
         cap = cap or CallCapture()
-        notes = self.notes
+        notes = [*self.notes, *(self.guard.notes if self.guard else ())]
         if self.end_turn_at_cap and cap.finish_reason == "length":
             notes = [*notes, "cap_policy end_turn: cut at the response cap, the harness was told end of turn"]
         if cap.response_ids and len(cap.logprobs) != len(cap.response_ids):
@@ -244,6 +246,7 @@ class Proxy:
         if side:
             call.call_kind = "side"
             call.notes.append(f"side call: {side}")
+        call.guard = ToolCallGuard(chat.get("tools"))
         capped = self._cap_max_tokens(chat, call.notes)
         call.end_turn_at_cap = capped and self.cap_policy == "end_turn"
         settle_sampling(chat, self.sampling, call.notes)
@@ -306,7 +309,12 @@ class Proxy:
             stream.close(abort=cap.finish_reason is None)
         completion = cap.completion()
         completion["choices"] = [
-            {**c, "finish_reason": call.for_harness(c.get("finish_reason"))} for c in completion.get("choices", [])
+            {
+                **c,
+                "message": call.guard.filter_message(c.get("message") or {}),
+                "finish_reason": call.guard.finish_reason(call.for_harness(c.get("finish_reason"))),
+            }
+            for c in completion.get("choices", [])
         ]
         try:
             body = orjson.dumps(call.adapter.from_chat(completion, call.norm))
@@ -331,13 +339,15 @@ class Proxy:
                 parts = []
                 for chunk in batch:
                     cap.add(chunk)
-                    if piece := translator.feed(call.chunk_for_harness(chunk)):
-                        parts.append(piece)
+                    for out_chunk in call.guard.filter(call.chunk_for_harness(chunk)):
+                        if piece := translator.feed(out_chunk):
+                            parts.append(piece)
                 if parts:
                     out = parts[0] if len(parts) == 1 else b"".join(parts)
                     sent.append(out)
                     yield out
-            tail = translator.finish(call.for_harness(cap.finish_reason), cap.usage_or_counted())
+            reason = call.guard.finish_reason(call.for_harness(cap.finish_reason))
+            tail = translator.finish(reason, cap.usage_or_counted())
             sent.append(tail)
             fut = self._append(call.record(cap, b"".join(sent).decode()))
             recorded = True
