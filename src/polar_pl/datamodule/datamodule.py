@@ -404,8 +404,8 @@ class PausingEngine:
             version = update(*args)
             gateway.set_policy_version(version)
             return version
-        gateway.pause(mode)
-        try:
+        try:  # a drain that times out leaves the gateway paused: resume it all the same
+            gateway.pause(mode)
             version = update(*args)
             gateway.set_policy_version(version)
             return version

@@ -20,11 +20,13 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from polar_pl.gateway.call.gate import PAUSE_MODES
+from polar_pl.gateway.call.gate import PAUSE_MODES, DrainTimeout
 from polar_pl.gateway.http.detect import provider_from_headers, provider_from_path, split_session_path
-from polar_pl.gateway.http.errors import error_response
+from polar_pl.gateway.http.errors import RETRY_AFTER_S, error_response
 from polar_pl.gateway.http.harness_routes import HarnessRoutes
+from polar_pl.gateway.http.limits import BodyTooLarge, TooDeep, parse_json, read_body
 from polar_pl.gateway.runtime import GatewayRuntime
+from polar_pl.gateway.store.traces import StoreUnavailable
 
 log = logging.getLogger(__name__)
 ADMIN_PATHS = ("/admin/", "/health")
@@ -53,7 +55,8 @@ def create_app(
 ) -> FastAPI:
     """Build the gateway app. options: tokenizer_dir, model, side_rules, client ("aiohttp" or
     "httpx"), store_synchronous, public_url, health_interval, connect_timeout, read_timeout,
-    token_faithful, max_tokens_cap, cap_policy, sampling, pause_timeout, reasoning_parser (see GatewayRuntime)."""
+    token_faithful, max_tokens_cap, cap_policy, sampling, pause_timeout, reasoning_parser,
+    max_body_bytes, max_json_depth (see GatewayRuntime)."""
     rt = GatewayRuntime(
         upstreams, store_path, admin_token=admin_token or secrets.token_urlsafe(24), **options
     )
@@ -63,6 +66,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         rt.loop = asyncio.get_running_loop()
+        if rt.proxy.faithful is not None:  # every call needs it: loaded before serving, off the loop
+            await asyncio.to_thread(rt.counter.load)
         rt.pool.start()
         try:
             yield
@@ -91,23 +96,37 @@ def create_app(
         provider = provider_from_path(sub) or provider_from_headers(request.headers)
         return error_response(provider, 500, f"internal gateway error: {type(exc).__name__}")
 
+    async def admin_body(request: Request) -> tuple[dict[str, Any], Response | None]:
+        """The admin request's JSON object, bounded like harness bodies; or the 400 / 413."""
+        try:
+            raw = await read_body(request.receive, rt.max_body_bytes, dict(request.headers))
+            body = parse_json(raw, rt.max_json_depth) if raw else {}
+        except BodyTooLarge as exc:
+            return {}, JSONResponse({"error": str(exc)}, 413)
+        except (TooDeep, orjson.JSONDecodeError) as exc:
+            return {}, JSONResponse({"error": f"body must be JSON: {exc}"}, 400)
+        if not isinstance(body, dict):
+            return {}, JSONResponse({"error": "body must be a JSON object"}, 400)
+        return body, None
+
     @app.post("/admin/sessions")
     async def create_session(request: Request) -> Response:
         if denied := admin_denied(request):
             return denied
-        try:
-            body = orjson.loads(await request.body() or b"{}")
-        except orjson.JSONDecodeError:
-            return JSONResponse({"error": "body must be JSON"}, 400)
-        if not isinstance(body, dict):
-            return JSONResponse({"error": "body must be a JSON object"}, 400)
+        body, bad = await admin_body(request)
+        if bad is not None:
+            return bad
         fields = {k: body.get(k) for k in ("task_id", "group_id", "rollout_id", "harness")}
-        bad = [k for k, v in fields.items() if v is not None and not isinstance(v, str)]
-        if bad:
-            return JSONResponse({"error": f"{', '.join(bad)}: must be strings"}, 400)
-        info, token = rt.sessions.create(
-            **fields, meta=body.get("meta") if isinstance(body.get("meta"), dict) else None
-        )
+        bad_keys = [k for k, v in fields.items() if v is not None and not isinstance(v, str)]
+        if bad_keys:
+            return JSONResponse({"error": f"{', '.join(bad_keys)}: must be strings"}, 400)
+        meta = body.get("meta")
+        if meta is not None and not isinstance(meta, dict):
+            return JSONResponse({"error": "meta: must be an object"}, 400)
+        try:
+            info, token = rt.sessions.create(**fields, meta=meta)
+        except StoreUnavailable as exc:
+            return JSONResponse({"error": str(exc)}, 503, headers={"retry-after": str(RETRY_AFTER_S)})
         return JSONResponse(
             {
                 "session_id": info.session_id,
@@ -148,7 +167,10 @@ def create_app(
     async def delete_session(session_id: str, request: Request) -> Response:
         if denied := admin_denied(request):
             return denied
-        info = rt.sessions.delete(session_id)
+        try:
+            info = rt.sessions.delete(session_id)
+        except StoreUnavailable as exc:
+            return JSONResponse({"error": str(exc)}, 503, headers={"retry-after": str(RETRY_AFTER_S)})
         if info is None:
             return JSONResponse({"error": f"no session {session_id}"}, 404)
         rt.pool.release(session_id)
@@ -157,19 +179,27 @@ def create_app(
 
     @app.post("/admin/pause")
     async def pause(request: Request) -> Response:
-        """Body {"mode": "drain"|"keep"} (default drain): new engine calls wait at the gate;
-        drain answers once the calls in flight have finished."""
+        """Body {"mode": "drain"|"keep", "timeout": seconds} (default drain, the pause timeout):
+        new engine calls wait at the gate; drain answers once the calls in flight have finished,
+        or 504 when they did not within the timeout (the gateway stays paused). Either answer
+        says what it waited for."""
         if denied := admin_denied(request):
             return denied
-        try:
-            body = orjson.loads(await request.body() or b"{}")
-        except orjson.JSONDecodeError:
-            return JSONResponse({"error": "body must be JSON"}, 400)
-        mode = body.get("mode", "drain") if isinstance(body, dict) else None
+        body, bad = await admin_body(request)
+        if bad is not None:
+            return bad
+        mode, timeout = body.get("mode", "drain"), body.get("timeout")
         if mode not in PAUSE_MODES:
             return JSONResponse({"error": f"mode: {mode!r}; allowed: {', '.join(PAUSE_MODES)}"}, 400)
-        await rt.gate.pause(mode)
-        return JSONResponse({"paused": True, "mode": mode, "in_flight": rt.gate.in_flight})
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0
+        ):
+            return JSONResponse({"error": f"timeout: {timeout!r}; allowed: seconds >= 0"}, 400)
+        try:
+            report = await rt.gate.pause(mode, timeout)
+        except DrainTimeout as exc:
+            return JSONResponse({"error": str(exc), "paused": True, **exc.report.to_dict()}, 504)
+        return JSONResponse({"paused": True, **report.to_dict()})
 
     @app.post("/admin/resume")
     async def resume(request: Request) -> Response:
@@ -182,9 +212,7 @@ def create_app(
     async def stats(request: Request) -> Response:
         if denied := admin_denied(request):
             return denied
-        snap = rt.stats()
-        snap["gateway/inflight"] = float(sum(r.inflight for r in rt.pool.replicas))
-        return JSONResponse(snap)
+        return JSONResponse(rt.stats())
 
     @app.get("/health")
     async def health() -> Response:

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from polar_pl.gateway.upstream.client import UpstreamClient
+from polar_pl.gateway.upstream.client import UpstreamClient, UpstreamError
 
 
 class TokenCounter:
@@ -32,6 +32,11 @@ class TokenCounter:
         if self._dir is None:
             raise ValueError("no tokenizer_dir: the gateway has no tokenizer")
         return self._load()
+
+    def load(self) -> None:
+        """Load the tokenizer now (at gateway start, off the event loop), if there is one."""
+        if self._dir is not None:
+            self._load()
 
     def _load(self):
         with self._lock:
@@ -55,4 +60,7 @@ class TokenCounter:
         if chat.get("tools"):
             body["tools"] = chat["tools"]
         data = await self._client.request_json("POST", f"{engine_url}/tokenize", body)
-        return int(data["count"])
+        count = data.get("count") if isinstance(data, dict) else None
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise UpstreamError("http", "the engine's /tokenize answer holds no token count", 502)
+        return count
