@@ -239,7 +239,10 @@ class TraceStore:
             self._queue.put(_STOP)
         self._thread.join()
         with self._write_lock:
-            self._write_conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            try:
+                self._write_conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:  # the WAL keeps every commit: the next open checkpoints it
+                log.warning("trace store: final checkpoint failed: %s", exc)
             self._write_conn.close()
         self._read_conn.close()
 
