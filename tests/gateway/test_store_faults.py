@@ -69,11 +69,12 @@ def small_disk(tmp_path) -> Iterator[SmallDisk]:
 
 
 def _record(i: int, **kw) -> TraceRecord:
-    fields = dict(
-        session_id="s", call_index=i, timestamp=0.0, provider="openai_chat", raw_request={"x": "y" * 2000},
-        raw_response="r" * 1000, normalized_request={}, prompt_ids=list(range(100)), response_ids=[1],
-        response_logprobs=[0.0], finish_reason="stop", policy_version=0, latency_s=0.0,
-    )  # fmt: skip
+    fields = {
+        "session_id": "s", "call_index": i, "timestamp": 0.0, "provider": "openai_chat",
+        "raw_request": {"x": "y" * 2000}, "raw_response": "r" * 1000, "normalized_request": {},
+        "prompt_ids": list(range(100)), "response_ids": [1], "response_logprobs": [0.0],
+        "finish_reason": "stop", "policy_version": 0, "latency_s": 0.0,
+    }  # fmt: skip
     return TraceRecord(**(fields | kw))
 
 
