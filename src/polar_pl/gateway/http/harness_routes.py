@@ -134,7 +134,9 @@ class HarnessRoutes:
         strip_volatile(chat)
         rep = rt.pool.pick(session.session_id)
         try:
-            n = await rt.counter.count(chat, rep.url, await rt.pool.model_for(rep))
+            n = await rt.counter.count(
+                chat, rep.url, await rt.pool.model_for(rep), await rt.pool.context_limit()
+            )
         except UpstreamError as exc:
             return error_response(adapter.name, 502, f"token count failed: {exc.message}")
         except ValueError as exc:  # the template cannot render these messages
