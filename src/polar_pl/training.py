@@ -1,8 +1,12 @@
-"""What `python train.py` does with a composed config: build every part from its group, train,
-and tear everything down in `finally` (engine, gateway, pools, sandboxes, loggers)."""
+"""What `python train.py` does with a composed config: sweep what killed runs of the same sandbox
+owner left behind, build every part from its group, train, and tear everything down in `finally`
+(engine, gateway, pools, sandboxes, loggers). SIGTERM / SIGINT end the run promptly (shutdown.py):
+a checkpoint, loggers finalised as "killed", exit code 128 + the signal."""
 
 from __future__ import annotations
 
+import logging
+import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,9 @@ from polar_pl.datamodule.progress import LiveProgress
 from polar_pl.monitor.noise import quiet
 from polar_pl.monitor.report import RolloutRecorder, RunReport
 from polar_pl.monitor.steplog import StepLog
+from polar_pl.shutdown import GracefulShutdown
+
+log = logging.getLogger(__name__)
 
 
 def build_parts(cfg: DictConfig) -> dict[str, Any]:
@@ -42,51 +49,111 @@ def build_parts(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
+def sweep_leftovers(cfg: DictConfig) -> None:
+    """Remove the sandboxes, cgroups and processes that runs of this sandbox owner left when they
+    were killed (only those whose process is gone: a run still going keeps its sandboxes)."""
+    from polar_pl.sandbox.sweep import sweep
+
+    owner = cfg.sandbox.get("owner")
+    report = sweep(owner, dead_only=True)
+    if not report.empty:
+        log.info("swept what earlier runs of sandbox owner %r left: %s", owner, report)
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Fit GRPO on rollouts; returns the final logged metrics."""
+    """Fit GRPO on rollouts; returns the final logged metrics. Raises SystemExit(128 + signal)
+    when SIGTERM / SIGINT stopped the run."""
     quiet()
     if cfg.get("torch_threads"):
         torch.set_num_threads(int(cfg.torch_threads))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
+    sweep_leftovers(cfg)
     if cfg.get("warm_start"):  # a CLI harness's model: warm-started inside that CLI's request
         from polar_pl.tinymodel.build import ensure_harness_model
 
         ws = cfg.warm_start
-        ensure_harness_model(cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes)
+        ensure_harness_model(
+            cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes
+        )
     out_dir = Path(cfg.trainer.default_root_dir)
-    parts = build_parts(cfg)
-    dm: RolloutDataModule = parts["datamodule"]
-    loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.get("logger") else []
+    parts: dict[str, Any] = {}
+    loggers: list = []
+    shutdown = GracefulShutdown(
+        _Deferred(parts), out_dir / "checkpoints" / "last.ckpt", **cfg.get("shutdown", {})
+    )
+    shutdown.install()
     try:
-        module = instantiate(cfg.module)
-        checkpoints = ModelCheckpoint(
-            dirpath=out_dir / "checkpoints",
-            every_n_train_steps=cfg.checkpoint_every,
-            save_last=True,
-            save_top_k=-1,
-        )
-        trainer: L.Trainer = instantiate(
-            cfg.trainer, logger=loggers, callbacks=[StepLog(), RolloutRecorder(out_dir), RunReport(out_dir), CommitBatches(), checkpoints]
-        )
-        for lg in loggers:
-            lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-        with LiveProgress(dm.live_metrics, title="rollouts") if dm.progress else nullcontext():
-            trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("ckpt_path"))
-        return {k: float(v) for k, v in trainer.logged_metrics.items()}
+        parts.update(build_parts(cfg))
+        loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.get("logger") else []
+        return _fit(cfg, parts, loggers, shutdown, out_dir)
     finally:
-        dm.teardown()
+        _teardown(parts, loggers, shutdown)
+
+
+def _fit(cfg: DictConfig, parts: dict[str, Any], loggers: list, shutdown: GracefulShutdown, out_dir: Path):
+    dm: RolloutDataModule = parts["datamodule"]
+    module = instantiate(cfg.module)
+    checkpoints = ModelCheckpoint(
+        dirpath=out_dir / "checkpoints",
+        every_n_train_steps=cfg.checkpoint_every,
+        save_last=True,
+        save_top_k=-1,
+    )
+    callbacks = [
+        StepLog(),
+        RolloutRecorder(out_dir),
+        RunReport(out_dir),
+        CommitBatches(),
+        checkpoints,
+        shutdown,
+    ]
+    trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=callbacks)
+    for lg in loggers:
+        lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    with LiveProgress(dm.live_metrics, title="rollouts") if dm.progress else nullcontext():
+        trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("ckpt_path"))
+    return {k: float(v) for k, v in trainer.logged_metrics.items()}
+
+
+def _teardown(parts: dict[str, Any], loggers: list, shutdown: GracefulShutdown) -> None:
+    """Everything the run started, in order, whatever ended it; then the exit a signal asks for."""
+    try:
+        if "datamodule" in parts:
+            parts["datamodule"].teardown()
         for part in ("evaluator", "sandbox"):  # the evaluator first: its sandboxes use the factory's hosts
-            close = getattr(parts[part], "close", None)
+            close = getattr(parts.get(part), "close", None)
             if close is not None:
                 close()
+        status = "success" if shutdown.signum is None else "killed"
         for lg in loggers:
             finalize = getattr(lg, "finalize", None)
             if finalize is not None:
-                finalize("success")
+                finalize(status)
         try:
             import wandb
 
             if wandb.run is not None:
-                wandb.finish()
+                wandb.finish(exit_code=shutdown.exit_code or 0)
         except ImportError:
             pass
+    finally:
+        shutdown.uninstall()
+    if shutdown.signum is not None:
+        log.warning(
+            "stopped by a signal %.1f s after it; exit code %d",
+            time.monotonic() - shutdown.t0,
+            shutdown.exit_code,
+        )
+        raise SystemExit(shutdown.exit_code)
+
+
+class _Deferred:
+    """The datamodule once it exists: a signal may come while the parts are still being built."""
+
+    def __init__(self, parts: dict[str, Any]) -> None:
+        self.parts = parts
+
+    def interrupt(self, harness_grace_s: float) -> None:
+        dm = self.parts.get("datamodule")
+        if dm is not None:
+            dm.interrupt(harness_grace_s)

@@ -73,6 +73,11 @@ class Gateway:
             self._server = None
         self.runtime.store.close()  # idempotent; covers a gateway that never started
 
+    @property
+    def alive(self) -> bool:
+        """Whether the server is serving (its thread has not ended)."""
+        return self._server is not None and self._server.thread.is_alive()
+
     def __enter__(self) -> Self:
         return self.start()
 

@@ -242,7 +242,7 @@ class AiohttpClient:
         import aiohttp
 
         try:
-            resp = await self._get().post(url, data=body, headers={"content-type": "application/json"})
+            resp = await self._post(url, body)
         except TimeoutError as exc:
             raise UpstreamError("timeout", "engine timed out", detail=url) from exc
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
@@ -256,6 +256,16 @@ class AiohttpClient:
                 resp.release()
             raise UpstreamError("http", _error_message(resp.status, text), resp.status)
         return _AiohttpStream(resp)
+
+    async def _post(self, url: str, body: bytes):
+        """POST once more when a pooled connection turns out closed by the engine before the
+        request went out (its keep-alive ran out as we took it): nothing reached the engine."""
+        import aiohttp
+
+        try:
+            return await self._get().post(url, data=body, headers={"content-type": "application/json"})
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+            return await self._get().post(url, data=body, headers={"content-type": "application/json"})
 
     async def request_json(self, method: str, url: str, body: Any = None, timeout: float = 10.0) -> Any:
         import aiohttp
