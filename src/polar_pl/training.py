@@ -14,14 +14,11 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
 from polar_pl.datamodule.progress import LiveProgress
 from polar_pl.monitor.noise import quiet
-from polar_pl.monitor.report import RolloutRecorder, RunReport
-from polar_pl.monitor.steplog import StepLog
 from polar_pl.shutdown import GracefulShutdown
 
 log = logging.getLogger(__name__)
@@ -75,39 +72,29 @@ def train(cfg: DictConfig) -> dict[str, float]:
         ensure_harness_model(
             cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes
         )
-    out_dir = Path(cfg.trainer.default_root_dir)
     parts: dict[str, Any] = {}
     loggers: list = []
-    shutdown = GracefulShutdown(
-        _Deferred(parts), out_dir / "checkpoints" / "last.ckpt", **cfg.get("shutdown", {})
-    )
-    shutdown.install()
+    checkpoint = Path(cfg.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    shutdown = GracefulShutdown(_Deferred(parts), checkpoint, **cfg.get("shutdown", {}))
+    shutdown.install()  # from here on: a signal while the run is still being built unwinds it
     try:
         parts.update(build_parts(cfg))
         loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.get("logger") else []
-        return _fit(cfg, parts, loggers, shutdown, out_dir)
+        return _fit(cfg, parts["datamodule"], loggers, shutdown)
     finally:
         _teardown(parts, loggers, shutdown)
 
 
-def _fit(cfg: DictConfig, parts: dict[str, Any], loggers: list, shutdown: GracefulShutdown, out_dir: Path):
-    dm: RolloutDataModule = parts["datamodule"]
+def _fit(
+    cfg: DictConfig, dm: RolloutDataModule, loggers: list, shutdown: GracefulShutdown
+) -> dict[str, float]:
     module = instantiate(cfg.module)
-    checkpoints = ModelCheckpoint(
-        dirpath=out_dir / "checkpoints",
-        every_n_train_steps=cfg.checkpoint_every,
-        save_last=True,
-        save_top_k=-1,
+    # CommitBatches after the configured callbacks: Lightning moves checkpointing last, so a
+    # checkpoint always holds the batch just committed.
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
+    trainer: L.Trainer = instantiate(
+        cfg.trainer, logger=loggers, callbacks=[*callbacks, CommitBatches(), shutdown]
     )
-    callbacks = [
-        StepLog(),
-        RolloutRecorder(out_dir),
-        RunReport(out_dir),
-        CommitBatches(),
-        checkpoints,
-        shutdown,
-    ]
-    trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=callbacks)
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     with LiveProgress(dm.live_metrics, title="rollouts") if dm.progress else nullcontext():
@@ -139,11 +126,8 @@ def _teardown(parts: dict[str, Any], loggers: list, shutdown: GracefulShutdown) 
     finally:
         shutdown.uninstall()
     if shutdown.signum is not None:
-        log.warning(
-            "stopped by a signal %.1f s after it; exit code %d",
-            time.monotonic() - shutdown.t0,
-            shutdown.exit_code,
-        )
+        took = time.monotonic() - shutdown.t0
+        log.warning("stopped by a signal: finished %.1f s after it, exit code %d", took, shutdown.exit_code)
         raise SystemExit(shutdown.exit_code)
 
 

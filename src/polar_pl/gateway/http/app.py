@@ -1,5 +1,6 @@
-"""The gateway's FastAPI app: admin routes and health here; harness traffic in harness_routes.py;
-the state both share in ../runtime.py.
+"""The gateway's FastAPI app: the admin router and health (admin.py) on FastAPI; harness traffic
+on the raw-ASGI handler (harness_routes.py); the state both share in ../runtime.py, on
+`app.state.runtime`.
 
 Harness traffic (every path outside /admin and /health) skips FastAPI's routing and middleware:
 `GatewayFastAPI.__call__` hands it to the raw-ASGI handler, the hot path measured in
@@ -12,21 +13,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from dataclasses import asdict
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import orjson
 from fastapi import FastAPI, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from polar_pl.gateway.call.gate import PAUSE_MODES, DrainTimeout
+from polar_pl.gateway.http.admin import AdminDenied, admin, admin_denied, health_router
 from polar_pl.gateway.http.detect import provider_from_headers, provider_from_path, split_session_path
-from polar_pl.gateway.http.errors import RETRY_AFTER_S, error_response
+from polar_pl.gateway.http.errors import error_response
 from polar_pl.gateway.http.harness_routes import HarnessRoutes
-from polar_pl.gateway.http.limits import BodyTooLarge, TooDeep, parse_json, read_body
 from polar_pl.gateway.runtime import GatewayRuntime
-from polar_pl.gateway.store.traces import StoreUnavailable
 
 log = logging.getLogger(__name__)
 ADMIN_PATHS = ("/admin/", "/health")
@@ -44,10 +42,24 @@ class GatewayFastAPI(FastAPI):
             await super().__call__(scope, receive, send)
 
 
-def _session_json(info) -> dict[str, Any]:
-    d = asdict(info)
-    d.pop("token_hash")  # the token went to whoever created the session, and only to them
-    return d
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    rt: GatewayRuntime = app.state.runtime
+    rt.loop = asyncio.get_running_loop()
+    if rt.proxy.faithful is not None:  # every call needs it: loaded before serving, off the loop
+        await asyncio.to_thread(rt.counter.load)
+    rt.pool.start()
+    try:
+        yield
+    finally:
+        await rt.aclose()  # uvicorn has drained in-flight requests; flush the store last
+
+
+async def unhandled(request: Request, exc: Exception) -> Response:
+    log.exception("gateway error on %s %s", request.method, request.url.path)
+    _, sub = split_session_path(request.url.path)
+    provider = provider_from_path(sub) or provider_from_headers(request.headers)
+    return error_response(provider, 500, f"internal gateway error: {type(exc).__name__}")
 
 
 def create_app(
@@ -60,166 +72,13 @@ def create_app(
     rt = GatewayRuntime(
         upstreams, store_path, admin_token=admin_token or secrets.token_urlsafe(24), **options
     )
-
-    from contextlib import asynccontextmanager
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        rt.loop = asyncio.get_running_loop()
-        if rt.proxy.faithful is not None:  # every call needs it: loaded before serving, off the loop
-            await asyncio.to_thread(rt.counter.load)
-        rt.pool.start()
-        try:
-            yield
-        finally:
-            await rt.aclose()  # uvicorn has drained in-flight requests; flush the store last
-
     app = GatewayFastAPI(
         title="polar_pl gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.runtime = rt
     app.harness = HarnessRoutes(rt)
-
-    def base_of(request: Request) -> str:
-        return rt.public_url or str(request.base_url).rstrip("/")
-
-    def admin_denied(request: Request) -> Response | None:
-        auth = request.headers.get("authorization", "")
-        if auth[:7].lower() == "bearer " and secrets.compare_digest(auth[7:].strip(), rt.admin_token):
-            return None
-        return JSONResponse({"error": "admin token required (Authorization: Bearer <admin token>)"}, 401)
-
-    @app.exception_handler(Exception)
-    async def unhandled(request: Request, exc: Exception) -> Response:
-        log.exception("gateway error on %s %s", request.method, request.url.path)
-        _, sub = split_session_path(request.url.path)
-        provider = provider_from_path(sub) or provider_from_headers(request.headers)
-        return error_response(provider, 500, f"internal gateway error: {type(exc).__name__}")
-
-    async def admin_body(request: Request) -> tuple[dict[str, Any], Response | None]:
-        """The admin request's JSON object, bounded like harness bodies; or the 400 / 413."""
-        try:
-            raw = await read_body(request.receive, rt.max_body_bytes, dict(request.headers))
-            body = parse_json(raw, rt.max_json_depth) if raw else {}
-        except BodyTooLarge as exc:
-            return {}, JSONResponse({"error": str(exc)}, 413)
-        except (TooDeep, orjson.JSONDecodeError) as exc:
-            return {}, JSONResponse({"error": f"body must be JSON: {exc}"}, 400)
-        if not isinstance(body, dict):
-            return {}, JSONResponse({"error": "body must be a JSON object"}, 400)
-        return body, None
-
-    @app.post("/admin/sessions")
-    async def create_session(request: Request) -> Response:
-        if denied := admin_denied(request):
-            return denied
-        body, bad = await admin_body(request)
-        if bad is not None:
-            return bad
-        fields = {k: body.get(k) for k in ("task_id", "group_id", "rollout_id", "harness")}
-        bad_keys = [k for k, v in fields.items() if v is not None and not isinstance(v, str)]
-        if bad_keys:
-            return JSONResponse({"error": f"{', '.join(bad_keys)}: must be strings"}, 400)
-        meta = body.get("meta")
-        if meta is not None and not isinstance(meta, dict):
-            return JSONResponse({"error": "meta: must be an object"}, 400)
-        try:
-            info, token = rt.sessions.create(**fields, meta=meta)
-        except StoreUnavailable as exc:
-            return JSONResponse({"error": str(exc)}, 503, headers={"retry-after": str(RETRY_AFTER_S)})
-        return JSONResponse(
-            {
-                "session_id": info.session_id,
-                "token": token,
-                "base_url": f"{base_of(request)}/s/{token}",
-            }
-        )
-
-    @app.get("/admin/sessions")
-    async def list_sessions(request: Request) -> Response:
-        if denied := admin_denied(request):
-            return denied
-        return JSONResponse([_session_json(s) for s in rt.sessions.all()])
-
-    @app.get("/admin/sessions/{session_id}")
-    async def get_session(session_id: str, request: Request) -> Response:
-        if denied := admin_denied(request):
-            return denied
-        info = rt.sessions.get(session_id)
-        if info is None:
-            return JSONResponse({"error": f"no session {session_id}"}, 404)
-        d = _session_json(info)
-        d["calls"] = rt.store.count(session_id)
-        return JSONResponse(d)
-
-    @app.get("/admin/sessions/{session_id}/records")
-    async def get_records(session_id: str, request: Request) -> Response:
-        if denied := admin_denied(request):
-            return denied
-        if rt.sessions.get(session_id) is None:
-            return JSONResponse({"error": f"no session {session_id}"}, 404)
-        import asyncio
-
-        records = await asyncio.to_thread(rt.store.records, session_id)
-        return Response(orjson.dumps([r.to_dict() for r in records]), media_type="application/json")
-
-    @app.delete("/admin/sessions/{session_id}")
-    async def delete_session(session_id: str, request: Request) -> Response:
-        if denied := admin_denied(request):
-            return denied
-        try:
-            info = rt.sessions.delete(session_id)
-        except StoreUnavailable as exc:
-            return JSONResponse({"error": str(exc)}, 503, headers={"retry-after": str(RETRY_AFTER_S)})
-        if info is None:
-            return JSONResponse({"error": f"no session {session_id}"}, 404)
-        rt.pool.release(session_id)
-        rt.proxy.forget(session_id)
-        return JSONResponse({"session_id": session_id, "deleted": True})
-
-    @app.post("/admin/pause")
-    async def pause(request: Request) -> Response:
-        """Body {"mode": "drain"|"keep", "timeout": seconds} (default drain, the pause timeout):
-        new engine calls wait at the gate; drain answers once the calls in flight have finished,
-        or 504 when they did not within the timeout (the gateway stays paused). Either answer
-        says what it waited for."""
-        if denied := admin_denied(request):
-            return denied
-        body, bad = await admin_body(request)
-        if bad is not None:
-            return bad
-        mode, timeout = body.get("mode", "drain"), body.get("timeout")
-        if mode not in PAUSE_MODES:
-            return JSONResponse({"error": f"mode: {mode!r}; allowed: {', '.join(PAUSE_MODES)}"}, 400)
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0
-        ):
-            return JSONResponse({"error": f"timeout: {timeout!r}; allowed: seconds >= 0"}, 400)
-        try:
-            report = await rt.gate.pause(mode, timeout)
-        except DrainTimeout as exc:
-            return JSONResponse({"error": str(exc), "paused": True, **exc.report.to_dict()}, 504)
-        return JSONResponse({"paused": True, **report.to_dict()})
-
-    @app.post("/admin/resume")
-    async def resume(request: Request) -> Response:
-        if denied := admin_denied(request):
-            return denied
-        rt.gate.resume()
-        return JSONResponse({"paused": False, "in_flight": rt.gate.in_flight})
-
-    @app.get("/admin/stats")
-    async def stats(request: Request) -> Response:
-        if denied := admin_denied(request):
-            return denied
-        return JSONResponse(rt.stats())
-
-    @app.get("/health")
-    async def health() -> Response:
-        reps = [
-            {"url": r.url, "healthy": r.healthy, "inflight": r.inflight, "sessions": len(r.sessions)}
-            for r in rt.pool.replicas
-        ]
-        return JSONResponse({"status": "ok", "replicas": reps})
-
+    app.add_exception_handler(AdminDenied, admin_denied)
+    app.add_exception_handler(Exception, unhandled)
+    app.include_router(admin)
+    app.include_router(health_router)
     return app
