@@ -237,7 +237,10 @@ async def fuzz(gw: Gateway, n: int, seed: int, concurrency: int) -> Counter:
                 await send(http, sessions[w % len(sessions)].base_url, api, path, raw, stream, tally)
 
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    tally["records"] = sum(gw.runtime.store.count(s.session_id) for s in sessions)
+    records = [r for s in sessions for r in gw.records(s.session_id)]
+    tally["records"] = len(records)
+    failed = [r.error for r in records if r.error and r.error.startswith("engine")]
+    tally.setdefault("examples", []).extend(f"record: {e[:300]}" for e in failed[:5])
     return tally
 
 

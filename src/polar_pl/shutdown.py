@@ -95,7 +95,13 @@ class GracefulShutdown(L.Callback):
         self.install()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.signum is not None:
+        if self.signum is None:
+            return
+        ckpt = trainer.checkpoint_callback
+        if getattr(ckpt, "save_last", False):  # it writes last.ckpt right after this hook
+            self.saved = Path(ckpt.dirpath) / "last.ckpt"
+            log.warning("shutdown checkpoint: %s (resume with ckpt_path=...)", self.saved)
+        else:
             self._save(trainer)
 
     def on_exception(

@@ -229,7 +229,11 @@ class AiohttpClient:
 
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, enable_cleanup_closed=True),
+                # idle connections dropped before the engine's server drops them (uvicorn, as vLLM
+                # and the embedded engine run it, after 5 s): a POST on one it already closed fails
+                connector=aiohttp.TCPConnector(
+                    limit=0, ttl_dns_cache=None, enable_cleanup_closed=True, keepalive_timeout=4.0
+                ),
                 timeout=aiohttp.ClientTimeout(
                     total=None, sock_connect=self._connect_timeout, sock_read=self._read_timeout
                 ),
