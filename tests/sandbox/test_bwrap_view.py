@@ -21,7 +21,7 @@ from polar_pl.sandbox.local import LocalSandbox
 
 checkout, url, owner = sys.argv[1:]
 assert polar_pl.__file__.startswith(checkout), polar_pl.__file__
-with LocalSandbox(owner=owner) as sb:
+with LocalSandbox(owner=owner, python_packages=["sniffio"]) as sb:
     inside = sb.expose_gateway(url)
     probe = "import sniffio, sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())"
     res = sb.exec([*sb.python, "-c", probe, inside + "/ping"])
@@ -57,3 +57,21 @@ def test_checkout_and_venv_under_tmp(tmp_path, gateway_stub):
     assert lines["agent"].startswith("0 pong"), lines["agent"]
     code, err = lines["checkout"].split(" ", 1)
     assert code != "0" and "No such file or directory" in err, lines["checkout"]
+
+
+def test_workspace_copied_from_a_private_folder(tmp_path):
+    """`bwrap: Can't chdir to .../workspace: Permission denied`: a repository copied from a 0700
+    folder (pytest's tmp dirs are) made the workspace 0700, owned by the sandbox user, and bwrap
+    changed into it as root without capabilities. The sandbox user changes directory itself now."""
+    from polar_pl.sandbox.local import LocalSandbox
+
+    repo = tmp_path / "repo"
+    (repo / "sub").mkdir(parents=True)
+    (repo / "sub" / "f.txt").write_text("x\n")
+    for d in (repo, repo / "sub"):
+        d.chmod(0o700)
+    with LocalSandbox(owner=OWNER) as sb:
+        sb.put_archive(repo, sb.workdir)
+        assert sb.exec(["pwd"]).stdout.strip() == sb.workdir
+        res = sb.exec(["cat", "f.txt"], workdir="sub")
+        assert (res.exit_code, res.stdout) == (0, "x\n"), res.stderr

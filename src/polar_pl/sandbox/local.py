@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Self
 
 from polar_pl.sandbox import bwrap, cgroups, creator, gitdiff, userns
-from polar_pl.sandbox.image import MINI_DEPS, default_harness_prefix
+from polar_pl.sandbox.image import default_harness_prefix
 from polar_pl.sandbox.protocol import ExecResult
 from polar_pl.sandbox.relay import Relay, inside_url, unix_to_tcp
 
@@ -54,7 +54,7 @@ class LocalSandbox:
         base_dir: str | None = None,
         harness_prefix: str | None = None,
         default_timeout: float | None = None,
-        python_packages: tuple[str, ...] | list[str] = MINI_DEPS,
+        python_packages: tuple[str, ...] | list[str] = (),
     ) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"sandbox.isolation={isolation!r}: allowed values are {ISOLATIONS}")
@@ -85,11 +85,12 @@ class LocalSandbox:
         self._runtime = bwrap.runtime(tuple(python_packages)) if isolation == "bwrap" else None
         # As root the sandbox user is host nobody, which must own the writable part of the sandbox.
         self._owner = (bwrap.NOBODY, bwrap.NOBODY) if self._runtime and os.geteuid() == 0 else None
-        self.python = (
-            ["env", f"PYTHONPATH={bwrap.PYDEPS_IN}", self._runtime.python]
-            if self._runtime
-            else [sys.executable]
-        )
+        if self._runtime is None:
+            self.python = [sys.executable]
+        elif python_packages:
+            self.python = ["env", f"PYTHONPATH={bwrap.PYDEPS_IN}", self._runtime.python]
+        else:
+            self.python = [self._runtime.python]
         self.root: Path | None = None
         self.workdir = ""
         self.home = ""
