@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 SYSTEM = (
     "You are a coding agent working in a repository at the current directory. "
@@ -175,7 +176,13 @@ TITLE_SYSTEM = "You are a title generator. You output ONLY a thread title: a few
 
 
 def run_notes(
-    task: str, model: str, work_turns: int, extra: dict, title: bool, note_tokens: int | None = None
+    task: str,
+    model: str,
+    work_turns: int,
+    extra: dict,
+    title: bool,
+    note_tokens: int | None = None,
+    client: Any = None,
 ) -> tuple[int, str]:
     """The note-taking loop (`--work-turns N`): ReAct-style text turns, no function calling.
 
