@@ -42,7 +42,7 @@ class Curves:
 
 def session(gw: Gateway, model: str, task: Any, group: str, k: int, **notes: Any) -> tuple[list, float]:
     s = gw.create_session(group_id=group, rollout_id=f"{group}-r{k}", task_id=task.instance_id)
-    client = openai.OpenAI(base_url=f"{s.base_url}/v1", api_key=s.token, max_retries=2)
+    client = openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="unused", max_retries=2)  # token in the URL
     _, answer = run_notes(task.prompt, model, client=client, **notes)
     return gw.records(s.session_id), score_answer(task, answer)
 
