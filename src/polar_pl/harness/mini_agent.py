@@ -28,6 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 SYSTEM = (
     "You are a coding agent working in a repository at the current directory. "
@@ -231,7 +232,13 @@ TITLE_SYSTEM = "You are a title generator. You output ONLY a thread title: a few
 
 
 def run_notes(
-    task: str, model: str, work_turns: int, extra: dict, title: bool, note_tokens: int | None = None
+    task: str,
+    model: str,
+    work_turns: int,
+    extra: dict,
+    title: bool,
+    note_tokens: int | None = None,
+    client: Any = None,
 ) -> tuple[int, str]:
     """The note-taking loop (`--work-turns N`): ReAct-style text turns, no function calling.
 
