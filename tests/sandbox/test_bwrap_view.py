@@ -75,3 +75,18 @@ def test_workspace_copied_from_a_private_folder(tmp_path):
         assert sb.exec(["pwd"]).stdout.strip() == sb.workdir
         res = sb.exec(["cat", "f.txt"], workdir="sub")
         assert (res.exit_code, res.stdout) == (0, "x\n"), res.stderr
+
+
+def test_gateway_reached_from_a_sandbox_under_a_deep_folder(tmp_path, gateway_stub):
+    """`OSError: AF_UNIX path too long`: the relay's socket lives under the sandbox root, and a root
+    deep enough (pytest's long test names) made it longer than a unix socket path may be."""
+    from polar_pl.sandbox.local import LocalSandbox
+
+    base = tmp_path / ("d" * 60) / ("e" * 60)
+    base.mkdir(parents=True)
+    with LocalSandbox(base_dir=str(base), owner=OWNER) as sb:
+        inside = sb.expose_gateway(gateway_stub)
+        assert len(str(sb.root)) > 108
+        probe = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+        res = sb.exec(["python3", "-c", probe, inside + "/ping"])
+    assert res.stdout.strip() == "pong", res.stderr
