@@ -4,6 +4,7 @@ Hydra sweep with one W&B offline run per value, and resume from a checkpoint."""
 
 from __future__ import annotations
 
+import collections
 import csv
 import os
 import subprocess
@@ -73,7 +74,9 @@ def test_train_in_process_on_the_composed_config(tiny_model_dir, tmp_path):
     assert rewards_by_step(tmp_path) and (tmp_path / "checkpoints" / "last.ckpt").exists()
     store = TraceStore(tmp_path / "traces.db")
     try:
-        assert len(store.sessions()) == 2  # one group of two attempts
+        # groups of two attempts; the next group may have started while the step trained
+        sizes = collections.Counter(s.group_id for s in store.sessions())
+        assert sizes and max(sizes.values()) == 2, sizes
     finally:
         store.close()
 

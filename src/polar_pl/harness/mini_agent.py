@@ -249,7 +249,7 @@ def run_notes(
     An untrained model never emits a well-formed function call, so this is how a multi-call
     session with tool-result turns between sampled turns is run with one.
     """
-    client = OpenAI(max_retries=2)
+    client = client or OpenAI(max_retries=2)
     if title:
         titled = [{"role": "system", "content": TITLE_SYSTEM}, {"role": "user", "content": task}]
         client.chat.completions.create(model=model, messages=titled, **{**extra, "max_tokens": 8})
