@@ -90,3 +90,15 @@ def test_gateway_reached_from_a_sandbox_under_a_deep_folder(tmp_path, gateway_st
         probe = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
         res = sb.exec(["python3", "-c", probe, inside + "/ping"])
     assert res.stdout.strip() == "pong", res.stderr
+
+
+def test_pwd_names_the_working_folder(tmp_path):
+    """OpenCode takes its project folder from $PWD: with a stale one it ran its tools in `/` and
+    could not write a file (bwrap's own --chdir sets PWD; the sandbox user's chdir must too)."""
+    from polar_pl.sandbox.local import LocalSandbox
+
+    with LocalSandbox(base_dir=str(tmp_path), owner=OWNER) as sb:
+        res = sb.exec(["sh", "-c", 'echo "$PWD"; pwd'])
+        sub = sb.exec(["sh", "-c", 'echo "$PWD"'], workdir="sub") if sb.exec("mkdir sub").exit_code == 0 else None
+        assert res.stdout.split() == [sb.workdir, sb.workdir]
+        assert sub is not None and sub.stdout.strip() == f"{sb.workdir}/sub"

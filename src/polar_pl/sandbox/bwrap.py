@@ -198,5 +198,6 @@ def argv(
     if userns is None:
         a.add("--chdir", cwd, "--")
     else:  # bwrap would chdir as root without capabilities: a 0700 workspace of nobody refuses that
-        a.add("--", *SETPRIV, "env", f"--chdir={cwd}", "--")
+        # (and PWD as bwrap's --chdir sets it: OpenCode takes its project folder from PWD)
+        a.add("--", *SETPRIV, "env", f"--chdir={cwd}", "--", f"PWD={cwd}")
     return a.argv
