@@ -9,6 +9,7 @@ import csv
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,34 @@ def test_vllm_engine_with_disk_weight_updates_matches_the_trainer(tiny_model_dir
     # k+1 before step k pushes, so later batches are one version behind at training time; the
     # exact post-push agreement is checked in tests/module/test_weight_sync.py.)
     assert all(g < 0.01 for g, s in zip(gaps, stale, strict=True) if s == 0) and stale[0] == 0
+
+
+CLI_LEARNERS = ["pi", "claude_code"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("harness", CLI_LEARNERS)
+def test_cli_harness_learns_only_when_weights_reach_the_engine(harness, tmp_path):
+    """A real CLI on its warm-started model (experiment=cli_sanity: one task, a group of 8 per
+    step, 5 steps): the reward rises with weight pushes and not without. Before, no real harness
+    gave a learning signal: the CLIs timed out, or their error text was scored (zero variance)."""
+    from polar_pl.harness import build_harness
+
+    prefix = os.environ.get("POLAR_HARNESS_PREFIX")
+    if not prefix or not build_harness(harness).is_installed(Path(prefix)):
+        pytest.skip(f"{harness} is not installed (make harness-clis; POLAR_HARNESS_PREFIX)")
+    push, no_push = tmp_path / "push", tmp_path / "no_push"
+    t0 = time.monotonic()
+    train("experiment=cli_sanity", f"harness={harness}", f"hydra.run.dir={push}")
+    t1 = time.monotonic()
+    train("experiment=cli_sanity", f"harness={harness}", "module/weight_sync=none", f"hydra.run.dir={no_push}")
+    r_push, r_none = rewards_by_step(push), rewards_by_step(no_push)
+    print(f"{harness} push {[round(x, 3) for x in r_push]} ({t1 - t0:.0f} s)")
+    print(f"{harness} no push {[round(x, 3) for x in r_none]} ({time.monotonic() - t1:.0f} s)")
+    assert len(r_push) == len(r_none) == 5
+    gain = sum(r_push[-2:]) / 2 - sum(r_push[:2]) / 2
+    assert gain > 0.25, f"reward did not rise: {r_push}"
+    assert sum(r_push[-2:]) / 2 > sum(r_none[-2:]) / 2 + 0.2, f"push {r_push} vs no push {r_none}"
+    for run in (push, no_push):  # nothing was scored from error text, nothing masked
+        rows = [r for r in metrics(run) if r.get("rollout/reward_mean")]
+        assert all(float(r["rollout/harness_error_infra"]) == 0 for r in rows), rows

@@ -11,6 +11,7 @@ task cursor and the policy version across a resume.
 from __future__ import annotations
 
 import logging
+import resource
 import tempfile
 import threading
 import time
@@ -326,10 +327,15 @@ class RolloutDataModule(L.LightningDataModule):
             **{f"rollout/infra_failures/{kind}": float(n) for kind, n in infra.items()},
             "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
             "rollout/pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
+            # this process (trainer; in thread mode also the engine and the gateway), in MiB
+            "sys/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             # share of attempts the evaluator caught reaching for the evaluation itself (reward 0)
             "rollout/tampering": sum(r.info.get("eval_status") == "tampering" for r in results) / len(results)
             if results else 0.0,
             "rollout/sessions": len(every),
+            "rollout/masked": sum(bool(r.info.get("masked")) for r in every),
+            "rollout/harness_error_policy": sum(r.info.get("harness_error") == "policy" for r in every),
+            "rollout/harness_error_infra": sum(r.info.get("harness_error") == "infra" for r in every),
             "rollout/rows": len(rows),
             "rollout/trainable_tokens": sum(r.num_trainable for r in rows),
             "rollout/wait_s": wait_s,

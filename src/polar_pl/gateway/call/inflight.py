@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polar_pl.gateway.call.capture import CallCapture
+from polar_pl.gateway.call.toolguard import ToolCallGuard
 from polar_pl.gateway.faithful.prompt import FaithfulPrompt
 from polar_pl.gateway.providers import ProviderAdapter
 from polar_pl.gateway.store.records import SessionInfo, TraceRecord
@@ -34,6 +35,7 @@ class CallInFlight:
     replica: Replica | None = None
     faithful: FaithfulPrompt | None = None
     end_turn_at_cap: bool = False  # cap_policy end_turn and the gateway's cap bounds this call
+    guard: ToolCallGuard | None = None  # set once the request's tools are known
     body: bytes = b""  # as the harness sent it: what a record that cannot be encoded keeps
     # what the call holds of the engine, given back by Proxy._release
     gated: bool = False
@@ -64,7 +66,7 @@ class CallInFlight:
         self, cap: CallCapture | None, raw_response: str, status: str = "ok", error: str | None = None
     ) -> TraceRecord:
         cap = cap or CallCapture()
-        notes = self.notes
+        notes = [*self.notes, *(self.guard.notes if self.guard else ())]
         if self.end_turn_at_cap and cap.finish_reason == "length":
             notes = [*notes, "cap_policy end_turn: cut at the response cap, the harness was told end of turn"]
         if cap.response_ids and len(cap.logprobs) != len(cap.response_ids):

@@ -44,6 +44,7 @@ from polar_pl.gateway.call.respond import DeliveredResponse, RelayResponse
 from polar_pl.gateway.call.sampling import check_policy, settle_sampling
 from polar_pl.gateway.call.sidecalls import SideCallRule, classify
 from polar_pl.gateway.call.stats import GatewayStats
+from polar_pl.gateway.call.toolguard import ToolCallGuard
 from polar_pl.gateway.call.volatile import strip_volatile
 from polar_pl.gateway.faithful.completion import CompletionStream, completion_body
 from polar_pl.gateway.faithful.history import TokenFaithful
@@ -293,6 +294,7 @@ class Proxy:
         if side:
             call.call_kind = "side"
             call.notes.append(f"side call: {side}")
+        call.guard = ToolCallGuard(chat.get("tools"))
         capped = self._cap_max_tokens(chat, call.notes)
         call.end_turn_at_cap = capped and self.cap_policy == "end_turn"
         settle_sampling(chat, self.sampling, call.notes)
@@ -355,7 +357,11 @@ class Proxy:
             self._release(call, abort=cap.finish_reason is None)
         completion = cap.completion()
         completion["choices"] = [
-            {**c, "finish_reason": call.for_harness(c.get("finish_reason"))}
+            {
+                **c,
+                "message": call.guard.filter_message(c.get("message") or {}),
+                "finish_reason": call.guard.finish_reason(call.for_harness(c.get("finish_reason"))),
+            }
             for c in completion.get("choices", [])
         ]
         try:
@@ -382,14 +388,16 @@ class Proxy:
                 parts = []
                 for chunk in batch:
                     cap.add(chunk)
-                    if piece := translator.feed(call.chunk_for_harness(chunk)):
-                        parts.append(piece)
+                    for out_chunk in call.guard.filter(call.chunk_for_harness(chunk)):
+                        if piece := translator.feed(out_chunk):
+                            parts.append(piece)
                 if parts:
                     out = parts[0] if len(parts) == 1 else b"".join(parts)
                     sent.append(out)
                     yield out
             self._release(call, abort=cap.finish_reason is None)
-            tail = translator.finish(call.for_harness(cap.finish_reason), cap.usage_or_counted())
+            reason = call.guard.finish_reason(call.for_harness(cap.finish_reason))
+            tail = translator.finish(reason, cap.usage_or_counted())
             if not await self._commit(call, call.record(cap, b"".join([*sent, tail]).decode())):
                 tail = translator.error(*self._store_failed(call))
             sent.append(tail)
