@@ -66,7 +66,7 @@ def test_agent_speaks_plain_http_retries_5xx_and_imports_no_sdk(tmp_path):
     seen: list[dict] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append({"path": self.path, "auth": self.headers["Authorization"], "body": body})
             if len(seen) == 1:

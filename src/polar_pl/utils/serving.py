@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Self
 
 import uvicorn
 
@@ -45,7 +46,7 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(timeout)
 
-    def __enter__(self) -> ServerThread:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
