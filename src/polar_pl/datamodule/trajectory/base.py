@@ -9,37 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.gateway.store.chains import FIRST, BreakKind  # noqa: F401 (FIRST: re-exported for the builders)
 from polar_pl.gateway.store.records import TraceRecord
-
-
-class BreakKind(StrEnum):
-    """Why a call started a new row instead of extending an existing chain.
-
-    COMPACTION: earlier content was rewritten or dropped (summaries, trimmed history, changed tools).
-    NEW_CONVERSATION: nothing beyond the system prompt is shared (a subagent, a fresh conversation).
-    SIDE_CALL: the gateway tagged the call "side" (titles, memory, routing); side calls never chain.
-    DRIFT: the same message list re-rendered to different tokens (stripped thinking, re-serialized
-        tool-call JSON, re-tokenized text).
-    TRUNCATION: the chain's last response was cut by length, or the context overflowed.
-    ERROR: the chain's last call, or a call since, failed or was aborted.
-    """
-
-    COMPACTION = "compaction"
-    NEW_CONVERSATION = "new_conversation"
-    SIDE_CALL = "side_call"
-    DRIFT = "drift"
-    TRUNCATION = "truncation"
-    ERROR = "error"
-
-
-#: meta["start"] of the first row of a session: a start, not a break.
-FIRST = "first"
 
 
 @dataclass(frozen=True, slots=True)
