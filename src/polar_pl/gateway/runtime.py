@@ -37,6 +37,7 @@ class GatewayRuntime:
         connect_timeout: float = 5.0,
         read_timeout: float = 600.0,
         token_faithful: bool | None = None,
+        token_faithful_check: bool = False,
         max_tokens_cap: int | None = None,
         cap_policy: str = "length",
         sampling: str = "recorded",
@@ -52,7 +53,9 @@ class GatewayRuntime:
         call/sampling.py. pause_timeout: how long a call
         waits at a paused gate before a 503 / 529 with Retry-After. reasoning_parser: the
         engine's (vLLM `--reasoning-parser`, "qwen3"), applied to token-in answers as the engine
-        applies it to chat answers."""
+        applies it to chat answers. token_faithful_check: also build every incremental
+        token-faithful prompt the full way and compare (faithful/history.py): a full render per
+        call, and the plain re-render kept in each record for drift diagnostics."""
         self.admin_token = admin_token
         self.public_url = public_url.rstrip("/") if public_url else None
         self.store = TraceStore(store_path, synchronous=store_synchronous)
@@ -74,7 +77,10 @@ class GatewayRuntime:
             client=self.client,
             side_rules=tuple(DEFAULT_SIDE_RULES if side_rules is None else side_rules),
             faithful=TokenFaithful(
-                self.counter.tokenizer, check_reasoning_parser(reasoning_parser), load=self.store.records
+                self.counter.tokenizer,
+                check_reasoning_parser(reasoning_parser),
+                load=self.store.records,
+                check=token_faithful_check,
             )
             if token_faithful
             else None,
@@ -87,6 +93,8 @@ class GatewayRuntime:
     def stats(self) -> dict[str, float]:
         snap = self.proxy.stats.snapshot() | self.gate.snapshot()
         snap["gateway/token_faithful"] = float(self.proxy.faithful is not None)
+        if self.proxy.faithful is not None:
+            snap |= self.proxy.faithful.snapshot()
         snap["gateway/healthy_replicas"] = float(sum(r.healthy for r in self.pool.replicas))
         return snap
 

@@ -77,4 +77,3 @@ def classify_break(call: Call, chain: Sequence[Call], failed_between: Sequence[C
     if n < len(chain[0].prompt):
         return BreakKind.NEW_CONVERSATION
     return BreakKind.COMPACTION
-

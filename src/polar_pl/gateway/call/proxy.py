@@ -35,7 +35,7 @@ from polar_pl.gateway.call.sampling import check_policy, settle_sampling
 from polar_pl.gateway.call.sidecalls import SideCallRule, classify
 from polar_pl.gateway.call.stats import GatewayStats
 from polar_pl.gateway.call.volatile import strip_volatile
-from polar_pl.gateway.faithful.completion import CompletionStream, completion_body
+from polar_pl.gateway.faithful.completion import CompletionStream, completion_bytes
 from polar_pl.gateway.faithful.history import TokenFaithful
 from polar_pl.gateway.faithful.prompt import FaithfulPrompt
 from polar_pl.gateway.http.errors import error_response, upstream_status
@@ -196,8 +196,10 @@ class Proxy:
                     return await self.client.stream_chat(
                         rep.endpoint("/v1/chat/completions"), orjson.dumps(call.engine_body)
                     )
-                body = completion_body(call.engine_body, call.faithful.prompt_ids)
-                stream = await self.client.stream_chat(rep.endpoint("/v1/completions"), orjson.dumps(body))
+                body, ids = completion_bytes(call.engine_body, call.faithful.prompt_ids)
+                stream = await self.client.stream_chat(
+                    rep.endpoint("/v1/completions"), body, elide=(b'"prompt_token_ids":', ids)
+                )
                 return CompletionStream(stream, call.engine_body, self.faithful.reasoning_parser)
             except UpstreamError as exc:
                 rep.inflight -= 1
@@ -252,11 +254,13 @@ class Proxy:
         else:  # the record keeps the chat body; the engine gets its token-in equivalent
             call.engine_body = chat
             try:
-                call.faithful = await self.faithful.prompt(session.session_id, chat)
+                call.faithful = await self.faithful.prompt(session.session_id, chat, call_kind=call.call_kind)
             except ValueError as exc:  # the template cannot render these messages (as the engine)
                 return await self._fail(call, 400, f"invalid request: {exc}")
-            if call.faithful.anchor is not None and call.faithful.rendered_if_different is not None:
-                call.notes.append(f"token-faithful: sampled tokens of call {call.faithful.anchor} spliced in")
+            fp = call.faithful
+            # an incremental prompt has no re-render to compare with: its splice is noted anyway
+            if fp.anchor is not None and (fp.rendered_if_different is not None or fp.rendered_ids is None):
+                call.notes.append(f"token-faithful: sampled tokens of call {fp.anchor} spliced in")
         if not await self.gate.enter():
             status = adapter.retryable_status(503)
             return await self._fail(call, status, "engine paused for a weight update; retry shortly")

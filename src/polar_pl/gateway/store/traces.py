@@ -150,7 +150,7 @@ class TraceStore:
             try:
                 # orjson serializes the dataclass directly: same JSON as to_dict(), without
                 # asdict()'s deep copy of the (possibly 100 KB) raw request
-                data = orjson.dumps(rec)
+                data = orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY)
             except orjson.JSONEncodeError as exc:  # a record that cannot be serialized fails alone
                 fut.set_exception(exc)
                 continue
