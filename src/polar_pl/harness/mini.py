@@ -46,7 +46,7 @@ class Mini:
         return True
 
     def install(self, prefix: Path) -> None:
-        """Nothing to install: the agent ships with polar_pl (its one dependency is `openai`)."""
+        """Nothing to install: the agent ships with polar_pl (stdlib only)."""
 
     def plan(self, session: GatewaySession, prompt: str, paths: SandboxPaths) -> LaunchPlan:
         script = f"{paths.home}/.polar/mini_agent.py"

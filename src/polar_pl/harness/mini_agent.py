@@ -1,8 +1,10 @@
 """mini: a small coding agent — bash and file-edit tools over OpenAI Chat Completions.
 
 The example of bringing your own agent: anything that reads its base URL and key from the
-environment can be trained through the gateway. This file is self-contained (stdlib + the `openai`
-package) because it is copied into the sandbox and run there with the sandbox's python.
+environment can be trained through the gateway. This file is self-contained (stdlib only) because
+it is copied into the sandbox and run there with the sandbox's python. It speaks plain HTTP with
+urllib rather than the `openai` SDK: importing the SDK cost ~1.2 s of CPU per session, most of a
+learnable-task session on two cores (the SDK stays the test client of the gateway's own tests).
 
     OPENAI_BASE_URL=<gateway>/s/<token>/v1 OPENAI_API_KEY=<token> \
         python mini_agent.py --model NAME --max-turns 20 --answer-file .polar/answer.txt "task"
@@ -21,7 +23,11 @@ import json
 import os
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 SYSTEM = (
     "You are a coding agent working in a repository at the current directory. "
@@ -72,6 +78,58 @@ TOOLS = [
         },
     },
 ]
+
+
+class APIError(Exception):
+    """The model API failed (HTTP error status, bad JSON, or no connection after the retries)."""
+
+
+class OpenAI:
+    """The slice of the openai SDK's client this agent uses, over urllib:
+    `client.chat.completions.create(**body)` -> an object with `.choices[0].message.content` and
+    `.tool_calls[i].id / .function.name / .function.arguments`. Base URL and key from
+    OPENAI_BASE_URL / OPENAI_API_KEY as the SDK reads them; 408/409/429/5xx and connection errors
+    are retried `max_retries` times, as the SDK does."""
+
+    def __init__(self, max_retries: int = 2, timeout: float = 600.0) -> None:
+        self.base_url = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1").rstrip("/")
+        self.api_key = os.environ.get("OPENAI_API_KEY", "")
+        self.max_retries, self.timeout = max_retries, timeout
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self._create))
+
+    def _create(self, **body) -> SimpleNamespace:
+        data = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"}
+        for attempt in range(self.max_retries + 1):
+            req = urllib.request.Request(f"{self.base_url}/chat/completions", data, headers)
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    return _namespace(json.loads(resp.read()))
+            except urllib.error.HTTPError as e:
+                detail = e.read().decode(errors="replace")[:500]
+                if e.code not in (408, 409, 429) and e.code < 500 or attempt == self.max_retries:
+                    raise APIError(f"Error code: {e.code} - {detail}") from None
+            except (urllib.error.URLError, OSError) as e:
+                if attempt == self.max_retries:
+                    raise APIError(f"Connection error: {e}") from None
+            except json.JSONDecodeError as e:
+                raise APIError(f"the answer is not JSON: {e}") from None
+            time.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")
+
+
+def _namespace(obj):
+    """JSON -> attribute access (missing optional fields read None, as the SDK's models do)."""
+    if isinstance(obj, dict):
+        return _Obj(**{k: _namespace(v) for k, v in obj.items()})
+    if isinstance(obj, list):
+        return [_namespace(v) for v in obj]
+    return obj
+
+
+class _Obj(SimpleNamespace):
+    def __getattr__(self, name: str):  # only called for attributes that are absent
+        return None
 
 
 def _clip(text: str) -> str:
@@ -137,8 +195,6 @@ def run(
     temperature: float | None,
     max_tokens: int | None = None,
 ) -> tuple[int, str]:
-    from openai import OpenAI  # imported late so --help works without the package
-
     client = OpenAI(max_retries=2)  # OPENAI_BASE_URL / OPENAI_API_KEY from the environment
     messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
     extra = {} if temperature is None else {"temperature": temperature}
@@ -186,8 +242,6 @@ def run_notes(
     An untrained model never emits a well-formed function call, so this is how a multi-call
     session with tool-result turns between sampled turns is run with one.
     """
-    from openai import OpenAI
-
     client = OpenAI(max_retries=2)
     if title:
         titled = [{"role": "system", "content": TITLE_SYSTEM}, {"role": "user", "content": task}]
