@@ -1,6 +1,8 @@
 """The durable trace store: SQLite in WAL mode.
 
-Every model call becomes one row holding the whole TraceRecord as JSON (nothing truncated).
+Every model call becomes one row: its token ids and logprobs as packed arrays, the rest of the
+TraceRecord as JSON (nothing truncated; store/layout.py, which also reads stores of the older
+all-JSON layout).
 `append` returns a future that resolves once the row is committed, so the core can hold back the
 end of a response until its record is durable. How the commit happens depends on `synchronous`,
 chosen by measurement (bench/gateway.py):
@@ -29,28 +31,12 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import orjson
 
+from polar_pl.gateway.store import layout
 from polar_pl.gateway.store.records import SessionInfo, TraceRecord
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS records (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL,
-    call_index INTEGER NOT NULL,
-    timestamp REAL NOT NULL,
-    status TEXT NOT NULL,
-    data BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS records_session ON records(session_id, call_index);
-CREATE TABLE IF NOT EXISTS sessions (
-    session_id TEXT PRIMARY KEY,
-    token TEXT UNIQUE NOT NULL,
-    data BLOB NOT NULL
-);
-"""
 
 _STOP = object()
 
@@ -60,7 +46,7 @@ def _open(path: Path, synchronous: str) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")
     conn.execute("PRAGMA busy_timeout=10000")
-    conn.executescript(_SCHEMA)
+    layout.migrate(conn)
     return conn
 
 
@@ -148,21 +134,20 @@ class TraceStore:
         rows, waiters = [], []
         for rec, fut in batch:
             try:
-                # orjson serializes the dataclass directly: same JSON as to_dict(), without
-                # asdict()'s deep copy of the (possibly 100 KB) raw request
-                data = orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY)
-            except orjson.JSONEncodeError as exc:  # a record that cannot be serialized fails alone
+                values = layout.encode(rec)
+            except (
+                orjson.JSONEncodeError,
+                TypeError,
+                ValueError,
+            ) as exc:  # a record that cannot be serialized fails alone
                 fut.set_exception(exc)
                 continue
-            rows.append((rec.session_id, rec.call_index, rec.timestamp, rec.status, data))
+            rows.append((rec.session_id, rec.call_index, rec.timestamp, *values))
             waiters.append(fut)
         try:
             conn = self._write_conn
             conn.execute("BEGIN")
-            conn.executemany(
-                "INSERT INTO records(session_id, call_index, timestamp, status, data) VALUES (?,?,?,?,?)",
-                rows,
-            )
+            conn.executemany(layout.INSERT, rows)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:  # every waiter learns its record is not durable
             if self._write_conn.in_transaction:
@@ -192,22 +177,26 @@ class TraceStore:
         with self._read_lock:
             return self._read_conn.execute(sql, args).fetchall()
 
-    def records(self, session_id: str) -> list[TraceRecord]:
+    def records(self, session_id: str, *, packed: bool = False) -> list[TraceRecord]:
+        """A session's records in call order (packed: token fields as arrays, store/layout.py)."""
         rows = self._rows(
-            "SELECT data FROM records WHERE session_id=? ORDER BY call_index, id", (session_id,)
+            f"SELECT {layout.record_columns(self._read_conn)} FROM records WHERE session_id=? "
+            "ORDER BY call_index, id",
+            (session_id,),
         )
-        return [TraceRecord.from_dict(orjson.loads(r[0])) for r in rows]
+        return [layout.decode(r, packed) for r in rows]
 
-    def iter_records(self, batch: int = 256) -> Iterator[TraceRecord]:
+    def iter_records(self, batch: int = 256, *, packed: bool = False) -> Iterator[TraceRecord]:
         """Every record in write order, read in pages so a large store is not loaded at once."""
         last = 0
+        cols = layout.record_columns(self._read_conn)
         while True:
-            rows = self._rows("SELECT id, data FROM records WHERE id>? ORDER BY id LIMIT ?", (last, batch))
+            rows = self._rows(f"SELECT id, {cols} FROM records WHERE id>? ORDER BY id LIMIT ?", (last, batch))
             if not rows:
                 return
-            for rid, data in rows:
-                last = rid
-                yield TraceRecord.from_dict(orjson.loads(data))
+            for row in rows:
+                last = row[0]
+                yield layout.decode(row[1:], packed)
 
     def count(self, session_id: str | None = None) -> int:
         if session_id is None:
@@ -252,26 +241,61 @@ def _read_only(path: str | Path) -> sqlite3.Connection:
     return conn
 
 
+class TraceReader:
+    """A store file read without a writer (tools, the viewer, the export), either layout: a
+    read-only connection, so a gateway writing the same file is never blocked. Use as a context
+    manager. packed=True gives token fields as arrays (store/layout.py)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._conn = _read_only(path)
+        self._cols = layout.record_columns(self._conn)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def sessions(self) -> list[SessionInfo]:
+        """Every registered session, oldest first."""
+        rows = self._conn.execute("SELECT data FROM sessions ORDER BY rowid").fetchall()
+        return [SessionInfo.from_dict(orjson.loads(r[0])) for r in rows]
+
+    def session_ids(self) -> list[str]:
+        """Every session with records, in the order of their first record."""
+        rows = self._conn.execute("SELECT session_id FROM records GROUP BY session_id ORDER BY MIN(id)")
+        return [r[0] for r in rows]
+
+    def records(self, session_id: str | None = None, *, packed: bool = False) -> list[TraceRecord]:
+        """One session's records in call order, or every record in write order."""
+        if session_id is None:
+            rows = self._conn.execute(f"SELECT {self._cols} FROM records ORDER BY id")
+        else:
+            rows = self._conn.execute(
+                f"SELECT {self._cols} FROM records WHERE session_id=? ORDER BY call_index, id", (session_id,)
+            )
+        return [layout.decode(r, packed) for r in rows]
+
+    def iter_sessions(
+        self, session_ids: list[str] | None = None, *, packed: bool = False
+    ) -> Iterator[tuple[str, list[TraceRecord]]]:
+        """(session id, its records) one session at a time: a store of any size in bounded memory."""
+        for sid in self.session_ids() if session_ids is None else session_ids:
+            yield sid, self.records(sid, packed=packed)
+
+
 def read_sessions(path: str | Path) -> list[SessionInfo]:
     """Every registered session of a store file, oldest first, read-only (for tools and viewers)."""
-    conn = _read_only(path)
-    try:
-        rows = conn.execute("SELECT data FROM sessions ORDER BY rowid").fetchall()
-    finally:
-        conn.close()
-    return [SessionInfo.from_dict(orjson.loads(r[0])) for r in rows]
+    with TraceReader(path) as reader:
+        return reader.sessions()
 
 
-def read_records(path: str | Path, session_id: str | None = None) -> list[TraceRecord]:
+def read_records(
+    path: str | Path, session_id: str | None = None, *, packed: bool = False
+) -> list[TraceRecord]:
     """Read records from a store file without starting a writer (for tools and trainers)."""
-    conn = _read_only(path)
-    try:
-        if session_id is None:
-            rows = conn.execute("SELECT data FROM records ORDER BY id").fetchall()
-        else:
-            rows = conn.execute(
-                "SELECT data FROM records WHERE session_id=? ORDER BY call_index, id", (session_id,)
-            ).fetchall()
-    finally:
-        conn.close()
-    return [TraceRecord.from_dict(orjson.loads(r[0])) for r in rows]
+    with TraceReader(path) as reader:
+        return reader.records(session_id, packed=packed)
