@@ -281,7 +281,8 @@ class RolloutDataModule(L.LightningDataModule):
             "rollout/pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
             # share of attempts the evaluator caught reaching for the evaluation itself (reward 0)
             "rollout/tampering": sum(r.info.get("eval_status") == "tampering" for r in results) / len(results)
-            if results else 0.0,
+            if results
+            else 0.0,
             "rollout/sessions": len(every),
             "rollout/rows": len(rows),
             "rollout/trainable_tokens": sum(r.num_trainable for r in rows),
