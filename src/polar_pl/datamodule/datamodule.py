@@ -3,14 +3,17 @@
 `setup` starts (or connects to) the engine, starts the gateway in-process in front of it, and
 starts the rollout service; `train_dataloader` yields one collated batch of complete GRPO groups
 per optimisation step while the pools keep producing the next ones; `teardown` stops everything,
-also after an exception or Ctrl-C. `state_dict` / `load_state_dict` carry the task cursor and the
-policy version across a resume.
+also after an exception or Ctrl-C. `interrupt` (from a signal handler) admits no new rollout and
+cancels the running ones at once; the batches then end. `state_dict` / `load_state_dict` carry the
+task cursor and the policy version across a resume.
 """
 
 from __future__ import annotations
 
 import logging
+import resource
 import tempfile
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
@@ -24,7 +27,7 @@ from polar_pl.datamodule.collate import TrainBatch, collate
 from polar_pl.datamodule.pools import INFRA_FAILURE, PoolSizes
 from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
 from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.datamodule.service import Group, RolloutService
+from polar_pl.datamodule.service import Group, RolloutService, RolloutsStopped
 from polar_pl.datamodule.trajectory import MergeStats
 from polar_pl.gateway.handle import Gateway
 
@@ -49,6 +52,9 @@ class RolloutDataModule(L.LightningDataModule):
         `tokenizer_dir`, which turns token-faithful prompts on (both engines take token prompts).
     pause_on_push: while new weights are pushed, new engine calls wait at the gateway; "drain"
         also waits for calls in flight to finish, "keep" lets them run on; None: no pause.
+    engine_down_s: an engine that has not answered its health check for this long while the
+        trainer waits for rollouts ends the run (`PartDown`) instead of failing every rollout
+        for ever; so does a gateway whose server stopped.
     """
 
     def __init__(
@@ -77,6 +83,7 @@ class RolloutDataModule(L.LightningDataModule):
         gateway_options: dict[str, Any] | None = None,
         progress: bool = True,
         pause_on_push: str | None = "keep",
+        engine_down_s: float = 15.0,
     ) -> None:
         super().__init__()
         self.engine, self.sandbox, self.harness = engine, sandbox, harness
@@ -110,6 +117,11 @@ class RolloutDataModule(L.LightningDataModule):
         self._batch_metrics: deque[dict[str, float]] = deque()
         self._batch_groups: deque[list[Group]] = deque()
         self.wait_total_s = 0.0  # trainer time spent blocked on rollouts, over the run
+        self.interrupted = False
+        self._service_lock = threading.Lock()
+        self.engine_down_s = engine_down_s
+        self._checked_at = 0.0
+        self._engine_down_since: float | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -133,6 +145,8 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _start_service(self) -> RolloutService:
         """Started on first use, after Lightning restored `load_state_dict` on a resume."""
+        if self.interrupted:
+            raise RolloutsStopped("the run is shutting down: no new rollouts")
         if self.service is None:
             assert self.gateway is not None, "setup() first"
             stages = HarnessRolloutStages(
@@ -146,7 +160,9 @@ class RolloutDataModule(L.LightningDataModule):
                 max_groups_in_flight=self.max_groups_in_flight,
                 group_deadline_s=self.group_deadline_s,
                 **self._resume.get("service", {}),
-            ).start()
+            )
+            self.service.health = self._health
+            self.service.start()
             self._stage_mark = (time.monotonic(), {})
         return self.service
 
@@ -161,10 +177,42 @@ class RolloutDataModule(L.LightningDataModule):
             self._tmp.cleanup()
             self._tmp = None
 
-    def _stop_service(self) -> None:
-        if self.service is not None:
-            self.service.stop()
-            self.service = None
+    def _health(self) -> str | None:
+        """Why no rollout can succeed any more (engine or gateway down), or None; checked at most
+        every 2 s while the trainer waits for rollouts."""
+        now = time.monotonic()
+        if now - self._checked_at < 2.0:
+            return None
+        self._checked_at = now
+        if self.gateway is not None and not self.gateway.alive:
+            return "the gateway's server stopped"
+        if self.engine.health():
+            self._engine_down_since = None
+            return None
+        self._engine_down_since = self._engine_down_since or now
+        down = now - self._engine_down_since
+        if down < self.engine_down_s:
+            return None
+        return f"the engine at {self.engine.url} has not answered its health check for {down:.0f} s"
+
+    def interrupt(self, harness_grace_s: float = 10.0) -> None:
+        """Admit no new rollout from now on and cancel the running ones (their harnesses are
+        killed with their sandboxes), off the calling thread: safe from a signal handler.
+        harness_grace_s: how long the cancelled jobs' cleanups may take."""
+        self.interrupted = True
+        service = self.service
+        if service is not None:
+            service.stop_feeding()
+        threading.Thread(
+            target=self._stop_service, args=(harness_grace_s,), name="rollouts-interrupt", daemon=True
+        ).start()
+
+    def _stop_service(self, timeout: float = 60.0) -> None:
+        with self._service_lock:
+            if self.service is not None:
+                self._resume["service"] = self.service.state_dict()  # a checkpoint after this still knows
+                self.service.stop(timeout)
+                self.service = None
 
     def _stop_gateway(self) -> None:
         if self.gateway is not None:
@@ -279,11 +327,16 @@ class RolloutDataModule(L.LightningDataModule):
             **{f"rollout/infra_failures/{kind}": float(n) for kind, n in infra.items()},
             "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
             "rollout/pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
+            # this process (trainer; in thread mode also the engine and the gateway), in MiB
+            "sys/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             # share of attempts the evaluator caught reaching for the evaluation itself (reward 0)
             "rollout/tampering": sum(r.info.get("eval_status") == "tampering" for r in results) / len(results)
             if results
             else 0.0,
             "rollout/sessions": len(every),
+            "rollout/masked": sum(bool(r.info.get("masked")) for r in every),
+            "rollout/harness_error_policy": sum(r.info.get("harness_error") == "policy" for r in every),
+            "rollout/harness_error_infra": sum(r.info.get("harness_error") == "infra" for r in every),
             "rollout/rows": len(rows),
             "rollout/trainable_tokens": sum(r.num_trainable for r in rows),
             "rollout/wait_s": wait_s,
@@ -387,7 +440,11 @@ class _Batches(IterableDataset):
 
     def __iter__(self) -> Iterator[TrainBatch]:
         for _ in range(max(0, self.dm.steps - self.dm.batches_done)):
-            yield self.dm.next_batch()
+            try:
+                batch = self.dm.next_batch()
+            except RolloutsStopped:  # interrupted: the epoch (and, with should_stop, the run) ends
+                return
+            yield batch
 
 
 class PausingEngine:
@@ -411,8 +468,8 @@ class PausingEngine:
             version = update(*args)
             gateway.set_policy_version(version)
             return version
-        gateway.pause(mode)
-        try:
+        try:  # a drain that times out leaves the gateway paused: resume it all the same
+            gateway.pause(mode)
             version = update(*args)
             gateway.set_policy_version(version)
             return version

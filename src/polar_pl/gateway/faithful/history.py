@@ -7,7 +7,8 @@ process, e.g. after a gateway restart, is read from the store once). A call that
 them is built incrementally; any other (the session's first call, an edited or compacted history,
 a side call, a template that is not suffix-local) is rendered in full, and counted by why, in the
 merge's break kinds. Prompts are built off the event loop (a full render of a long conversation
-takes milliseconds). The engine's token-in stream is shown to the proxy as chat chunks in
+takes milliseconds; the first use may load the tokenizer), refusing a prompt longer than the
+engine's context before tokenizing all of it (context.py). The engine's token-in stream is shown to the proxy as chat chunks in
 completion.py.
 
 check=True also builds every incremental prompt the full way and compares the two (a mismatch is
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from polar_pl.gateway.faithful.context import ContextTooLong, check_fits, needs_check
 from polar_pl.gateway.faithful.incremental import TEMPLATE, classify_fallback, extend
 from polar_pl.gateway.faithful.prompt import FaithfulPrompt, Tip, faithful_prompt
 from polar_pl.gateway.store.chains import FIRST, BreakKind
@@ -82,9 +84,17 @@ class TokenFaithful:
         self.counts: Counter[str] = Counter()
 
     async def prompt(
-        self, session_id: str, chat: dict[str, Any], *, call_kind: str = "main"
+        self,
+        session_id: str,
+        chat: dict[str, Any],
+        *,
+        call_kind: str = "main",
+        limit: int | None = None,
+        body_size: int = 0,
     ) -> FaithfulPrompt:
-        """Raises ValueError (RenderError) on messages the template cannot render."""
+        """Raises ValueError: RenderError on messages the template cannot render, ContextTooLong
+        on a prompt of `limit` (the engine's context) tokens or more. body_size: the request's
+        bytes (a small one cannot hold a prompt that long, faithful/context.py)."""
         if session_id not in self._loaded:
             self._loaded.add(session_id)
             if self._load is not None:
@@ -94,11 +104,22 @@ class TokenFaithful:
                 for rec in stored:
                     if rec.call_index not in have:
                         self.remember(rec)
-        return await asyncio.to_thread(self.build, session_id, chat, call_kind)
+        return await asyncio.to_thread(self.build, session_id, chat, call_kind, limit, body_size)
 
-    def build(self, session_id: str, chat: dict[str, Any], call_kind: str = "main") -> FaithfulPrompt:
+    def build(
+        self, session_id: str, chat: dict[str, Any], call_kind: str = "main", limit: int | None = None,
+        body_size: int = 0,
+    ) -> FaithfulPrompt:
+        tok = self._tokenizer()  # here, off the event loop: the first call may load it
+        if needs_check(body_size, limit):
+            check_fits(tok, chat, limit)
+        fp = self._build(tok, session_id, chat, call_kind)
+        if limit is not None and len(fp.prompt_ids) >= limit:
+            raise ContextTooLong(len(fp.prompt_ids), limit)
+        return fp
+
+    def _build(self, tok: Any, session_id: str, chat: dict[str, Any], call_kind: str) -> FaithfulPrompt:
         """The prompt of a call, incremental where it extends a tip (see the module docstring)."""
-        tok = self._tokenizer()
         sess = self._sessions.get(session_id)
         if sess is None or not sess.order:
             return self._full(tok, chat, (), FIRST)

@@ -72,10 +72,17 @@ def record_columns(conn: sqlite3.Connection) -> str:
     return ", ".join(["status", "data", *(c if c in have else "NULL" for c in TOKEN_COLUMNS)])
 
 
-def encode(rec: TraceRecord) -> tuple[Any, ...]:
-    """The row values of a record after (session_id, call_index, timestamp): status, data, blobs."""
+def encode(rec: TraceRecord, raw_body: bytes | None = None) -> tuple[Any, ...]:
+    """The row values of a record after (session_id, call_index, timestamp): status, data, blobs.
+    raw_body: the request as received, kept in place of the parsed one if that cannot be encoded."""
     # orjson serializes the dataclass directly: no asdict() deep copy of the (large) raw request
-    data = orjson.dumps(dataclasses.replace(rec, **_EMPTY), option=orjson.OPT_SERIALIZE_NUMPY)
+    slim = dataclasses.replace(rec, **_EMPTY)
+    try:
+        data = orjson.dumps(slim, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError as exc:  # orjson parses 1,024 levels but encodes at most 254
+        if raw_body is None:
+            raise
+        data = orjson.dumps(slim.with_raw_request(raw_body, str(exc)), option=orjson.OPT_SERIALIZE_NUMPY)
     rendered, versions = rec.rendered_prompt_ids, rec.response_policy_versions
     return (
         rec.status,
