@@ -287,6 +287,7 @@ def make_row(
         meta={"call_kind": first.call_kind, "num_calls": len(calls), "calls": sampled, **meta},
     )
 
+
 def _array_fields(calls: Sequence[Call]) -> tuple[np.ndarray, ...]:
     """input_ids, loss_mask, logprobs, versions as arrays (records read packed: no conversion)."""
     last = calls[-1]
@@ -320,7 +321,6 @@ def _list_fields(calls: Sequence[Call]) -> tuple[list, ...]:
         versions += [-1] * gap
         versions += c.rec.token_policy_versions
     return last.prompt_ids + last.response_ids, mask, logprobs, versions
-
 
 
 def call_sampling(rec: TraceRecord) -> dict[str, float | int]:

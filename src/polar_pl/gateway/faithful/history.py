@@ -107,7 +107,11 @@ class TokenFaithful:
         return await asyncio.to_thread(self.build, session_id, chat, call_kind, limit, body_size)
 
     def build(
-        self, session_id: str, chat: dict[str, Any], call_kind: str = "main", limit: int | None = None,
+        self,
+        session_id: str,
+        chat: dict[str, Any],
+        call_kind: str = "main",
+        limit: int | None = None,
         body_size: int = 0,
     ) -> FaithfulPrompt:
         tok = self._tokenizer()  # here, off the event loop: the first call may load it
