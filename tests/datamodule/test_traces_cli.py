@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
+import numpy as np
 import pytest
 from traj_sessions import simulate
 from traj_tokens import GEN, NL, E, rec, system, user
@@ -21,6 +23,11 @@ P2 = P1 + [200, E, NL] + user(102) + GEN
 
 
 def _records() -> list[TraceRecord]:
+    """Logprobs are float32 values, as engines compute them and the store keeps them."""
+    return [replace(r, response_logprobs=np.float32(r.response_logprobs).tolist()) for r in _plain_records()]
+
+
+def _plain_records() -> list[TraceRecord]:
     a = [rec(0, P1, [200, E], session="a"), rec(1, P2, [201, E], session="a")]
     b = [
         TraceRecord.from_dict(r.to_dict() | {"session_id": "b"})

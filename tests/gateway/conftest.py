@@ -67,6 +67,19 @@ def faithful_gateway(engine, tmp_path, tiny_model_dir) -> Iterator[Gateway]:
 
 
 @pytest.fixture
+def checked_gateway(engine, tmp_path, tiny_model_dir) -> Iterator[Gateway]:
+    """Token-faithful with every incremental prompt also built the full way and compared (the
+    plain re-render is then kept in each record); no prompt may differ."""
+    gw = Gateway(
+        [engine.url], tmp_path / "checked.db", tokenizer_dir=tiny_model_dir, token_faithful_check=True
+    ).start()
+    yield gw
+    stats = gw.stats()
+    gw.stop()
+    assert stats["gateway/faithful/mismatch"] == 0
+
+
+@pytest.fixture
 def admin(gateway) -> Iterator[httpx.Client]:
     with httpx.Client(
         base_url=gateway.url, headers={"authorization": f"Bearer {gateway.admin_token}"}, timeout=30

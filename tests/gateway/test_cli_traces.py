@@ -1,6 +1,7 @@
 """Real harness CLIs (Claude Code over Anthropic, pi over OpenAI Chat) doing three model turns
 (tool call, tool call, answer) through the gateway: with token-faithful prompts on, the session's
-main line merges into one chain with zero drift; with it off, the first turn's re-render drifts."""
+main line merges into one chain with zero drift, its prompts built incrementally and checked against
+full renders; with it off, the first turn's re-render drifts."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def test_real_cli_three_turns_zero_drift_with_faithful_prompts(name, tiny_model_
     runs = {}
     for faithful in (True, False):
         try:
-            tr = run_cli_session(name, token_faithful=faithful, model_dir=tiny_model_dir)
+            tr = run_cli_session(name, token_faithful=faithful, model_dir=tiny_model_dir, check=True)
         except FileNotFoundError as exc:
             pytest.skip(str(exc))
         assert tr.exit_code == 0, tr.detail
@@ -36,6 +37,9 @@ def test_real_cli_three_turns_zero_drift_with_faithful_prompts(name, tiny_model_
         f"{name}: off calls={off.calls} rows={off.rows} ratio={off.compression_ratio:.2f} breaks={off.breaks}"
     )
     assert "drift" not in on.breaks and on.spliced_calls >= 1
+    # the calls after the first extend the chain incrementally, with the full render's ids
+    g = runs[True].gateway_stats
+    assert g["gateway/faithful/incremental"] >= 2 and g["gateway/faithful/mismatch"] == 0
     assert off.breaks.get("drift", 0) >= 1
     assert on.compression_ratio > off.compression_ratio
     # the main line is one chain: every main call after the first extends the one before

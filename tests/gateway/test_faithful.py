@@ -56,7 +56,7 @@ def play(
         chat = {"messages": messages, "tools": TOOLS}
         if faithful:
             fp = faithful_prompt(tok, chat, records)
-            prompt, rendered = fp.prompt_ids, fp.rendered_if_different
+            prompt, rendered = fp.prompt_ids.tolist(), fp.rendered_if_different
         else:
             prompt, rendered = render_chat(tok, messages, TOOLS)[1], None
         records.append(
@@ -130,7 +130,10 @@ def test_no_splice_when_history_was_rewritten_or_the_echo_differs(tok) -> None:
     history = play(tok, [(M1, r1, "stop")], faithful=True)
     for messages in (compacted, edited):
         fp = faithful_prompt(tok, {"messages": messages, "tools": TOOLS}, history)
-        assert fp.anchor is None and fp.prompt_ids == fp.rendered_ids == render_chat(tok, messages, TOOLS)[1]
+        assert (
+            fp.anchor is None
+            and fp.prompt_ids.tolist() == fp.rendered_ids.tolist() == render_chat(tok, messages, TOOLS)[1]
+        )
     matched = [*M1, {"role": "assistant", "content": "Two files.  "}, {"role": "user", "content": "go on"}]
     assert faithful_prompt(tok, {"messages": matched, "tools": TOOLS}, history).anchor == 0
 
@@ -198,7 +201,7 @@ def _turn(
         fp = faithful_prompt(tok, chat, records)
         rendered = fp.rendered_if_different
         translate = CompletionToChat(chat)
-        with http.stream("POST", "/v1/completions", json=completion_body(chat, fp.prompt_ids)) as r:
+        with http.stream("POST", "/v1/completions", json=completion_body(chat, fp.prompt_ids.tolist())) as r:
             for chunk in _sse(r):
                 for c in translate.feed(chunk):
                     cap.add(c)

@@ -133,12 +133,14 @@ def stats_of(gw: Gateway, sid: str):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_openai_sdk_session_has_zero_drift_with_faithful_prompts(
-    engine, script, gateway, faithful_gateway, stream: bool
+    engine, script, gateway, checked_gateway, stream: bool
 ) -> None:
+    """(checked: the incremental prompts are compared with full renders, which are kept)"""
     script.queue.extend(three_turns())
     plain_sid, plain_answers = openai_session(gateway, stream)
     script.queue.extend(three_turns())
-    sid, answers = openai_session(faithful_gateway, stream)
+    sid, answers = openai_session(checked_gateway, stream)
+    assert checked_gateway.stats()["gateway/faithful/incremental"] == 2
 
     # what the harness sees, tool calls included, is the same on both paths (the engine's parser)
     assert answers == plain_answers
@@ -147,7 +149,7 @@ def test_openai_sdk_session_has_zero_drift_with_faithful_prompts(
 
     plain, _ = stats_of(gateway, plain_sid)
     assert set(plain.breaks) == {"drift"} and plain.rows == 1 + plain.breaks["drift"] >= 2
-    faithful, records = stats_of(faithful_gateway, sid)
+    faithful, records = stats_of(checked_gateway, sid)
     assert faithful.breaks == {} and faithful.rows == 1 and faithful.spliced_calls >= 1
     assert faithful.compression_ratio > plain.compression_ratio
     # the record keeps the chat body (not a token prompt) and both prompts where they differ
@@ -240,7 +242,9 @@ def test_a_restarted_gateway_reads_the_session_history_from_the_store_once(
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is in src and tests?"}]
     sid, port = None, free_port()
     for turn in range(3):
-        with Gateway([engine.url], store, tokenizer_dir=tiny_model_dir, port=port) as gw:
+        with Gateway(
+            [engine.url], store, tokenizer_dir=tiny_model_dir, port=port, token_faithful_check=True
+        ) as gw:
             if sid is None:
                 s = gw.create_session()
                 sid, base = s.session_id, s.base_url
@@ -257,5 +261,8 @@ def test_a_restarted_gateway_reads_the_session_history_from_the_store_once(
             messages += [{"role": "tool", "tool_call_id": c["id"], "content": "a.py"} for c in calls]
             if turn == 2:
                 records = gw.records(sid)
-    stats = PrefixBuilder().build(records).stats
-    assert stats.breaks == {} and stats.rows == 1 and stats.spliced_calls >= 1
+                stats = gw.stats()
+    # the restarted gateway extends the chain it read from the store
+    assert stats["gateway/faithful/incremental"] == 1 and stats["gateway/faithful/mismatch"] == 0
+    merged = PrefixBuilder().build(records).stats
+    assert merged.breaks == {} and merged.rows == 1 and merged.spliced_calls >= 1

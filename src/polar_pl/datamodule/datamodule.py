@@ -331,7 +331,8 @@ class RolloutDataModule(L.LightningDataModule):
             "sys/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             # share of attempts the evaluator caught reaching for the evaluation itself (reward 0)
             "rollout/tampering": sum(r.info.get("eval_status") == "tampering" for r in results) / len(results)
-            if results else 0.0,
+            if results
+            else 0.0,
             "rollout/sessions": len(every),
             "rollout/masked": sum(bool(r.info.get("masked")) for r in every),
             "rollout/harness_error_policy": sum(r.info.get("harness_error") == "policy" for r in every),

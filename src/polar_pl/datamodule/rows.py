@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 @dataclass(frozen=True, slots=True)
 class TrajectoryRow:
@@ -15,6 +17,8 @@ class TrajectoryRow:
     behavior_logprobs: (T,) engine logprob of each sampled token, 0.0 where loss_mask is 0.
     policy_version: (T,) policy version that sampled each token, -1 where loss_mask is 0.
     rollout_id: one task attempt; several rows may share it (a rollout split into chains).
+    The token fields are lists, or 1-D numpy arrays when the rows were built from records read
+    packed from the store (collate takes either).
     group_id: the GRPO group (all attempts at one task in one step).
     """
 
@@ -37,4 +41,5 @@ class TrajectoryRow:
 
     @property
     def num_trainable(self) -> int:
-        return sum(self.loss_mask)
+        m = self.loss_mask
+        return int(np.count_nonzero(m)) if isinstance(m, np.ndarray) else sum(m)  # no list -> array copy

@@ -41,6 +41,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "wherever the template renders an echoed turn differently)",
     )
     p.add_argument(
+        "--token-faithful-check",
+        action="store_true",
+        help="also build every incremental token-faithful prompt by a full render and compare them "
+        "(a full render per call; keeps each prompt's plain re-render for drift diagnostics)",
+    )
+    p.add_argument(
         "--reasoning-parser",
         default=None,
         help="the engine's reasoning parser (vLLM --reasoning-parser, e.g. qwen3), for token-in answers",
@@ -167,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
             public_url=public,
             read_timeout=args.read_timeout,
             token_faithful=args.token_faithful,
+            token_faithful_check=args.token_faithful_check,
             reasoning_parser=args.reasoning_parser,
             max_tokens_cap=args.max_tokens_cap,
             sampling=args.sampling,

@@ -38,6 +38,7 @@ class GatewayRuntime:
         connect_timeout: float = 5.0,
         read_timeout: float = 600.0,
         token_faithful: bool | None = None,
+        token_faithful_check: bool = False,
         max_tokens_cap: int | None = None,
         cap_policy: str = "length",
         sampling: str = "recorded",
@@ -55,8 +56,11 @@ class GatewayRuntime:
         call/sampling.py. pause_timeout: how long a call
         waits at a paused gate before a 503 / 529 with Retry-After. reasoning_parser: the
         engine's (vLLM `--reasoning-parser`, "qwen3"), applied to token-in answers as the engine
-        applies it to chat answers. max_body_bytes / max_json_depth: the bounds on a request
-        (413 / 400 in the provider's shape, http/limits.py)."""
+        applies it to chat answers. token_faithful_check: also build every incremental
+        token-faithful prompt the full way and compare (faithful/history.py): a full render per
+        call, and the plain re-render kept in each record for drift diagnostics.
+        max_body_bytes / max_json_depth: the bounds on a request (413 / 400 in the provider's
+        shape, http/limits.py)."""
         check_limits(max_body_bytes, max_json_depth)
         self.max_body_bytes = max_body_bytes
         self.max_json_depth = max_json_depth
@@ -81,7 +85,10 @@ class GatewayRuntime:
             client=self.client,
             side_rules=tuple(DEFAULT_SIDE_RULES if side_rules is None else side_rules),
             faithful=TokenFaithful(
-                self.counter.tokenizer, check_reasoning_parser(reasoning_parser), load=self.store.records
+                self.counter.tokenizer,
+                check_reasoning_parser(reasoning_parser),
+                load=self.store.records,
+                check=token_faithful_check,
             )
             if token_faithful
             else None,
@@ -94,6 +101,8 @@ class GatewayRuntime:
     def stats(self) -> dict[str, float]:
         snap = self.proxy.stats.snapshot() | self.gate.snapshot()
         snap["gateway/token_faithful"] = float(self.proxy.faithful is not None)
+        if self.proxy.faithful is not None:
+            snap |= self.proxy.faithful.snapshot()
         snap["gateway/healthy_replicas"] = float(sum(r.healthy for r in self.pool.replicas))
         snap["gateway/inflight"] = float(sum(r.inflight for r in self.pool.replicas))
         snap["gateway/store_errors"] = float(self.store.errors)

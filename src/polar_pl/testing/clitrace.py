@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,7 @@ class CliTrace:
     records: list[TraceRecord]
     stats: MergeStats
     detail: str
+    gateway_stats: dict[str, float] = field(default_factory=dict)
 
     @property
     def main_calls(self) -> list[TraceRecord]:
@@ -97,8 +98,11 @@ def run_cli_session(
     harness_prefix: str | Path | None = None,
     provider: str | None = None,
     timeout: float = 300.0,
+    check: bool = False,
 ) -> CliTrace:
-    """One CLI session (installed under harness_prefix) through a fresh gateway and engine double."""
+    """One CLI session (installed under harness_prefix) through a fresh gateway and engine double.
+    check: compare every incremental token-faithful prompt with a full render (the gateway's
+    `gateway/faithful/*` counters come back in `gateway_stats`)."""
     from polar_pl.harness import build_harness
     from polar_pl.harness.protocol import GatewaySession
     from polar_pl.harness.run import run_harness
@@ -116,7 +120,11 @@ def run_cli_session(
         with (
             tempfile.TemporaryDirectory() as tmp,
             Gateway(
-                [server.url], Path(tmp) / "traces.db", tokenizer_dir=model_dir, token_faithful=token_faithful
+                [server.url],
+                Path(tmp) / "traces.db",
+                tokenizer_dir=model_dir,
+                token_faithful=token_faithful,
+                token_faithful_check=check and token_faithful,
             ) as gw,
         ):
             s = gw.create_session(task_id=f"cli-{name}", harness=name)
@@ -133,6 +141,7 @@ def run_cli_session(
             except (FileNotFoundError, OSError):
                 content = None
             records = gw.records(s.session_id)
+            gateway_stats = gw.stats()
     finally:
         sandbox.stop()
         server.stop()
@@ -148,4 +157,5 @@ def run_cli_session(
         records,
         stats,
         detail,
+        gateway_stats,
     )

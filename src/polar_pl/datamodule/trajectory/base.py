@@ -9,37 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.gateway.store.chains import FIRST, BreakKind  # noqa: F401 (FIRST: re-exported for the builders)
+from polar_pl.gateway.store.packed import as_i32
 from polar_pl.gateway.store.records import TraceRecord
-
-
-class BreakKind(StrEnum):
-    """Why a call started a new row instead of extending an existing chain.
-
-    COMPACTION: earlier content was rewritten or dropped (summaries, trimmed history, changed tools).
-    NEW_CONVERSATION: nothing beyond the system prompt is shared (a subagent, a fresh conversation).
-    SIDE_CALL: the gateway tagged the call "side" (titles, memory, routing); side calls never chain.
-    DRIFT: the same message list re-rendered to different tokens (stripped thinking, re-serialized
-        tool-call JSON, re-tokenized text).
-    TRUNCATION: the chain's last response was cut by length, or the context overflowed.
-    ERROR: the chain's last call, or a call since, failed or was aborted.
-    """
-
-    COMPACTION = "compaction"
-    NEW_CONVERSATION = "new_conversation"
-    SIDE_CALL = "side_call"
-    DRIFT = "drift"
-    TRUNCATION = "truncation"
-    ERROR = "error"
-
-
-#: meta["start"] of the first row of a session: a start, not a break.
-FIRST = "first"
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,16 +184,18 @@ def build_batch(
 
 
 class Call:
-    """One record prepared for merging: token ids as int32 arrays (prefix checks are memcmp)."""
+    """One record prepared for merging: token ids as int32 arrays, and their bytes, so prefix
+    checks are memcmp (zero-copy for records read packed from the store)."""
 
-    __slots__ = ("_arrays", "pos", "prompt", "rec", "response")
+    __slots__ = ("pos", "prompt", "prompt_bytes", "rec", "response", "response_bytes")
 
     def __init__(self, rec: TraceRecord, pos: int) -> None:
         self.rec = rec
         self.pos = pos
-        self.prompt = _as_list(rec.prompt_ids)
-        self.response = _as_list(rec.response_ids)
-        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
+        self.prompt = as_i32(rec.prompt_ids)
+        self.response = as_i32(rec.response_ids)
+        self.prompt_bytes = _bytes(self.prompt)
+        self.response_bytes = _bytes(self.response)
         n = len(self.response)
         if len(rec.response_logprobs) != n:
             raise ValueError(
@@ -240,27 +219,20 @@ class Call:
 
     @property
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(prompt, response) as int32 arrays, made on first use (break classification only)."""
-        if self._arrays is None:
-            self._arrays = (as_i32(self.prompt), as_i32(self.response))
-        return self._arrays
+        """(prompt, response) as int32 arrays."""
+        return self.prompt, self.response
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.response)
 
 
-def as_i32(ids: Any) -> np.ndarray:
-    """Token ids (list, array or little-endian int32 bytes) as a 1-D int32 array."""
-    if isinstance(ids, bytes | bytearray | memoryview):
-        return np.frombuffer(ids, dtype="<i4")
-    if isinstance(ids, np.ndarray):
-        return ids.astype(np.int32, copy=False)
-    return np.fromiter(ids, dtype=np.int32, count=len(ids))
-
-
-def _as_list(ids: Any) -> list[int]:
-    return ids if type(ids) is list else as_i32(ids).tolist()
+def _bytes(a: np.ndarray) -> bytes:
+    """The array's bytes: its own buffer when it is a whole blob read from the store."""
+    base = a.base
+    if isinstance(base, bytes) and len(base) == a.nbytes and a.flags.c_contiguous:
+        return base
+    return a.tobytes()
 
 
 def prepare(records: Sequence[TraceRecord]) -> list[Call]:
@@ -290,27 +262,18 @@ def make_row(
     Every earlier call's prompt + response is a token prefix of the last call's prompt (the chain
     invariant), so call i's sampled tokens sit at [len(prompt_i), len(prompt_i) + len(response_i)).
     """
-    last = calls[-1].rec
-    # Plain list operations: the record lists are reused as they are, never converted.
-    mask: list[int] = []
-    logprobs: list[float] = []
-    versions: list[int] = []
-    for c in calls:
-        gap = len(c.prompt) - len(mask)
-        mask += [0] * gap
-        mask += [1] * len(c.response)
-        logprobs += [0.0] * gap
-        logprobs += list(c.rec.response_logprobs)
-        versions += [-1] * gap
-        versions += c.rec.token_policy_versions
+    if type(calls[-1].rec.prompt_ids) is list:  # records built in memory: rows as lists
+        input_ids, mask, logprobs, versions = _list_fields(calls)
+    else:
+        input_ids, mask, logprobs, versions = _array_fields(calls)
     first = calls[0].rec
     sampled = [
         {"start": len(c.prompt), "finish_reason": c.rec.finish_reason, "sampling": call_sampling(c.rec)}
         for c in calls
-        if c.response
+        if len(c.response)
     ]
     return TrajectoryRow(
-        input_ids=_as_list(last.prompt_ids) + _as_list(last.response_ids),
+        input_ids=input_ids,
         loss_mask=mask,
         behavior_logprobs=logprobs,
         policy_version=versions,
@@ -323,6 +286,41 @@ def make_row(
         status=status,
         meta={"call_kind": first.call_kind, "num_calls": len(calls), "calls": sampled, **meta},
     )
+
+
+def _array_fields(calls: Sequence[Call]) -> tuple[np.ndarray, ...]:
+    """input_ids, loss_mask, logprobs, versions as arrays (records read packed: no conversion)."""
+    last = calls[-1]
+    n = last.num_tokens
+    input_ids = np.concatenate([last.prompt, last.response])
+    mask = np.zeros(n, dtype=np.int32)
+    logprobs = np.zeros(n, dtype=np.float64)
+    versions = np.full(n, -1, dtype=np.int32)
+    for c in calls:
+        start, end = len(c.prompt), len(c.prompt) + len(c.response)
+        mask[start:end] = 1
+        logprobs[start:end] = c.rec.response_logprobs
+        v = c.rec.response_policy_versions
+        versions[start:end] = c.rec.policy_version if v is None else v
+    return input_ids, mask, logprobs, versions
+
+
+def _list_fields(calls: Sequence[Call]) -> tuple[list, ...]:
+    """The same as lists, with list operations: the record lists are reused, never converted
+    (array -> list conversion of every row made per_request merging ~4x slower)."""
+    last = calls[-1].rec
+    mask: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    for c in calls:
+        gap = len(c.prompt) - len(mask)
+        mask += [0] * gap
+        mask += [1] * len(c.response)
+        logprobs += [0.0] * gap
+        logprobs += list(c.rec.response_logprobs)
+        versions += [-1] * gap
+        versions += c.rec.token_policy_versions
+    return last.prompt_ids + last.response_ids, mask, logprobs, versions
 
 
 def call_sampling(rec: TraceRecord) -> dict[str, float | int]:
@@ -340,4 +338,4 @@ def call_sampling(rec: TraceRecord) -> dict[str, float | int]:
 def spliced(call: Call) -> bool:
     """Token-faithful mode changed this prompt (the plain re-render would have drifted)."""
     r = call.rec.rendered_prompt_ids
-    return r is not None and _as_list(r) != call.prompt
+    return r is not None and not np.array_equal(as_i32(r), call.prompt)

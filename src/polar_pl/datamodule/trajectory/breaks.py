@@ -22,15 +22,13 @@ Called only when a main call extends no chain and the session already has one. T
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from polar_pl.datamodule.trajectory.base import BreakKind, Call
-
-_OVERFLOW = re.compile(r"context|too long|maximum .*length|max_model_len|overflow", re.IGNORECASE)
+from polar_pl.gateway.store.chains import classify_messages, failure_kind
 
 
 def lcp(a: np.ndarray, b: np.ndarray) -> int:
@@ -59,37 +57,18 @@ def _messages(call: Call) -> list[Any] | None:
     return msgs if isinstance(msgs, list) else None
 
 
-def _shared_messages(a: list[Any], b: list[Any]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def classify_break(call: Call, chain: Sequence[Call], failed_between: Sequence[Call]) -> BreakKind:
     """Kind of break between `call` and its nearest chain (`chain`, in call order)."""
     last = chain[-1]
     failures = [*failed_between, *([] if last.ok else [last])]
     if failures:
-        text = " ".join(f"{f.rec.error or ''} {f.rec.status}" for f in failures)
-        return BreakKind.TRUNCATION if _OVERFLOW.search(text) else BreakKind.ERROR
+        return failure_kind(" ".join(f"{f.rec.error or ''} {f.rec.status}" for f in failures))
     cut = last.rec.finish_reason == "length"
     prev, cur = _messages(last), _messages(call)
     if prev is not None and cur is not None:
-        same_tools = _chat(last.rec.normalized_request).get("tools") == _chat(
-            call.rec.normalized_request
-        ).get("tools")
-        shared = _shared_messages(prev, cur)
-        if same_tools and shared == len(prev) < len(cur):
-            kept = isinstance(cur[len(prev)], dict) and cur[len(prev)].get("role") == "assistant"
-            return BreakKind.DRIFT if kept or not cut else BreakKind.TRUNCATION
-        if cut:
-            return BreakKind.TRUNCATION
-        if shared <= _leading_system(prev):
-            return BreakKind.NEW_CONVERSATION
-        return BreakKind.COMPACTION
+        prev_tools = _chat(last.rec.normalized_request).get("tools")
+        cur_tools = _chat(call.rec.normalized_request).get("tools")
+        return classify_messages(prev, prev_tools, cur, cur_tools, cut=cut)
     n = chain_lcp(call, last)
     if cut and n <= len(last.prompt):
         return BreakKind.TRUNCATION
@@ -98,12 +77,3 @@ def classify_break(call: Call, chain: Sequence[Call], failed_between: Sequence[C
     if n < len(chain[0].prompt):
         return BreakKind.NEW_CONVERSATION
     return BreakKind.COMPACTION
-
-
-def _leading_system(msgs: list[Any]) -> int:
-    n = 0
-    for m in msgs:
-        if not (isinstance(m, dict) and m.get("role") in ("system", "developer")):
-            break
-        n += 1
-    return n

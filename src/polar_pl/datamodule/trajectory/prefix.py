@@ -20,8 +20,9 @@ joins the longest chain it extends, otherwise starts a new one and the break is 
 the chain sharing the longest token prefix with it (see `breaks.py`). Side calls never join or
 start a task chain; each is its own row, counted as a SIDE_CALL break.
 
-Cost. Prompts are int32 arrays and the prefix test is `bytes.startswith` (memcmp), so merging is
-bound by converting the record lists to arrays once per call.
+Cost. Prompts are int32 arrays and the prefix test is `bytes.startswith` (memcmp). Records read
+packed from the store (store/layout.py) are arrays over the blobs already: nothing is converted,
+and the rows are built with numpy (lists again only for records that held lists).
 """
 
 from __future__ import annotations
@@ -56,11 +57,14 @@ class _Chain:
 
     def extended_by(self, call: Call) -> bool:
         last = self.calls[-1]
-        p, lp, n, end = call.prompt, last.prompt, len(last.prompt), self.tokens
-        if len(p) < end or (end and p[end - 1] != (last.response or lp)[-1]):
-            return False  # O(1) rejects before any slice is copied
-        # The response (short, most distinctive) first; then the long prompt part.
-        return p[n:end] == last.response and p[:n] == lp
+        end = self.tokens
+        if len(call.prompt) < end or (
+            end and call.prompt[end - 1] != (last.response if len(last.response) else last.prompt)[-1]
+        ):
+            return False  # O(1) rejects before any bytes are compared
+        # memcmp: the response (short, most distinctive) first; then the long prompt part.
+        p = call.prompt_bytes
+        return p.startswith(last.response_bytes, len(last.prompt_bytes)) and p.startswith(last.prompt_bytes)
 
     def append(self, call: Call) -> None:
         self.calls.append(call)

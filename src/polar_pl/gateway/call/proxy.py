@@ -46,7 +46,7 @@ from polar_pl.gateway.call.sidecalls import SideCallRule, classify
 from polar_pl.gateway.call.stats import GatewayStats
 from polar_pl.gateway.call.toolguard import ToolCallGuard
 from polar_pl.gateway.call.volatile import strip_volatile
-from polar_pl.gateway.faithful.completion import CompletionStream, completion_body
+from polar_pl.gateway.faithful.completion import CompletionStream, completion_bytes
 from polar_pl.gateway.faithful.history import TokenFaithful
 from polar_pl.gateway.http.errors import error_response, upstream_status
 from polar_pl.gateway.providers import ProviderAdapter, RequestError
@@ -192,8 +192,10 @@ class Proxy:
             return await self.client.stream_chat(
                 rep.endpoint("/v1/chat/completions"), orjson.dumps(call.engine_body)
             )
-        body = completion_body(call.engine_body, call.faithful.prompt_ids)
-        stream = await self.client.stream_chat(rep.endpoint("/v1/completions"), orjson.dumps(body))
+        body, ids = completion_bytes(call.engine_body, call.faithful.prompt_ids)
+        stream = await self.client.stream_chat(
+            rep.endpoint("/v1/completions"), body, elide=(b'"prompt_token_ids":', ids)
+        )
         return CompletionStream(stream, call.engine_body, self.faithful.reasoning_parser)
 
     # ---- entry point ------------------------------------------------------------------------
@@ -305,12 +307,14 @@ class Proxy:
         try:
             limit = await self.pool.context_limit()
             call.faithful = await self.faithful.prompt(
-                call.session.session_id, chat, limit=limit, body_size=len(call.body)
+                call.session.session_id, chat, call_kind=call.call_kind, limit=limit, body_size=len(call.body)
             )
         except ValueError as exc:  # the template cannot render these messages (as the engine)
             return await self._fail(call, 400, f"invalid request: {exc}")
-        if call.faithful.anchor is not None and call.faithful.rendered_if_different is not None:
-            call.notes.append(f"token-faithful: sampled tokens of call {call.faithful.anchor} spliced in")
+        fp = call.faithful
+        # an incremental prompt has no re-render to compare with: its splice is noted anyway
+        if fp.anchor is not None and (fp.rendered_if_different is not None or fp.rendered_ids is None):
+            call.notes.append(f"token-faithful: sampled tokens of call {fp.anchor} spliced in")
         return None
 
     def _cap_max_tokens(self, chat: dict[str, Any], notes: list[str]) -> bool:

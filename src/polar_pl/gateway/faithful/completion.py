@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import orjson
+
 from polar_pl.chat.reasoning import ReasoningStream, check_reasoning_parser, thinking_enabled
 from polar_pl.chat.toolparse import HermesStreamParser
 from polar_pl.gateway.upstream.client import ChatStream
@@ -41,6 +44,16 @@ def completion_body(
         skip_special_tokens=not uses_tool_parser(chat),
     )
     return body
+
+
+def completion_bytes(chat: dict[str, Any], prompt_ids: np.ndarray) -> tuple[bytes, bytes]:
+    """(the request body, the prompt's JSON inside it): the ids are serialized once, and the
+    engine's echo of them can be recognized byte for byte (upstream/client.py SSEParser)."""
+    ids = orjson.dumps(prompt_ids, option=orjson.OPT_SERIALIZE_NUMPY)
+    body = completion_body(chat, [])
+    del body["prompt"]
+    rest = orjson.dumps({**body, "prompt": None})  # the prompt last: its ids go in as bytes
+    return rest[: -len(b"null}")] + ids + b"}", ids
 
 
 class CompletionToChat:

@@ -20,42 +20,97 @@ response cut by length gets the template's `<|im_end|>` as glue. Because the anc
 was built the same way, every earlier sampled turn is kept as sampled, and the next call's prompt
 extends the chain by construction: zero drift. With no matching record the plain render is used.
 The engine then gets the prompt through its token-in route (completion.py).
+
+This is the full path: it renders and tokenizes the whole conversation (twice) on every call, so
+its cost grows with the session. The gateway builds most prompts incrementally instead
+(incremental.py), falling back to this one; both give the same ids.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from polar_pl.chat.render import conversation_for_template, render_chat, render_marked
 from polar_pl.chat.toolparse import parse_tool_calls
+from polar_pl.gateway.store.packed import I32, as_i32
 from polar_pl.gateway.store.records import TraceRecord
 
+_SPECIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _MARK = f"polarfaithful{uuid.uuid4().hex}"
+MARK_MESSAGE = {"role": "assistant", "content": _MARK}
 
 
 @dataclass(frozen=True, slots=True)
 class FaithfulPrompt:
-    """prompt_ids: what the engine gets. rendered_ids: the plain render of the same messages.
-    anchor: call_index of the record whose sampled tokens were spliced in (None: plain render)."""
+    """prompt_ids: what the engine gets (int32). rendered_ids: the plain render of the same
+    messages, None where it was not made (the incremental path does not render the history).
+    anchor: call_index of the record whose sampled tokens were spliced in (None: plain render).
+    incremental: built from the session's chain (incremental.py) rather than a full render.
+    fallback: why a session with a chain needed the full render (a `BreakKind` value, "first",
+    "template" or "mismatch"); None when incremental, or for a session's first call."""
 
-    prompt_ids: list[int]
-    rendered_ids: list[int]
+    prompt_ids: np.ndarray
+    rendered_ids: np.ndarray | None
     anchor: int | None = None
+    incremental: bool = False
+    fallback: str | None = None
 
     @property
     def rendered_if_different(self) -> list[int] | None:
         """For `TraceRecord.rendered_prompt_ids`: kept only where splicing changed the prompt."""
-        return None if self.rendered_ids == self.prompt_ids else self.rendered_ids
+        r = self.rendered_ids
+        if r is None or np.array_equal(r, self.prompt_ids):
+            return None
+        return r.tolist()
+
+
+@dataclass(slots=True)
+class Tip:
+    """One successful call as later prompts need it: its request (messages, tools, template
+    kwargs) and the ids of its prompt and sampled response, packed (4 bytes a token)."""
+
+    call_index: int
+    messages: list[Any]
+    tools: Any
+    kwargs: Any
+    prompt: np.ndarray
+    response: np.ndarray
+    finish_reason: str | None = None
+    turn: _Turn | None = field(default=None, repr=False)  # the sampled turn, parsed on first use
+
+    @classmethod
+    def of(cls, rec: TraceRecord | Tip, prompt: np.ndarray | None = None) -> Tip | None:
+        """The tip of a record; None for a record no prompt can extend (failed, nothing sampled).
+        prompt: the record's prompt ids as an array already (the gateway built them)."""
+        if isinstance(rec, Tip):
+            return rec
+        req = _request(rec)
+        msgs = req.get("messages")
+        if rec.status != "ok" or not len(rec.response_ids) or not isinstance(msgs, list):
+            return None
+        return cls(
+            rec.call_index, msgs, req.get("tools"), req.get("chat_template_kwargs"),
+            as_i32(rec.prompt_ids) if prompt is None else prompt, as_i32(rec.response_ids),
+            rec.finish_reason,
+        )  # fmt: skip
+
+    def sampled_turn(self, tokenizer: Any) -> _Turn:
+        if self.turn is None:
+            self.turn = _sampled_turn(tokenizer, self.response)
+        return self.turn
 
 
 def faithful_prompt(
     tokenizer: Any,
     chat: dict[str, Any],
-    history: Sequence[TraceRecord],
+    history: Sequence[TraceRecord | Tip],
     *,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> FaithfulPrompt:
@@ -67,20 +122,45 @@ def faithful_prompt(
     """
     messages, tools = chat.get("messages"), chat.get("tools")
     kwargs = chat_template_kwargs if chat_template_kwargs is not None else chat.get("chat_template_kwargs")
-    _, rendered = render_chat(tokenizer, messages, tools, chat_template_kwargs=kwargs)
-    found = _find_anchor(tokenizer, messages, tools, kwargs, history)
+    rendered = np.asarray(render_chat(tokenizer, messages, tools, chat_template_kwargs=kwargs)[1], dtype=I32)
+    tips = [t for t in map(Tip.of, history) if t is not None]
+    found = _find_anchor(tokenizer, messages, tools, kwargs, tips)
     if found is None:
         return FaithfulPrompt(rendered, rendered)
-    k, rec = found
-    marked = [*messages[:k], {"role": "assistant", "content": _MARK}, *messages[k + 1 :]]
+    k, tip = found
+    tail = turn_tail(
+        tokenizer, [*messages[:k], MARK_MESSAGE, *messages[k + 1 :]], tools, kwargs, tip.response
+    )
+    if tail is None:
+        return FaithfulPrompt(rendered, rendered)
+    return FaithfulPrompt(np.concatenate([tip.prompt, tip.response, tail]), rendered, tip.call_index)
+
+
+def turn_tail(
+    tokenizer: Any, marked: list[Any], tools: Any, kwargs: Any, response: np.ndarray
+) -> np.ndarray | None:
+    """The ids the template writes after the echoed turn, replaced in `marked` by MARK_MESSAGE
+    (None if the marker does not come out exactly once). If the sampled response ends with the
+    token the template closes the turn with, that token is not repeated."""
     text, shield = render_marked(tokenizer, marked, tools, chat_template_kwargs=kwargs)
     if text.count(_MARK) != 1:
-        return FaithfulPrompt(rendered, rendered)
+        return None
     tail = shield.encode(text[text.index(_MARK) + len(_MARK) :])
-    response = list(rec.response_ids)
-    if tail and response and response[-1] == tail[0] and tail[0] in set(tokenizer.all_special_ids):
+    if tail and len(response) and int(response[-1]) == tail[0] and tail[0] in _special_ids(tokenizer):
         tail = tail[1:]  # the sampled end-of-turn token is the template's: keep the sampled one only
-    return FaithfulPrompt(list(rec.prompt_ids) + response + tail, rendered, rec.call_index)
+    return np.asarray(tail, dtype=I32)
+
+
+def _special_ids(tokenizer: Any) -> frozenset[int]:
+    try:
+        return _SPECIAL[tokenizer]
+    except (KeyError, TypeError):
+        ids = frozenset(tokenizer.all_special_ids)
+        try:
+            _SPECIAL[tokenizer] = ids
+        except TypeError:
+            pass
+        return ids
 
 
 def _request(rec: TraceRecord) -> dict[str, Any]:
@@ -93,18 +173,14 @@ def _find_anchor(
     messages: list[Any],
     tools: Any,
     kwargs: Any,
-    history: Sequence[TraceRecord],
-) -> tuple[int, TraceRecord] | None:
-    """(index of the echoed assistant turn, the record that sampled it), latest turn first."""
-    by_len: dict[int, list[TraceRecord]] = {}
-    for rec in sorted(history, key=lambda r: -r.call_index):
-        req = _request(rec)
-        msgs = req.get("messages")
-        if rec.status != "ok" or not rec.response_ids or not isinstance(msgs, list):
+    tips: Sequence[Tip],
+) -> tuple[int, Tip] | None:
+    """(index of the echoed assistant turn, the call that sampled it), latest turn first."""
+    by_len: dict[int, list[Tip]] = {}
+    for tip in sorted(tips, key=lambda t: -t.call_index):
+        if tip.tools != tools or tip.kwargs != kwargs:
             continue
-        if req.get("tools") != tools or req.get("chat_template_kwargs") != kwargs:
-            continue
-        by_len.setdefault(len(msgs), []).append(rec)
+        by_len.setdefault(len(tip.messages), []).append(tip)
     for k in range(len(messages) - 2, -1, -1):  # the last message is never the echoed turn
         msg = messages[k]
         if not (isinstance(msg, dict) and msg.get("role") == "assistant"):
@@ -113,11 +189,9 @@ def _find_anchor(
         if not candidates:
             continue
         before = _for_template(messages[:k])
-        for rec in candidates:
-            if _for_template(_request(rec)["messages"]) == before and _same_turn(
-                tokenizer, rec.response_ids, msg
-            ):
-                return k, rec
+        for tip in candidates:
+            if _for_template(tip.messages) == before and same_turn(tokenizer, tip, msg):
+                return k, tip
     return None
 
 
@@ -155,8 +229,8 @@ def _canon_args(args: Any) -> str:
     return json.dumps(args, sort_keys=True, ensure_ascii=False)
 
 
-def _sampled_turn(tokenizer: Any, response_ids: list[int]) -> _Turn:
-    text = tokenizer.decode(response_ids, skip_special_tokens=True)
+def _sampled_turn(tokenizer: Any, response_ids: np.ndarray) -> _Turn:
+    text = tokenizer.decode(response_ids.tolist(), skip_special_tokens=True)
     parsed = parse_tool_calls(text)  # the engine's parser: a tool call here is one there
     reasoning, content = _split_think((parsed.content or "") if parsed.tools_called else text)
     calls = tuple((c["function"]["name"], _canon_args(c["function"]["arguments"])) for c in parsed.tool_calls)
@@ -174,9 +248,10 @@ def _echoed_turn(msg: dict[str, Any]) -> _Turn:
     return _Turn(reasoning, content, calls)
 
 
-def _same_turn(tokenizer: Any, response_ids: list[int], msg: dict[str, Any]) -> bool:
-    """Is the echoed message this sampled output? Harnesses may drop reasoning and trim whitespace."""
-    s, e = _sampled_turn(tokenizer, response_ids), _echoed_turn(msg)
+def same_turn(tokenizer: Any, tip: Tip, msg: dict[str, Any]) -> bool:
+    """Is the echoed message the tip's sampled output? Harnesses may drop reasoning and trim
+    whitespace."""
+    s, e = tip.sampled_turn(tokenizer), _echoed_turn(msg)
     if e.calls != s.calls or e.content.strip() != s.content.strip():
         return False
     return not e.reasoning or (s.reasoning or "").strip() == e.reasoning.strip()

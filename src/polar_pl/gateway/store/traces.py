@@ -1,6 +1,8 @@
 """The durable trace store: SQLite in WAL mode.
 
-Every model call becomes one row holding the whole TraceRecord as JSON (nothing truncated).
+Every model call becomes one row: its token ids and logprobs as packed arrays, the rest of the
+TraceRecord as JSON (nothing truncated; store/layout.py, which also reads stores of the older
+all-JSON layout).
 `append` returns a future that resolves once the row is committed, so the core can hold back the
 end of a response until its record is durable. How the commit happens depends on `synchronous`,
 chosen by measurement (bench/gateway.py):
@@ -40,28 +42,12 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import orjson
 
+from polar_pl.gateway.store import layout
 from polar_pl.gateway.store.records import SessionInfo, TraceRecord
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS records (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL,
-    call_index INTEGER NOT NULL,
-    timestamp REAL NOT NULL,
-    status TEXT NOT NULL,
-    data BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS records_session ON records(session_id, call_index);
-CREATE TABLE IF NOT EXISTS sessions (
-    session_id TEXT PRIMARY KEY,
-    token TEXT UNIQUE NOT NULL,
-    data BLOB NOT NULL
-);
-"""
 
 _STOP = object()
 log = logging.getLogger(__name__)
@@ -78,7 +64,7 @@ def _open(path: Path, synchronous: str) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")
     conn.execute("PRAGMA busy_timeout=10000")
-    conn.executescript(_SCHEMA)
+    layout.migrate(conn)
     return conn
 
 
@@ -197,21 +183,18 @@ class TraceStore:
         rows, waiters = [], []
         for rec, fut, raw_body, pending in batch:
             try:
-                data = _encode(rec, raw_body)
-            except TypeError as exc:  # a record that cannot be serialized fails alone
+                values = layout.encode(rec, raw_body)
+            except (TypeError, ValueError) as exc:  # a record that cannot be serialized fails alone
                 self.errors += 1
                 fut.set_exception(StoreUnavailable(f"record cannot be encoded: {exc}"))
                 continue
             status = "pending" if pending else rec.status
-            rows.append((rec.session_id, rec.call_index, rec.timestamp, status, data))
+            rows.append((rec.session_id, rec.call_index, rec.timestamp, status, *values[1:]))
             waiters.append(fut)
         conn = self._write_conn
         try:
             conn.execute("BEGIN")
-            conn.executemany(
-                "INSERT INTO records(session_id, call_index, timestamp, status, data) VALUES (?,?,?,?,?)",
-                rows,
-            )
+            conn.executemany(layout.INSERT, rows)
             conn.executemany(
                 "UPDATE records SET status=? WHERE session_id=? AND call_index=? AND status='pending'",
                 [(status, sid, idx) for sid, idx, status in marks],
@@ -251,24 +234,26 @@ class TraceStore:
         with self._read_lock:
             return self._read_conn.execute(sql, args).fetchall()
 
-    def records(self, session_id: str) -> list[TraceRecord]:
+    def records(self, session_id: str, *, packed: bool = False) -> list[TraceRecord]:
+        """A session's records in call order (packed: token fields as arrays, store/layout.py)."""
         rows = self._rows(
-            "SELECT status, data FROM records WHERE session_id=? ORDER BY call_index, id", (session_id,)
+            f"SELECT {layout.record_columns(self._read_conn)} FROM records WHERE session_id=? "
+            "ORDER BY call_index, id",
+            (session_id,),
         )
-        return [_decode(*r) for r in rows]
+        return [_decode(r, packed) for r in rows]
 
-    def iter_records(self, batch: int = 256) -> Iterator[TraceRecord]:
+    def iter_records(self, batch: int = 256, *, packed: bool = False) -> Iterator[TraceRecord]:
         """Every record in write order, read in pages so a large store is not loaded at once."""
         last = 0
+        cols = layout.record_columns(self._read_conn)
         while True:
-            rows = self._rows(
-                "SELECT id, status, data FROM records WHERE id>? ORDER BY id LIMIT ?", (last, batch)
-            )
+            rows = self._rows(f"SELECT id, {cols} FROM records WHERE id>? ORDER BY id LIMIT ?", (last, batch))
             if not rows:
                 return
-            for rid, status, data in rows:
-                last = rid
-                yield _decode(status, data)
+            for row in rows:
+                last = row[0]
+                yield _decode(row[1:], packed)
 
     def count(self, session_id: str | None = None) -> int:
         if session_id is None:
@@ -287,20 +272,11 @@ class TraceStore:
         return out
 
 
-def _encode(rec: TraceRecord, raw_body: bytes | None) -> bytes:
-    try:
-        # orjson serializes the dataclass directly: same JSON as to_dict(), without asdict()'s
-        # deep copy of the (possibly 100 KB) raw request
-        return orjson.dumps(rec)
-    except TypeError as exc:  # orjson parses 1,024 levels but encodes at most 254
-        if raw_body is None:
-            raise
-        return orjson.dumps(rec.with_raw_request(raw_body, str(exc)))
-
-
-def _decode(status: str, data: bytes) -> TraceRecord:
-    rec = TraceRecord.from_dict(orjson.loads(data))
-    if status in ("pending", UNDELIVERED) and rec.status == "ok":
+def _decode(row: tuple, packed: bool = False) -> TraceRecord:
+    """A record from a row selected with `layout.record_columns` (status first): a pending one is
+    reported undelivered."""
+    rec = layout.decode(row, packed)
+    if row[0] in ("pending", UNDELIVERED) and rec.status == "ok":
         return dataclasses.replace(rec, status=UNDELIVERED, error=_UNDELIVERED_NOTE)
     return rec
 
@@ -331,26 +307,61 @@ def _read_only(path: str | Path) -> sqlite3.Connection:
     return conn
 
 
+class TraceReader:
+    """A store file read without a writer (tools, the viewer, the export), either layout: a
+    read-only connection, so a gateway writing the same file is never blocked. Use as a context
+    manager. packed=True gives token fields as arrays (store/layout.py)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._conn = _read_only(path)
+        self._cols = layout.record_columns(self._conn)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def sessions(self) -> list[SessionInfo]:
+        """Every registered session, oldest first."""
+        rows = self._conn.execute("SELECT data FROM sessions ORDER BY rowid").fetchall()
+        return [SessionInfo.from_dict(orjson.loads(r[0])) for r in rows]
+
+    def session_ids(self) -> list[str]:
+        """Every session with records, in the order of their first record."""
+        rows = self._conn.execute("SELECT session_id FROM records GROUP BY session_id ORDER BY MIN(id)")
+        return [r[0] for r in rows]
+
+    def records(self, session_id: str | None = None, *, packed: bool = False) -> list[TraceRecord]:
+        """One session's records in call order, or every record in write order."""
+        if session_id is None:
+            rows = self._conn.execute(f"SELECT {self._cols} FROM records ORDER BY id")
+        else:
+            rows = self._conn.execute(
+                f"SELECT {self._cols} FROM records WHERE session_id=? ORDER BY call_index, id", (session_id,)
+            )
+        return [_decode(r, packed) for r in rows]
+
+    def iter_sessions(
+        self, session_ids: list[str] | None = None, *, packed: bool = False
+    ) -> Iterator[tuple[str, list[TraceRecord]]]:
+        """(session id, its records) one session at a time: a store of any size in bounded memory."""
+        for sid in self.session_ids() if session_ids is None else session_ids:
+            yield sid, self.records(sid, packed=packed)
+
+
 def read_sessions(path: str | Path) -> list[SessionInfo]:
     """Every registered session of a store file, oldest first, read-only (for tools and viewers)."""
-    conn = _read_only(path)
-    try:
-        rows = conn.execute("SELECT data FROM sessions ORDER BY rowid").fetchall()
-    finally:
-        conn.close()
-    return [SessionInfo.from_dict(orjson.loads(r[0])) for r in rows]
+    with TraceReader(path) as reader:
+        return reader.sessions()
 
 
-def read_records(path: str | Path, session_id: str | None = None) -> list[TraceRecord]:
+def read_records(
+    path: str | Path, session_id: str | None = None, *, packed: bool = False
+) -> list[TraceRecord]:
     """Read records from a store file without starting a writer (for tools and trainers)."""
-    conn = _read_only(path)
-    try:
-        if session_id is None:
-            rows = conn.execute("SELECT status, data FROM records ORDER BY id").fetchall()
-        else:
-            rows = conn.execute(
-                "SELECT status, data FROM records WHERE session_id=? ORDER BY call_index, id", (session_id,)
-            ).fetchall()
-    finally:
-        conn.close()
-    return [_decode(*r) for r in rows]
+    with TraceReader(path) as reader:
+        return reader.records(session_id, packed=packed)

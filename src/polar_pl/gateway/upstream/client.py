@@ -81,13 +81,21 @@ class SSEParser:
 
     Working on whole network reads (not line by line) keeps the per-chunk cost low, and lets the
     relay forward everything that arrived together in one write.
+
+    elide: (key, value) JSON bytes: in the first event that holds `key` followed by `value`, the
+    value is parsed as `null` instead (`elided` turns true). A token-in request's prompt comes back
+    in the first event (`"prompt_token_ids":`), tens of thousands of ids the gateway sent itself:
+    found byte for byte, it is the prompt that was sent, and is neither parsed nor converted again.
     """
 
-    __slots__ = ("_buf", "done")
+    __slots__ = ("_buf", "_elide", "_keep", "done", "elided")
 
-    def __init__(self):
+    def __init__(self, elide: tuple[bytes, bytes] | None = None):
         self._buf = b""
         self.done = False
+        self._elide = b"".join(elide) if elide else None
+        self._keep = len(elide[0]) if elide else 0
+        self.elided = False
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         buf = self._buf + data if self._buf else data
@@ -97,6 +105,8 @@ class SSEParser:
             line = buf[start:end]
             start = end + 1
             if line.startswith(b"data:"):
+                if self._elide is not None:
+                    line = self._cut(line)
                 chunk = parse_sse_line(line)
                 if chunk is False:
                     self.done = True
@@ -106,11 +116,20 @@ class SSEParser:
         self._buf = buf[start:]
         return out
 
+    def _cut(self, line: bytes) -> bytes:
+        i = line.find(self._elide)
+        if i < 0:
+            return line
+        self.elided, n, self._elide = True, len(self._elide), None
+        return b"%snull%s" % (line[: i + self._keep], line[i + n :])
+
 
 class ChatStream(Protocol):
-    """An open engine stream. Iterate for chunk dicts; `close()` aborts the engine request."""
+    """An open engine stream. Iterate for chunk dicts; `close()` aborts the engine request.
+    elided: the `elide` bytes given to `stream_chat` were found (and parsed as null)."""
 
     policy_version: int | None
+    elided: bool
 
     def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
         """The chunks as they arrive: one list per network read."""
@@ -123,8 +142,11 @@ class ChatStream(Protocol):
 
 
 class UpstreamClient(Protocol):
-    async def stream_chat(self, url: str, body: bytes) -> ChatStream:
-        """POST a streaming chat request; raises UpstreamError before the first byte on failure."""
+    async def stream_chat(
+        self, url: str, body: bytes, elide: tuple[bytes, bytes] | None = None
+    ) -> ChatStream:
+        """POST a streaming chat request; raises UpstreamError before the first byte on failure.
+        elide: see SSEParser."""
 
     async def request_json(self, method: str, url: str, body: Any = None, timeout: float = 10.0) -> Any:
         """A small JSON call (models, health, tokenize)."""
@@ -177,6 +199,12 @@ def _json_as_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 class _StreamBase:
+    _parser: SSEParser
+
+    @property
+    def elided(self) -> bool:
+        return self._parser.elided
+
     async def __aiter__(self):
         async for batch in self.batches():
             for chunk in batch:
@@ -184,9 +212,10 @@ class _StreamBase:
 
 
 class _AiohttpStream(_StreamBase):
-    def __init__(self, resp):
+    def __init__(self, resp, elide: tuple[bytes, bytes] | None = None):
         self._resp = resp
         self.policy_version = _policy(resp.headers)
+        self._parser = SSEParser(elide)
 
     async def batches(self):
         import aiohttp
@@ -198,7 +227,7 @@ class _AiohttpStream(_StreamBase):
                     _json_answer((await resp.read()).decode(errors="replace"), str(resp.url))
                 )
                 return
-            parser = SSEParser()
+            parser = self._parser
             async for data in resp.content.iter_any():
                 chunks = parser.feed(data)
                 if chunks:
@@ -242,7 +271,9 @@ class AiohttpClient:
             )
         return self._session
 
-    async def stream_chat(self, url: str, body: bytes) -> ChatStream:
+    async def stream_chat(
+        self, url: str, body: bytes, elide: tuple[bytes, bytes] | None = None
+    ) -> ChatStream:
         import aiohttp
 
         try:
@@ -259,7 +290,7 @@ class AiohttpClient:
             finally:
                 resp.release()
             raise UpstreamError("http", _error_message(resp.status, text), resp.status)
-        return _AiohttpStream(resp)
+        return _AiohttpStream(resp, elide)
 
     async def _post(self, url: str, body: bytes):
         """POST once more when a pooled connection turns out closed by the engine before the
@@ -301,9 +332,10 @@ class AiohttpClient:
 
 
 class _HttpxStream(_StreamBase):
-    def __init__(self, resp):
+    def __init__(self, resp, elide: tuple[bytes, bytes] | None = None):
         self._resp = resp
         self.policy_version = _policy(resp.headers)
+        self._parser = SSEParser(elide)
 
     async def batches(self):
         import httpx
@@ -315,7 +347,7 @@ class _HttpxStream(_StreamBase):
                     _json_answer((await resp.aread()).decode(errors="replace"), str(resp.url))
                 )
                 return
-            parser = SSEParser()
+            parser = self._parser
             async for data in resp.aiter_raw():
                 chunks = parser.feed(data)
                 if chunks:
@@ -343,7 +375,9 @@ class HttpxClient:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
         )
 
-    async def stream_chat(self, url: str, body: bytes) -> ChatStream:
+    async def stream_chat(
+        self, url: str, body: bytes, elide: tuple[bytes, bytes] | None = None
+    ) -> ChatStream:
         import httpx
 
         req = self._client.build_request(
@@ -359,7 +393,7 @@ class HttpxClient:
             text = (await resp.aread()).decode(errors="replace")
             await resp.aclose()
             raise UpstreamError("http", _error_message(resp.status_code, text), resp.status_code)
-        return _HttpxStream(resp)
+        return _HttpxStream(resp, elide)
 
     async def request_json(self, method: str, url: str, body: Any = None, timeout: float = 10.0) -> Any:
         import httpx
