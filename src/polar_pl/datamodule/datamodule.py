@@ -1,10 +1,11 @@
-"""RolloutDataModule: owns the engine, the gateway and the stage pools, and yields training batches.
+"""RolloutDataModule: owns the engine and a rollout client, and yields training batches.
 
-`setup` starts (or connects to) the engine, starts the gateway in-process in front of it, and
-starts the rollout service; `train_dataloader` yields one collated batch of complete GRPO groups
-per optimisation step while the pools keep producing the next ones; `teardown` stops everything,
-also after an exception or Ctrl-C. `state_dict` / `load_state_dict` carry the task cursor and the
-policy version across a resume.
+`setup` starts (or connects to) the engine and connects the rollout client of the `rollout=`
+backend (`local`: a gateway and the stage pools in this process; `ray`: workers on a Ray
+cluster); `train_dataloader` yields one collated batch of complete GRPO groups per optimisation
+step while the rollouts keep producing the next ones; `teardown` stops everything, also after an
+exception or Ctrl-C. `state_dict` / `load_state_dict` carry the task cursor and the policy version
+across a resume.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
 from polar_pl.datamodule.collate import TrainBatch, collate
-from polar_pl.datamodule.pools import PoolSizes
-from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
+from polar_pl.datamodule.pools import INFRA_FAILURE, PoolSizes
+from polar_pl.datamodule.rollout import RolloutOptions
 from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.datamodule.service import Group, RolloutService
+from polar_pl.datamodule.service import Group
 from polar_pl.gateway.gateway import Gateway
+from polar_pl.rollout.local import LocalRollout
+from polar_pl.rollout.protocol import HarnessStages, RolloutBackend, RolloutClient, RolloutSetup
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ class RolloutDataModule(L.LightningDataModule):
         `tokenizer_dir`, which turns token-faithful prompts on (both engines take token prompts).
     pause_on_push: while new weights are pushed, new engine calls wait at the gateway; "drain"
         also waits for calls in flight to finish, "keep" lets them run on; None: no pause.
+    rollout: where sessions run, a `RolloutBackend` (Hydra group `rollout=`); None: this process.
     """
 
     def __init__(
@@ -68,6 +72,7 @@ class RolloutDataModule(L.LightningDataModule):
         gateway_options: dict[str, Any] | None = None,
         progress: bool = True,
         pause_on_push: str | None = "keep",
+        rollout: RolloutBackend | None = None,
     ) -> None:
         super().__init__()
         self.engine, self.sandbox, self.harness = engine, sandbox, harness
@@ -83,8 +88,10 @@ class RolloutDataModule(L.LightningDataModule):
         if pause_on_push not in (None, "drain", "keep"):
             raise ValueError(f"datamodule.pause_on_push={pause_on_push!r}: allowed values are drain, keep, null")
         self.pause_on_push = pause_on_push
-        self.gateway: Gateway | None = None
-        self.service: RolloutService | None = None
+        self.rollout = rollout or LocalRollout()
+        self.gateway: Gateway | None = None  # rollout=local: the in-process gateway
+        self.service: RolloutClient | None = None
+        self._started = False
         self._resume: dict[str, Any] = {}
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.counters: Counter[str] = Counter()
@@ -95,41 +102,45 @@ class RolloutDataModule(L.LightningDataModule):
 
     # ---- lifecycle ------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
-        if self.gateway is not None:
+        if self.service is not None:
             return
         try:
             self.engine.start()
-            store = self.store_path or self._tmp_store()
-            options = dict(self.gateway_options)
-            model_dir = getattr(self.engine, "model_dir", None)
-            if model_dir is not None:
-                options.setdefault("tokenizer_dir", str(model_dir))
-            self.gateway = Gateway([self.engine.url], store, **options).start()
+            self.service = self.rollout.connect(self._rollout_setup())
+            self.gateway = getattr(self.service, "gateway", None)
         except BaseException:
             self.teardown()
             raise
 
-    def _start_service(self) -> RolloutService:
-        """Started on first use, after Lightning restored `load_state_dict` on a resume."""
-        if self.service is None:
-            assert self.gateway is not None, "setup() first"
-            stages = HarnessRolloutStages(
-                self.gateway, self.sandbox, self.harness, self.evaluator, self.builder, self.options
-            )
-            self.service = RolloutService(
-                stages,
-                self.tasks,
-                group_size=self.group_size,
-                sizes=self.sizes,
-                max_groups_in_flight=self.max_groups_in_flight,
-                group_deadline_s=self.group_deadline_s,
-                **self._resume.get("service", {}),
-            ).start()
+    def _rollout_setup(self) -> RolloutSetup:
+        options = dict(self.gateway_options)
+        model_dir = getattr(self.engine, "model_dir", None)
+        if model_dir is not None:
+            options.setdefault("tokenizer_dir", str(model_dir))
+        return RolloutSetup(
+            stages=HarnessStages(self.sandbox, self.harness, self.evaluator, self.builder, self.options),
+            tasks=self.tasks,
+            group_size=self.group_size,
+            sizes=self.sizes,
+            max_groups_in_flight=self.max_groups_in_flight,
+            group_deadline_s=self.group_deadline_s,
+            engine_urls=tuple(getattr(self.engine, "urls", None) or [self.engine.url]),
+            store_path=self.store_path or self._tmp_store(),
+            gateway_options=options,
+        )
+
+    def _start_service(self) -> RolloutClient:
+        """Groups start on first use, after Lightning restored `load_state_dict` on a resume."""
+        assert self.service is not None, "setup() first"
+        if not self._started:
+            self.service.start_groups(self._resume.get("service", {}))
+            self._started = True
         return self.service
 
     def teardown(self, stage: str | None = None) -> None:
-        """Stop pools (every sandbox and session cleaned), then gateway, then engine. Idempotent."""
-        for stop in (self._stop_service, self._stop_gateway, self.engine.stop):
+        """Stop rollouts (every sandbox and session cleaned, gateways flushed), then the engine.
+        Idempotent."""
+        for stop in (self._stop_service, self.engine.stop):
             try:
                 stop()
             except Exception:
@@ -140,13 +151,10 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _stop_service(self) -> None:
         if self.service is not None:
-            self.service.stop()
-            self.service = None
-
-    def _stop_gateway(self) -> None:
-        if self.gateway is not None:
-            self.gateway.stop()
-            self.gateway = None
+            try:
+                self.service.close()
+            finally:
+                self.service, self.gateway, self._started = None, None, False
 
     def _tmp_store(self) -> str:
         self._tmp = tempfile.TemporaryDirectory(prefix="polar-traces-")
@@ -184,7 +192,7 @@ class RolloutDataModule(L.LightningDataModule):
 
     def live_metrics(self) -> dict[str, float]:
         """Stage gauges for the live display (empty until the pools start)."""
-        return self.service.metrics() if self.service is not None else {}
+        return self.service.metrics() if self._started and self.service is not None else {}
 
     @property
     def last_metrics(self) -> dict[str, float]:
@@ -213,7 +221,7 @@ class RolloutDataModule(L.LightningDataModule):
         return rows
 
     def _metrics(self, groups: list[Group], rows: list[TrajectoryRow], batch: TrainBatch, wait_s: float):
-        results = [r for g in groups for r in g.results]
+        results = [r for g in groups for r in g.results if r.status != INFRA_FAILURE]  # masked: no reward
         rewards = [r.reward for r in results]
         m: dict[str, float] = {
             "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
@@ -233,15 +241,13 @@ class RolloutDataModule(L.LightningDataModule):
         m.update({k: float(v) for k, v in merged.items()})
         m.update({f"datamodule/{k}": float(v) for k, v in self.counters.items()})
         if self.service is not None:
-            m.update(self.service.metrics())
-        if self.gateway is not None:
-            stats = self.gateway.stats()
+            stats = self.service.metrics()  # pool/*, gateway/*, rollout/* of the backend
             busy_s, up_s = stats.get("gateway/engine_busy_s", 0.0), stats.get("gateway/uptime_s", 0.0)
             last_busy, last_up = self._busy_mark
             if up_s > last_up:
                 m["rollout/engine_busy"] = (busy_s - last_busy) / (up_s - last_up)  # since the last batch
             self._busy_mark = (busy_s, up_s)
-            m.update({k: float(v) for k, v in stats.items() if isinstance(v, int | float)})
+            m.update(stats)
         return m
 
     def push_target(self) -> PausingEngine:
@@ -252,7 +258,7 @@ class RolloutDataModule(L.LightningDataModule):
         """Called after a training step used the oldest issued batch (see `CommitBatches`)."""
         if self._batch_metrics:
             self._batch_metrics.popleft()
-        if self._issued and self.service is not None:
+        if self._issued and self._started and self.service is not None:
             self.service.mark_consumed(self._issued.popleft())
             self.batches_done += 1
 
@@ -262,7 +268,7 @@ class RolloutDataModule(L.LightningDataModule):
             "policy_version": int(self.engine.policy_version()),
             "batches_done": self.batches_done,
         }
-        if self.service is not None:
+        if self._started and self.service is not None:
             state["service"] = self.service.state_dict()
         elif "service" in self._resume:
             state["service"] = self._resume["service"]
@@ -287,8 +293,9 @@ class _Batches(IterableDataset):
 
 
 class PausingEngine:
-    """The datamodule's engine with `update_weights_*` wrapped in a gateway pause, so no engine call
-    starts while weights change (mode "drain" also lets the calls in flight finish first)."""
+    """The datamodule's engine with `update_weights_*` wrapped in a pause of every gateway (the
+    rollout client's), so no engine call starts while weights change (mode "drain" also lets the
+    calls in flight finish first)."""
 
     def __init__(self, dm: RolloutDataModule) -> None:
         object.__setattr__(self, "_dm", dm)
@@ -300,7 +307,7 @@ class PausingEngine:
         setattr(self._dm.engine, name, value)
 
     def _paused(self, update: Callable[..., int], *args: Any) -> int:
-        gateway, mode = self._dm.gateway, self._dm.pause_on_push
+        gateway, mode = self._dm.service, self._dm.pause_on_push
         if gateway is None:
             return update(*args)
         if mode is None:

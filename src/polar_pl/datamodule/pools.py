@@ -20,6 +20,9 @@ from typing import Any, Protocol
 from polar_pl.datamodule.rows import TrajectoryRow
 
 OK, TIMEOUT, FAILED = "ok", "timeout", "failed"
+# The infrastructure failed the attempt (a lost worker or node, retries spent): masked, never
+# trained as reward 0.
+INFRA_FAILURE = "infra_failure"
 
 
 @dataclass(slots=True)

@@ -50,6 +50,10 @@ class RolloutService:
     group_size: attempts per task (G). group_deadline_s: a group is released with what finished
     by then. start_seq / skip_seqs: resume point (see `state_dict`). limit: feed only seqs below
     it (a bounded run, such as SFT data generation, starts no group it will not collect).
+    pools: a zero-argument factory, called on the service's event loop, for what runs the jobs
+    (default: `StagePools(stages, sizes)` in this process; `polar_pl.rollout.ray_pools.RayPools`
+    spreads them over Ray workers). It needs `start()`, `await submit(job)`, a `results` queue,
+    `metrics()` and `await stop()`.
     """
 
     def __init__(
@@ -65,6 +69,7 @@ class RolloutService:
         skip_seqs: Sequence[int] = (),
         id_prefix: str | None = None,
         limit: int | None = None,
+        pools: Callable[[], Any] | None = None,
     ) -> None:
         if len(tasks) == 0:
             raise ValueError("task source is empty: datamodule needs at least one task")
@@ -85,6 +90,7 @@ class RolloutService:
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-service", daemon=True)
         self._main: Future | None = None
         self._main_task: asyncio.Task | None = None
+        self._make_pools = pools or (lambda: StagePools(self.stages, self.sizes))
         self.pools: StagePools | None = None
         self.error: BaseException | None = None
 
@@ -171,7 +177,7 @@ class RolloutService:
 
     async def _run(self) -> None:
         self._main_task = asyncio.current_task()
-        self.pools = StagePools(self.stages, self.sizes)
+        self.pools = self._make_pools()
         self.pools.start()
         pending: dict[str, _Pending] = {}
         feeder = asyncio.create_task(self._feed(pending))

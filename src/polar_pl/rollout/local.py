@@ -1,0 +1,70 @@
+"""`rollout=local`: one in-process gateway in front of the engine replicas and the stage pools on a
+background event loop of this process (the CPU default; what the DataModule always did)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from polar_pl.datamodule.service import Group, RolloutService
+from polar_pl.gateway.gateway import Gateway
+from polar_pl.rollout.protocol import RolloutSetup
+
+
+class LocalRollout:
+    """The `rollout=local` backend (conf/rollout/local.yaml)."""
+
+    def connect(self, setup: RolloutSetup) -> LocalClient:
+        return LocalClient(setup)
+
+
+class LocalClient:
+    """`RolloutClient` in this process. `gateway` is the running gateway (records, sessions)."""
+
+    def __init__(self, setup: RolloutSetup) -> None:
+        self.setup = setup
+        self.gateway = Gateway(list(setup.engine_urls), setup.store_path, **setup.gateway_options).start()
+        self.service: RolloutService | None = None
+
+    def start_groups(self, cursor: dict[str, Any]) -> None:
+        if self.service is None:
+            self.service = RolloutService(
+                self.setup.stages(self.gateway), self.setup.tasks, **self.setup.service_kwargs(), **cursor
+            ).start()
+
+    def _service(self) -> RolloutService:
+        if self.service is None:
+            raise RuntimeError("rollout client: start_groups(cursor) before asking for groups")
+        return self.service
+
+    def next_groups(self, n: int, timeout: float | None = None, *, consume: bool = True) -> list[Group]:
+        return self._service().next_groups(n, timeout=timeout, consume=consume)
+
+    def mark_consumed(self, seqs: Sequence[int]) -> None:
+        self._service().mark_consumed(seqs)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._service().state_dict()
+
+    def metrics(self) -> dict[str, float]:
+        m = self.service.metrics() if self.service is not None else {}
+        m.update({k: float(v) for k, v in self.gateway.stats().items() if isinstance(v, int | float)})
+        return m
+
+    def pause(self, mode: str) -> None:
+        self.gateway.pause(mode)
+
+    def resume(self) -> None:
+        self.gateway.resume()
+
+    def set_policy_version(self, version: int) -> None:
+        self.gateway.set_policy_version(version)
+
+    def close(self) -> None:
+        """Pools first (every sandbox and session cleaned), then the gateway (flushes the store)."""
+        try:
+            if self.service is not None:
+                self.service.stop()
+                self.service = None
+        finally:
+            self.gateway.stop()
