@@ -76,11 +76,10 @@ class RayRollout:
         if ray.is_initialized():
             return False
         kwargs: dict[str, Any] = {"namespace": self.namespace, "log_to_driver": True, **self.init_kwargs}
-        if self.address == "local":
+        if self.address == "local":  # a new instance, never another cluster found on this machine
             kwargs.setdefault("resources", {"sandbox": self.workers_per_node})
             kwargs.setdefault("include_dashboard", False)
-        else:
-            kwargs["address"] = self.address
+        kwargs["address"] = self.address
         ray.init(**kwargs)
         return True
 

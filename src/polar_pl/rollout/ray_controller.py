@@ -75,8 +75,9 @@ class RolloutController:
                  len({w.node for w in self.slots}))  # fmt: skip
 
     def workers(self) -> list[dict[str, Any]]:
-        """Name, node, host, pid and trace store of every worker, and whether it is alive."""
-        return [{**w.info, "alive": w.alive} for w in self.slots]
+        """Name, node, host, pid and trace store of every worker, whether it is alive and how many
+        jobs it holds now."""
+        return [{**w.info, "alive": w.alive, "jobs": len(w.jobs)} for w in self.slots]
 
     def start_groups(self, cursor: dict[str, Any]) -> None:
         if self.service is None:
