@@ -16,7 +16,7 @@ memcmp, and memcmp on buffers that are int32 already (what a store keeping int32
     python bench/merge.py --cli claude_code,pi   # + real CLI sessions, token-faithful on vs off
 
 `--cli` also runs real harness CLIs (installed by `polar-pl harness install`) through the gateway
-on a three-turn tool task (polar_pl.gateway.clitrace, scripted engine with the tiny model) once
+on a three-turn tool task (polar_pl.testing.clitrace, scripted engine with the tiny model) once
 with token-faithful prompts on and once off, and prints their compression table side by side.
 Measured (2 shared CPUs, tiny model, `--cli claude_code,pi,qwen_code`): every CLI made 3 calls;
 on: 1 chain, 0 breaks, ratio 2.99 / 2.94 / 2.99 (2 calls spliced each); off: 2 chains, 1 drift
@@ -242,8 +242,8 @@ def main() -> None:
 
 def cli_table(names: list[str], model_dir: str | None) -> Table:
     """Real CLI sessions through the gateway, token-faithful prompts on vs off, side by side."""
-    from polar_pl.engine.scripted import default_model_dir
-    from polar_pl.gateway.clitrace import run_cli_session
+    from polar_pl.testing.clitrace import run_cli_session
+    from polar_pl.testing.scripted import default_model_dir
 
     model_dir = model_dir or str(default_model_dir())
     table = Table(title="compression on real CLI sessions (3-turn tool task): token-faithful on | off")

@@ -28,7 +28,7 @@ from rich.table import Table
 from polar_pl.harness import HARNESSES, build_harness
 from polar_pl.harness.protocol import GatewaySession
 from polar_pl.harness.run import run_harness, sandbox_paths
-from polar_pl.harness.smoke import PROMPT, script_for
+from polar_pl.testing.smoke import PROMPT, script_for
 
 REPO = Path(__file__).resolve().parents[1]
 PREFIX = Path(os.environ.get("POLAR_HARNESS_PREFIX", REPO / ".cache" / "harness"))
@@ -155,8 +155,8 @@ def main() -> None:
     names = [n for n in names if build_harness(n).is_installed(PREFIX)]
     console = Console(width=150)
 
-    from polar_pl.engine.scripted import serve_scripted
     from polar_pl.gateway.gateway import Gateway
+    from polar_pl.testing.scripted import serve_scripted
 
     class Script:
         reply = None

@@ -24,4 +24,4 @@ def tiny_model_dir() -> Path:
 
 
 # The real Docker engine and the offline base image, shared by the sandbox, harness and task tests.
-from polar_pl.sandbox.testing import docker_engine, docker_image, no_sandbox_leftovers  # noqa: E402, F401
+from polar_pl.testing.sandbox import docker_engine, docker_image, no_sandbox_leftovers  # noqa: F401

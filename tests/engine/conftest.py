@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from polar_pl.chat.render import render_chat
 from polar_pl.engine.embedded import EmbeddedEngine
-from polar_pl.engine.render import render_chat
 
 TOOLS = [
     {

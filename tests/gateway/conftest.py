@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from polar_pl.engine.errors import EngineError
-from polar_pl.engine.scripted import Reply, ScriptedServer, serve_scripted
 from polar_pl.gateway.gateway import Gateway
+from polar_pl.testing.scripted import Reply, ScriptedServer, serve_scripted
 
 
 class Script:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from sse_grammar import check_anthropic, check_chat, check_google, check_responses, parse_sse
 
-from polar_pl.engine.scripted import Reply, ToolCall
+from polar_pl.testing.scripted import Reply, ToolCall
 
 CAPTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "harness-captures"
 RECORDS = sorted(

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from polar_pl.gateway.clitrace import ANSWER, run_cli_session
+from polar_pl.testing.clitrace import ANSWER, run_cli_session
 
 CLIS = ["claude_code", "pi"]
 

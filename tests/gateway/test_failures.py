@@ -14,8 +14,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from polar_pl.engine.scripted import Reply, serve_scripted
 from polar_pl.gateway.gateway import Gateway
+from polar_pl.testing.scripted import Reply, serve_scripted
 from polar_pl.utils.serving import ServerThread, free_port
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

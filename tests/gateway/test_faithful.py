@@ -8,12 +8,12 @@ import httpx
 import orjson
 import pytest
 
+from polar_pl.chat.render import render_chat
 from polar_pl.datamodule.trajectory import PrefixBuilder
-from polar_pl.engine.render import render_chat
-from polar_pl.engine.scripted import Reply, ToolCall
 from polar_pl.gateway.capture import CallCapture
 from polar_pl.gateway.faithful import CompletionToChat, completion_body, faithful_prompt
 from polar_pl.gateway.records import TraceRecord
+from polar_pl.testing.scripted import Reply, ToolCall
 
 TOOLS = [
     {

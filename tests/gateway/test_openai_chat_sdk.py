@@ -7,7 +7,7 @@ import json
 
 import openai
 
-from polar_pl.engine.scripted import Reply, ToolCall
+from polar_pl.testing.scripted import Reply, ToolCall
 
 TOOLS = [
     {

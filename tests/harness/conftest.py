@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from polar_pl.engine.scripted import Reply, serve_scripted
 from polar_pl.gateway.gateway import Gateway
-from polar_pl.sandbox.testing import (  # noqa: F401  (a real dockerd; the leftover check)
+from polar_pl.testing.sandbox import (  # noqa: F401  (a real dockerd; the leftover check)
     OWNER,
     docker_engine,
     docker_image,
     no_sandbox_leftovers,
 )
+from polar_pl.testing.scripted import Reply, serve_scripted
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS_PREFIX = Path(os.environ.get("POLAR_HARNESS_PREFIX", REPO / ".cache" / "harness"))

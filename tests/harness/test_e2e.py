@@ -15,7 +15,7 @@ import pytest
 from polar_pl.harness import build_harness
 from polar_pl.harness.protocol import GatewaySession
 from polar_pl.harness.run import run_harness
-from polar_pl.harness.smoke import ANSWER, PROMPT, RESULT_FILE, SHELL_TOOL, script_for
+from polar_pl.testing.smoke import ANSWER, PROMPT, RESULT_FILE, SHELL_TOOL, script_for
 
 
 def _main_calls(records) -> list:

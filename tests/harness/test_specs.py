@@ -196,7 +196,7 @@ class Sleeper:
 
 def test_run_harness_timeout_kills_and_still_collects(tmp_path):
     from polar_pl.sandbox.local import LocalSandbox
-    from polar_pl.sandbox.testing import OWNER
+    from polar_pl.testing.sandbox import OWNER
 
     with LocalSandbox(owner=OWNER) as sb:
         t0 = time.monotonic()

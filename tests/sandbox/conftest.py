@@ -10,7 +10,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from polar_pl.sandbox.testing import (  # noqa: F401  (a real dockerd; the leftover check)
+from polar_pl.testing.sandbox import (  # noqa: F401  (a real dockerd; the leftover check)
     OWNER,
     docker_engine,
     docker_image,

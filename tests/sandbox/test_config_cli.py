@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from polar_pl.sandbox.docker import DockerSandbox
 from polar_pl.sandbox.local import LocalSandbox
 from polar_pl.sandbox.protocol import Sandbox
-from polar_pl.sandbox.testing import leftovers
+from polar_pl.testing.sandbox import leftovers
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from polar_pl.engine.scripted import Reply, ToolCall
 from polar_pl.tasks.task import Task
+from polar_pl.testing.scripted import Reply, ToolCall
 
 
 def _text(content: Any) -> str:

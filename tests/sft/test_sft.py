@@ -19,11 +19,11 @@ from hydra.core.hydra_config import HydraConfig
 from rich.console import Console
 from sft_upstream import solver
 
-from polar_pl.engine.scripted import serve_scripted
 from polar_pl.gateway.store import read_records
 from polar_pl.harness.mini_agent import TOOLS
 from polar_pl.sft import generate
 from polar_pl.tasks.builtin import load_suite
+from polar_pl.testing.scripted import serve_scripted
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from polar_pl.sandbox.testing import docker_engine, docker_image  # noqa: F401  (real dockerd)
+from polar_pl.testing.sandbox import docker_engine, docker_image  # noqa: F401  (real dockerd)
 
 
 @pytest.fixture

@@ -3,11 +3,10 @@
 Handles (what the rest of the system holds), `protocol.Engine`:
   embedded.EmbeddedEngine   transformers engine of this package (thread or subprocess)
   vllm_engine.VLLMEngine    vLLM's OpenAI server, launched from $POLAR_VLLM_PYTHON or by URL
-  scripted.ScriptedServer   scripted answers over the real server (a test double, `serve_scripted`)
 
 The embedded server: `server.create_app(backend)` over a `backend.GenerationBackend`
-(`transformers_backend.TransformersBackend` with `scheduler.Scheduler`, or
-`scripted.ScriptedBackend`); `render` (chat -> prompt ids, as vLLM renders), `toolparse` (hermes
-tool calls, as vLLM parses them; shared with the gateway), `serving` (OpenAI JSON), `detok`
-(incremental text, stop handling), `sampling`, `errors`, `openai_protocol` (request models).
+(`transformers_backend.TransformersBackend` with `scheduler.Scheduler`, or the test double
+`polar_pl.testing.scripted.ScriptedBackend`); `serving` (OpenAI JSON), `detok` (incremental
+text, stop handling), `sampling`, `errors`, `openai_protocol` (request models). Rendering, tool-call
+and reasoning parsing are `polar_pl.chat` (shared with the gateway and sft).
 """

@@ -6,7 +6,7 @@ into sampled ids. Two backends implement `GenerationBackend`:
 
 - `TransformersBackend` (`engine/transformers_backend.py`): the real model, every active sequence
   stepped together by a scheduler with a KV cache;
-- `ScriptedBackend` (`engine/scripted.py`): a test double for the components around the engine
+- `ScriptedBackend` (`polar_pl/testing/scripted.py`): a test double for the components around the engine
   (gateway, harness runs) answering with scripted assistant turns, rendered into real tokens.
 
 Both share `SequenceOutput` (`engine/detok.py`) for detokenization and stop handling, so text,

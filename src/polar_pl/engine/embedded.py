@@ -1,6 +1,6 @@
 """EmbeddedEngine: the transformers engine of this package behind the `Engine` handle.
 
-reasoning_parser: None or "qwen3", as vLLM's `--reasoning-parser` (engine/reasoning.py).
+reasoning_parser: None or "qwen3", as vLLM's `--reasoning-parser` (chat/reasoning.py).
 mode="thread": model and server live in this process (uvicorn on a thread); weight updates from
 a state dict are a direct in-memory copy, no serialization.
 mode="subprocess": `polar-pl engine` in a child process (isolates the GIL from the trainer);
@@ -45,7 +45,7 @@ class EmbeddedEngine:
         reasoning_parser: str | None = None,
         startup_timeout: float = 300.0,
     ):
-        from polar_pl.engine.reasoning import check_reasoning_parser
+        from polar_pl.chat.reasoning import check_reasoning_parser
 
         if mode not in ("thread", "subprocess"):
             raise ValueError(f"engine.mode must be 'thread' or 'subprocess', got {mode!r}")

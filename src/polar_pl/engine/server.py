@@ -23,6 +23,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from polar_pl.chat.reasoning import check_reasoning_parser, thinking_enabled
+from polar_pl.chat.render import RenderError, render_chat
 from polar_pl.engine import serving
 from polar_pl.engine.backend import GenerationBackend, GenerationRequest, SamplingParams
 from polar_pl.engine.errors import EngineError, context_length_error, error_body, error_response
@@ -31,8 +33,6 @@ from polar_pl.engine.openai_protocol import (
     CompletionRequest,
     UpdateWeightsFromDiskRequest,
 )
-from polar_pl.engine.reasoning import check_reasoning_parser, thinking_enabled
-from polar_pl.engine.render import RenderError, render_chat
 
 VERSION_HEADER = "x-policy-version"
 
@@ -68,7 +68,7 @@ def create_app(
     backend: GenerationBackend, served_model_name: str | None = None, reasoning_parser: str | None = None
 ) -> FastAPI:
     """Build the app. The backend is started and closed with the app's lifespan.
-    reasoning_parser: None or "qwen3" (vLLM's `--reasoning-parser qwen3`, see engine/reasoning.py)."""
+    reasoning_parser: None or "qwen3" (vLLM's `--reasoning-parser qwen3`, see chat/reasoning.py)."""
     model_name = served_model_name or backend.model_name
     reasoning_parser = check_reasoning_parser(reasoning_parser)
 

@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from polar_pl.chat.reasoning import ReasoningStream, split_reasoning, thinking_enabled
+from polar_pl.chat.toolparse import HermesStreamParser, parse_tool_calls
 from polar_pl.engine.backend import SeqDelta, TokenLogprob
 from polar_pl.engine.openai_protocol import ChatCompletionRequest, CompletionRequest
-from polar_pl.engine.reasoning import ReasoningStream, split_reasoning, thinking_enabled
-from polar_pl.engine.toolparse import HermesStreamParser, parse_tool_calls
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from polar_pl.engine.reasoning import check_reasoning_parser
+from polar_pl.chat.reasoning import check_reasoning_parser
 from polar_pl.gateway.detect import provider_from_headers, provider_from_path, split_session_path
 from polar_pl.gateway.errors import error_response
 from polar_pl.gateway.faithful_mode import TokenFaithful

@@ -5,11 +5,11 @@ chat template can give other tokens than the ones sampled (a template that strip
 thinking, tool-call JSON re-serialized, text re-tokenized). Training on such a prompt trains on a
 context the policy never produced, and it breaks prefix merging (a DRIFT break).
 
-`faithful_prompt` renders the request the way the engine would (`polar_pl.engine.render`), then
+`faithful_prompt` renders the request the way the engine would (`polar_pl.chat.render`), then
 looks in the session's earlier records for the call that produced the last echoed assistant turn:
 a record whose request messages are exactly the messages before that turn, with the same tools,
 and whose sampled output, parsed with the engine's own hermes parser
-(`polar_pl.engine.toolparse`), is that turn. The prompt is then
+(`polar_pl.chat.toolparse`), is that turn. The prompt is then
 
     that call's prompt_ids + its sampled response_ids + the tokens the template puts after the turn
 
@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from polar_pl.engine.reasoning import ReasoningStream, check_reasoning_parser, thinking_enabled
-from polar_pl.engine.render import conversation_for_template, render_chat
-from polar_pl.engine.toolparse import HermesStreamParser, parse_tool_calls
+from polar_pl.chat.reasoning import ReasoningStream, check_reasoning_parser, thinking_enabled
+from polar_pl.chat.render import conversation_for_template, render_chat
+from polar_pl.chat.toolparse import HermesStreamParser, parse_tool_calls
 from polar_pl.gateway.records import TraceRecord
 
 _MARK = f"polarfaithful{uuid.uuid4().hex}"
@@ -67,7 +67,7 @@ def faithful_prompt(
     """Prompt ids for `chat` (a normalized Chat Completions body: messages, tools) in a session
     whose earlier records are `history` (any order; failed calls are ignored).
 
-    Raises `polar_pl.engine.render.RenderError` (a ValueError, answered 400) on messages the
+    Raises `polar_pl.chat.render.RenderError` (a ValueError, answered 400) on messages the
     template cannot render, exactly as the engine would.
     """
     messages, tools = chat.get("messages"), chat.get("tools")

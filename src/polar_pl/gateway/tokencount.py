@@ -42,7 +42,7 @@ class TokenCounter:
         return self._tokenizer
 
     def _count_local(self, chat: dict[str, Any]) -> int:
-        from polar_pl.engine.render import render_chat
+        from polar_pl.chat.render import render_chat
 
         _, ids = render_chat(self._load(), chat.get("messages") or [], chat.get("tools") or None)
         return len(ids)

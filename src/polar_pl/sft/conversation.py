@@ -4,7 +4,7 @@ A row's last call holds the whole conversation up to that call in its normalized
 OpenAI Chat body the gateway sent to the engine, whatever API the harness spoke). The sampled
 answer to that call is read back from the recorded token ids with the engine's own hermes parser,
 so the final assistant turn is exactly what was sampled, tool calls included. Messages are written
-as chat templates take them (`engine.render.conversation_for_template`): text parts joined, tool
+as chat templates take them (`chat.render.conversation_for_template`): text parts joined, tool
 call arguments as objects, reasoning in `reasoning_content`.
 
     {"messages": [{"role": "system", ...}, {"role": "user", ...},
@@ -20,8 +20,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from polar_pl.engine.render import conversation_for_template, tools_for_template
-from polar_pl.engine.toolparse import parse_tool_calls
+from polar_pl.chat.render import conversation_for_template, tools_for_template
+from polar_pl.chat.toolparse import parse_tool_calls
 from polar_pl.gateway.records import TraceRecord
 
 

@@ -14,8 +14,8 @@ from google import genai
 from google.genai import errors, types
 from reasoning_proxy import reasoning_proxy
 
-from polar_pl.engine.scripted import Reply, ToolCall
 from polar_pl.gateway.gateway import Gateway
+from polar_pl.testing.scripted import Reply, ToolCall
 from polar_pl.utils.serving import ServerThread
 
 CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"

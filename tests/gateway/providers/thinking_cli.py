@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from reasoning_proxy import reasoning_proxy
 
-from polar_pl.engine.scripted import Reply, ToolCall, serve_scripted
 from polar_pl.gateway.gateway import Gateway
 from polar_pl.harness import build_harness
 from polar_pl.harness.protocol import GatewaySession
 from polar_pl.harness.run import run_harness
-from polar_pl.harness.smoke import ANSWER, PROMPT, RESULT_FILE, SHELL_TOOL
+from polar_pl.testing.scripted import Reply, ToolCall, serve_scripted
+from polar_pl.testing.smoke import ANSWER, PROMPT, RESULT_FILE, SHELL_TOOL
 from polar_pl.utils.serving import ServerThread
 
 HARNESS_PREFIX = Path(
@@ -70,7 +70,7 @@ def thinking_stack(tiny_model_dir: Path, store: Path) -> Iterator[Stack]:
 def run_thinking_task(stack: Stack, name: str, provider: str) -> list:
     """Run the task with harness `name` speaking `provider`; returns the two main-call records."""
     from polar_pl.sandbox.local import LocalSandbox
-    from polar_pl.sandbox.testing import OWNER
+    from polar_pl.testing.sandbox import OWNER
 
     harness = build_harness(name, provider=provider)
     if not harness.is_installed(HARNESS_PREFIX):

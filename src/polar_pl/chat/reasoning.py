@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from polar_pl.engine.toolparse import TOOL_CALL_START, partial_tag_overlap
+from polar_pl.chat.toolparse import TOOL_CALL_START, partial_tag_overlap
 
 THINK_START = "<think>"
 THINK_END = "</think>"

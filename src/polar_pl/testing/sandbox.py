@@ -1,6 +1,6 @@
 """Pytest fixtures for a real Docker engine, importable by any conftest:
 
-    from polar_pl.sandbox.testing import docker_engine, docker_image, no_sandbox_leftovers  # noqa: F401
+    from polar_pl.testing.sandbox import docker_engine, docker_image, no_sandbox_leftovers  # noqa: F401
 
 `docker_engine`: a private dockerd started as root with its own data root, exec root, pidfile and
 socket (dockerd.py), stopped by pid at the end of the session after removing the test containers;

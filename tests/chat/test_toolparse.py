@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from polar_pl.engine.toolparse import HermesStreamParser, parse_tool_calls, render_tool_call
+from polar_pl.chat.toolparse import HermesStreamParser, parse_tool_calls, render_tool_call
 
 CALL = '<tool_call>\n{"name": "run", "arguments": {"cmd": "ls -la", "n": 2}}\n</tool_call>'
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from polar_pl.engine.scripted import Reply, ToolCall
+from polar_pl.testing.scripted import Reply, ToolCall
 
 # harness -> (its shell tool, the argument holding the command, extra arguments the tool requires);
 # names as recorded from each CLI's requests (fixtures/harness-captures).

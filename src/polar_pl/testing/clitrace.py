@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polar_pl.chat.toolparse import render_tool_call
 from polar_pl.datamodule.trajectory import MergeStats, PrefixBuilder
-from polar_pl.engine.scripted import Reply, ScriptedBackend, ScriptedServer, ToolCall
-from polar_pl.engine.toolparse import render_tool_call
 from polar_pl.gateway.gateway import Gateway
 from polar_pl.gateway.records import TraceRecord
-from polar_pl.harness.smoke import SHELL_TOOL
+from polar_pl.testing.scripted import Reply, ScriptedBackend, ScriptedServer, ToolCall
+from polar_pl.testing.smoke import SHELL_TOOL
 
 PROMPT = "Write 'part1' into result.txt, then append 'part2' to it, one shell command each."
 RESULT_FILE = "result.txt"

@@ -1,11 +1,11 @@
-"""qwen3 reasoning parsing (engine/reasoning.py): the splits vLLM 0.32's `--reasoning-parser qwen3`
+"""qwen3 reasoning parsing (chat/reasoning.py): the splits vLLM 0.32's `--reasoning-parser qwen3`
 makes (observed on the real server; the live comparison is in test_vllm_reference.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from polar_pl.engine.reasoning import ReasoningStream, check_reasoning_parser, split_reasoning
+from polar_pl.chat.reasoning import ReasoningStream, check_reasoning_parser, split_reasoning
 
 CASES = [
     # think block, then content kept verbatim (vLLM keeps the blank lines after </think>)

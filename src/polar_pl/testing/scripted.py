@@ -10,7 +10,7 @@ deterministic logprobs, so token ids, tool-call parsing, finish reasons and usag
 
 Example — the agent calls `write_file`, gets the tool result, then says "done":
 
-    from polar_pl.engine.scripted import Reply, ToolCall, serve_scripted
+    from polar_pl.testing.scripted import Reply, ToolCall, serve_scripted
 
     script = [
         Reply(tool_calls=[ToolCall("write_file", {"path": "a.txt", "content": "hi"})]),
@@ -38,10 +38,10 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from polar_pl.chat.toolparse import render_tool_call
 from polar_pl.engine.backend import BackendStats, GenerationRequest, SeqDelta, TokenLogprob
 from polar_pl.engine.detok import SequenceOutput
 from polar_pl.engine.errors import EngineError
-from polar_pl.engine.toolparse import render_tool_call
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 
-from polar_pl.engine.scripted import Reply, ToolCall, serve_scripted
+from polar_pl.testing.scripted import Reply, ToolCall, serve_scripted
 
 TOOLS = [
     {

@@ -1,0 +1,83 @@
+"""The arrows that must never exist (DESIGN.md, "Packages"), checked on the source: every import
+statement in src/polar_pl, at any depth (function-level imports count too), resolved to the
+polar_pl package it names."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import polar_pl
+
+SRC = Path(polar_pl.__file__).parent
+
+# package -> packages it must never import (the values are top-level packages of polar_pl).
+PARTS = {"chat", "datamodule", "engine", "gateway", "harness", "module", "sandbox", "sft", "tasks", "testing"}
+FORBIDDEN: dict[str, set[str]] = {
+    "gateway": {"datamodule", "engine", "sandbox", "module", "testing"},
+    "chat": PARTS - {"chat"},
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = ("polar_pl",) + path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Every polar_pl module that `path` (the source of `module`) imports, relative imports resolved."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{a.name}" for a in node.names)
+    return {m for m in found if m == "polar_pl" or m.startswith("polar_pl.")}
+
+
+def _top(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def _graph() -> dict[str, set[str]]:
+    return {_module_name(p): _imports(p, _module_name(p)) for p in sorted(SRC.rglob("*.py")) if "builtin/repos" not in str(p)}
+
+
+def test_no_product_module_imports_the_testing_package():
+    bad = [
+        f"{m} imports {t}"
+        for m, targets in _graph().items()
+        if _top(m) != "testing"
+        for t in targets
+        if _top(t) == "testing"
+    ]
+    assert not bad, bad
+
+
+def test_forbidden_arrows_do_not_exist():
+    bad = [
+        f"{m} imports {t}"
+        for m, targets in _graph().items()
+        for t in targets
+        if _top(t) in FORBIDDEN.get(_top(m) or "", set())
+    ]
+    assert not bad, bad
+
+
+def test_the_walk_sees_function_level_and_relative_imports(tmp_path):
+    """The checks above are only as good as the walk: a deferred import inside a function and a
+    relative import must both be seen."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from polar_pl.sandbox.local import LocalSandbox\n    from ..engine import x\n")
+    found = _imports(probe, "polar_pl.gateway.call.probe")
+    assert "polar_pl.sandbox.local" in found
+    assert "polar_pl.gateway.engine.x" in found
+    assert _top("polar_pl.gateway.engine.x") == "gateway"
