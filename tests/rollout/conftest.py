@@ -10,7 +10,7 @@ import pytest
 import rollout_kit
 from rollout_kit import NODE, SYSTEM_CONFIG, answer
 
-from polar_pl.engine.scripted import ScriptedBackend, ScriptedServer
+from polar_pl.testing.scripted import ScriptedBackend, ScriptedServer
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from polar_pl.datamodule.datamodule import RolloutDataModule
 from polar_pl.datamodule.trajectory import PrefixBuilder
-from polar_pl.engine.scripted import Reply
 from polar_pl.harness.mini import Mini
 from polar_pl.harness.protocol import LaunchPlan
 from polar_pl.sandbox.local import LocalSandbox
 from polar_pl.tasks.learnable import LearnableTaskSource
+from polar_pl.testing.scripted import Reply
 
 # Fast node-death detection: the GCS declares a node dead after 3 missed checks of 0.5 s.
 SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
