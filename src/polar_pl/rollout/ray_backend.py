@@ -22,6 +22,7 @@ class RayRollout:
     """The `rollout=ray` backend (conf/rollout/ray.yaml).
 
     workers_per_node: rollout workers on each node offering `sandbox` (each takes one unit).
+    max_workers: at most this many workers in all, spread round-robin over the nodes (None: no cap).
     max_retries: times a session lost with its worker is run again elsewhere before it is masked.
     init_kwargs: extra `ray.init` arguments (address=local: num_cpus, object_store_memory, ...).
     """
@@ -31,6 +32,7 @@ class RayRollout:
         address: str = "local",
         *,
         workers_per_node: int = 1,
+        max_workers: int | None = None,
         max_retries: int = 2,
         namespace: str | None = None,
         poll_s: float = 1.0,
@@ -39,6 +41,7 @@ class RayRollout:
         if max_retries < 0:
             raise ValueError(f"rollout.max_retries={max_retries}: must be >= 0")
         self.address, self.workers_per_node, self.max_retries = address, workers_per_node, max_retries
+        self.max_workers = max_workers
         self.namespace, self.poll_s, self.init_kwargs = namespace, poll_s, dict(init_kwargs or {})
 
     def connect(self, setup: RolloutSetup) -> RayClient:
@@ -59,8 +62,8 @@ class RayRollout:
                     scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
                 )
                 .remote(
-                    setup, workers_per_node=self.workers_per_node, max_retries=self.max_retries,
-                    poll_s=self.poll_s,
+                    setup, workers_per_node=self.workers_per_node, max_workers=self.max_workers,
+                    max_retries=self.max_retries, poll_s=self.poll_s,
                 )
             )
             workers = ray.get(controller.workers.remote())  # raises if a worker failed to start

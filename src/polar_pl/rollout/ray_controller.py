@@ -9,6 +9,7 @@ served from others. Groups (with their rows) return to the caller through the ob
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,30 +31,31 @@ def sandbox_nodes() -> list[dict[str, Any]]:
     return sorted(nodes, key=lambda n: n["NodeID"])
 
 
-def start_workers(setup: RolloutSetup, workers_per_node: int) -> list[WorkerSlot]:
-    """One worker actor per `sandbox` unit, at most `workers_per_node` per node; each started
-    (gateway up, pools running) before this returns."""
+def start_workers(setup: RolloutSetup, workers_per_node: int, max_workers: int | None = None) -> list[WorkerSlot]:
+    """One worker actor per `sandbox` unit, at most `workers_per_node` per node and `max_workers`
+    in all (taken round-robin over the nodes); each started (gateway up, pools running) before
+    this returns."""
     if workers_per_node < 1:
         raise ValueError(f"rollout.workers_per_node={workers_per_node}: must be >= 1")
-    actor_cls = ray.remote(RolloutWorker)
-    actors, names = [], []
-    for node in sandbox_nodes():
-        for _ in range(min(workers_per_node, int(node["Resources"][SANDBOX]))):
-            name = f"{node['NodeID'][:8]}-w{len(actors)}"
-            actors.append(
-                actor_cls.options(
-                    num_cpus=0,
-                    resources={SANDBOX: 1},
-                    max_restarts=0,  # a lost worker's jobs are retried elsewhere, never twice
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-                ).remote(name, setup)
-            )
-            names.append(name)
-    if not actors:
+    places = sorted(
+        ((j, node["NodeID"]) for node in sandbox_nodes()
+         for j in range(min(workers_per_node, int(node["Resources"][SANDBOX])))),
+    )[:max_workers]  # fmt: skip
+    if not places:
         raise RuntimeError(
             "rollout=ray: no live node offers the `sandbox` resource "
             "(start nodes with --resources '{\"sandbox\": N}', see docs/cluster.md)"
         )
+    actor_cls = ray.remote(RolloutWorker)
+    actors = [
+        actor_cls.options(
+            num_cpus=0,
+            resources={SANDBOX: 1},
+            max_restarts=0,  # a lost worker's jobs are retried elsewhere, never twice
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        ).remote(f"{node[:8]}-w{i}", setup)
+        for i, (_, node) in enumerate(places)
+    ]
     infos = ray.get([a.start.remote() for a in actors])
     s = setup.sizes
     capacity = s.init + s.ready + s.running + s.postrun
@@ -66,10 +68,10 @@ def start_workers(setup: RolloutSetup, workers_per_node: int) -> list[WorkerSlot
 class RolloutController:
     """See module docstring (made an actor by `RayRollout.connect`)."""
 
-    def __init__(self, setup: RolloutSetup, *, workers_per_node: int = 1, max_retries: int = 2,
-                 poll_s: float = 1.0) -> None:  # fmt: skip
+    def __init__(self, setup: RolloutSetup, *, workers_per_node: int = 1, max_workers: int | None = None,
+                 max_retries: int = 2, poll_s: float = 1.0) -> None:  # fmt: skip
         self.setup, self.max_retries, self.poll_s = setup, max_retries, poll_s
-        self.slots = start_workers(setup, workers_per_node)
+        self.slots = start_workers(setup, workers_per_node, max_workers)
         self.service: RolloutService | None = None
         log.info("rollout controller: %d workers on %d nodes", len(self.slots),
                  len({w.node for w in self.slots}))  # fmt: skip
@@ -101,7 +103,9 @@ class RolloutController:
         return self._service().state_dict()
 
     def metrics(self) -> dict[str, float]:
-        return self.service.metrics() if self.service is not None else {}
+        m = self.service.metrics() if self.service is not None else {}
+        m["rollout/controller_cpu_s"] = time.process_time()  # this actor's process, all threads
+        return m
 
     def records(self, worker: str, session_id: str) -> list[Any]:
         (slot,) = [w for w in self.slots if w.name == worker]

@@ -4,6 +4,9 @@ bookkeeping (G attempts, deadlines, work-ahead bound, resume cursor) is the serv
 
 Placement: a job goes to the live worker holding the smallest share of its capacity (every stage
 slot plus the READY buffer); when all are full, `submit` waits (backpressure to the feeder).
+Jobs placed in one burst (a group's G attempts) travel to a worker in one call, and a worker's
+poll answer carries every result finished within `LINGER_S` of the first: actor calls, not
+sessions, are what the controller's CPU pays for.
 
 Faults: a worker whose actor died (its process, raylet or node) has its in-flight jobs sent again
 to other workers, up to `max_retries` times per job; then the job is published as an
@@ -26,6 +29,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from polar_pl.datamodule.pools import INFRA_FAILURE, RolloutJob, RolloutResult
 
 log = logging.getLogger(__name__)
+LINGER_S = 0.05
 
 
 @dataclass(slots=True)
@@ -40,6 +44,8 @@ class WorkerSlot:
     alive: bool = True
     jobs: set[str] = field(default_factory=set)
     info: dict[str, Any] = field(default_factory=dict)  # what the worker's start() reported
+    outbox: list[RolloutJob] = field(default_factory=list)  # placed, not yet sent
+    sending: bool = False
 
 
 @dataclass(slots=True)
@@ -88,7 +94,7 @@ class RayPools:
 
     async def submit(self, job: RolloutJob) -> None:
         job.timings["submitted"] = time.monotonic()
-        await self._send(await self._place(), job, attempt=0)
+        self._enqueue(await self._place(), job, attempt=0)
 
     def metrics(self) -> dict[str, float]:
         m = merge_metrics([self._worker_metrics[w.index] for w in self.workers if w.index in self._worker_metrics])
@@ -120,24 +126,39 @@ class RayPools:
                     return min(free, key=lambda w: (len(w.jobs) / w.capacity, w.index))
                 await self._room.wait()
 
-    async def _send(self, w: WorkerSlot, job: RolloutJob, attempt: int) -> None:
+    def _enqueue(self, w: WorkerSlot, job: RolloutJob, attempt: int) -> None:
         self._jobs[job.rollout_id] = _Tracked(job, w.index, attempt)
         w.jobs.add(job.rollout_id)
+        w.outbox.append(job)
+        if not w.sending:
+            w.sending = True
+            self._spawn(self._send(w))
+
+    async def _send(self, w: WorkerSlot) -> None:
         try:
-            await w.actor.submit.remote(job)
-        except ActorUnavailableError:
-            # Maybe delivered, maybe not: place it again. Should the first copy finish too, its
-            # result comes from a worker the job no longer belongs to and is dropped.
-            w.jobs.discard(job.rollout_id)
-            await asyncio.sleep(self.poll_s)
-            await self._send(await self._place(), job, attempt)
-        except RayActorError as exc:
-            await self._lost(w, exc)
+            while w.outbox and w.alive:
+                batch, w.outbox = w.outbox, []
+                try:
+                    await w.actor.submit.remote(batch)
+                except ActorUnavailableError:
+                    # Maybe delivered, maybe not: place them again. Should a first copy finish too,
+                    # its result comes from a worker the job no longer belongs to and is dropped.
+                    for job in batch:
+                        w.jobs.discard(job.rollout_id)
+                        self._spawn(self._place_again(job, self._jobs[job.rollout_id].attempt))
+                except RayActorError as exc:
+                    await self._lost(w, exc)
+        finally:
+            w.sending = False
+
+    async def _place_again(self, job: RolloutJob, attempt: int) -> None:
+        await asyncio.sleep(self.poll_s)
+        self._enqueue(await self._place(), job, attempt)
 
     async def _pump(self, w: WorkerSlot) -> None:
         while w.alive:
             try:
-                results = await w.actor.poll.remote(self.poll_s)
+                results = await w.actor.poll.remote(self.poll_s, LINGER_S)
             except ActorUnavailableError:
                 await asyncio.sleep(self.poll_s)  # unreachable for now; dead only when Ray says so
                 continue
@@ -182,6 +203,7 @@ class RayPools:
             else:
                 self._mask(t, why)
         w.jobs.clear()
+        w.outbox.clear()
         self._worker_metrics.pop(w.index, None)
         async with self._room:
             self._room.notify_all()
@@ -195,7 +217,7 @@ class RayPools:
         except RuntimeError as exc:
             self._mask(t, str(exc))
             return
-        await self._send(w, fresh, t.attempt + 1)
+        self._enqueue(w, fresh, t.attempt + 1)
 
     def _mask(self, t: _Tracked, why: str) -> None:
         self.counters["sessions_masked"] += 1

@@ -46,22 +46,26 @@ class RolloutWorker:
         return {"name": self.name, "node": _node_id(), "host": socket.gethostname(),
                 "pid": os.getpid(), "store": store}  # fmt: skip
 
-    async def submit(self, job: RolloutJob) -> None:
-        """Queue a job without waiting for room in INIT (the controller bounds what each worker
+    async def submit(self, jobs: list[RolloutJob]) -> None:
+        """Queue jobs without waiting for room in INIT (the controller bounds what each worker
         holds); the pools take queued jobs in submission order."""
         assert self.pools is not None, "start() first"
-        task = asyncio.get_running_loop().create_task(self.pools.submit(job))
-        self._submits.add(task)
-        task.add_done_callback(self._submits.discard)
+        for job in jobs:
+            task = asyncio.get_running_loop().create_task(self.pools.submit(job))
+            self._submits.add(task)
+            task.add_done_callback(self._submits.discard)
 
-    async def poll(self, timeout: float) -> list[RolloutResult]:
-        """Results finished since the last poll; waits up to `timeout` for the first one."""
+    async def poll(self, timeout: float, linger: float = 0.0) -> list[RolloutResult]:
+        """Results finished since the last poll; waits up to `timeout` for the first one, then
+        `linger` for more (one answer for several results)."""
         assert self.pools is not None, "start() first"
         q = self.pools.results
         try:
             out = [await asyncio.wait_for(q.get(), timeout)]
         except TimeoutError:
             return []
+        if linger > 0:
+            await asyncio.sleep(linger)
         while not q.empty():
             out.append(q.get_nowait())
         return out
