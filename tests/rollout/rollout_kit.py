@@ -68,3 +68,38 @@ def scripted_dm(engine, tmp_path: Path, *, rollout=None, tasks: int = 2, **kw) -
         rollout=rollout,
         **kw,
     )
+
+
+class SleepStages:
+    """Simulated stages (the stages are not under test): RUNNING sleeps `run_s`; one row each."""
+
+    def __init__(self, run_s: float) -> None:
+        self.run_s = run_s
+
+    async def init(self, job) -> None:
+        pass
+
+    async def run(self, job) -> None:
+        import asyncio
+
+        await asyncio.sleep(self.run_s)
+
+    async def postrun(self, job):
+        from polar_pl.datamodule.pools import RolloutResult
+        from polar_pl.datamodule.rows import TrajectoryRow
+
+        row = TrajectoryRow([1, 2, 3], [0, 1, 1], [0.0, -0.1, -0.2], [-1, 0, 0], job.rollout_id,
+                            job.rollout_id, job.group_id, reward=1.0)  # fmt: skip
+        return RolloutResult(job.rollout_id, job.group_id, str(job.task), job.status, 1.0, rows=(row,))
+
+    async def cleanup(self, job) -> None:
+        pass
+
+
+def sleep_stages(run_s: float):
+    """A `RolloutSetup.stages` factory (gateway -> stages) for `SleepStages`."""
+    return partial(_sleep_stages, run_s)
+
+
+def _sleep_stages(run_s: float, gateway) -> SleepStages:
+    return SleepStages(run_s)

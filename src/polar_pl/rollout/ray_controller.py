@@ -81,6 +81,11 @@ class RolloutController:
         jobs it holds now."""
         return [{**w.info, "alive": w.alive, "jobs": len(w.jobs)} for w in self.slots]
 
+    def worker_handle(self, name: str) -> Any:
+        """The actor handle of one worker (operators and fault tests kill workers by name)."""
+        (slot,) = [w for w in self.slots if w.name == name]
+        return slot.actor
+
     def start_groups(self, cursor: dict[str, Any]) -> None:
         if self.service is None:
             pools = RayPools(self.slots, max_retries=self.max_retries, poll_s=self.poll_s)
