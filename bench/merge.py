@@ -40,7 +40,7 @@ from polar_pl.datamodule.trajectory import (
     PrefixBuilder,
     build_batch,
 )
-from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.store.records import TraceRecord
 
 IM_START, IM_END, NL = 1, 2, 3
 TARGET = 10e6

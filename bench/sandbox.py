@@ -155,7 +155,7 @@ def main() -> None:
     names = [n for n in names if build_harness(n).is_installed(PREFIX)]
     console = Console(width=150)
 
-    from polar_pl.gateway.gateway import Gateway
+    from polar_pl.gateway.handle import Gateway
     from polar_pl.testing.scripted import serve_scripted
 
     class Script:

@@ -14,7 +14,7 @@ SRC = Path(polar_pl.__file__).parent
 # package -> packages it must never import (the values are top-level packages of polar_pl).
 PARTS = {"chat", "datamodule", "engine", "gateway", "harness", "module", "sandbox", "sft", "tasks", "testing"}
 FORBIDDEN: dict[str, set[str]] = {
-    "gateway": {"datamodule", "engine", "sandbox", "module", "testing"},
+    "gateway": {"datamodule", "engine", "harness", "module", "sandbox", "sft", "tasks", "testing"},
     "chat": PARTS - {"chat"},
 }
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from polar_pl.gateway.store import TraceStore
+from polar_pl.gateway.store.traces import TraceStore
 
 REPO = Path(__file__).resolve().parents[1]
 

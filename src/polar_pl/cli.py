@@ -14,7 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("polar_pl.tinymodel.cli", "build the tiny offline model and tokenizer"),
     "engine": ("polar_pl.engine.cli", "serve the embedded engine (OpenAI-compatible, token ids)"),
     "gateway": ("polar_pl.gateway.cli", "run the gateway standalone"),
-    "session": ("polar_pl.gateway.session_cli", "register a gateway session for a harness"),
+    "session": ("polar_pl.harness.session_cli", "register a gateway session for a harness"),
     "traces": ("polar_pl.datamodule.traces_cli", "export trace records as trajectory rows"),
     "harness": ("polar_pl.harness.cli", "install harness CLIs"),
     "sandbox": ("polar_pl.sandbox.cli", "sandbox utilities (build-image, cleanup)"),

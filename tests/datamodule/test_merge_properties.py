@@ -9,7 +9,7 @@ from traj_sessions import clean_sessions, sessions
 
 from polar_pl.datamodule.collate import collate, unpack
 from polar_pl.datamodule.trajectory import FIRST, PerRequestBuilder, PrefixBuilder
-from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.store.records import TraceRecord
 
 
 def _sampled(records: list[TraceRecord]) -> list[TraceRecord]:

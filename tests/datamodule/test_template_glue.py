@@ -13,7 +13,7 @@ import pytest
 from traj_tokens import rec
 
 from polar_pl.datamodule.trajectory import PrefixBuilder
-from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.store.records import TraceRecord
 
 TOOLS = [
     {

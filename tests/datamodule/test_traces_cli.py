@@ -13,8 +13,8 @@ from traj_tokens import GEN, NL, E, rec, system, user
 from polar_pl.cli import main
 from polar_pl.datamodule.traces_cli import plain_renders, read_rows
 from polar_pl.datamodule.trajectory import PerRequestBuilder, PrefixBuilder
-from polar_pl.gateway.records import TraceRecord
-from polar_pl.gateway.store import TraceStore
+from polar_pl.gateway.store.records import TraceRecord
+from polar_pl.gateway.store.traces import TraceStore
 
 P1 = system(100) + user(101) + GEN
 P2 = P1 + [200, E, NL] + user(102) + GEN

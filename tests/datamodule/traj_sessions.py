@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from traj_tokens import GEN, E, rec, system, tool_result, user
 
-from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.store.records import TraceRecord
 
 _tok = st.integers(min_value=100, max_value=104)
 _text = st.lists(_tok, min_size=0, max_size=4)

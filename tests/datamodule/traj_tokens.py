@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.store.records import TraceRecord
 
 S, E, NL, SYS, USER, ASSIST, TOOL = 1, 2, 3, 10, 11, 12, 13
 

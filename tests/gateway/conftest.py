@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from polar_pl.engine.errors import EngineError
-from polar_pl.gateway.gateway import Gateway
+from polar_pl.gateway.handle import Gateway
 from polar_pl.testing.scripted import Reply, ScriptedServer, serve_scripted
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import anthropic
 import pytest
 
-from polar_pl.gateway.capture import CallCapture
+from polar_pl.gateway.call.capture import CallCapture
 
 
 def test_completion_keeps_the_last_choice_stop_reason() -> None:

@@ -13,7 +13,7 @@ import time
 import httpx
 import openai
 
-from polar_pl.gateway.store import read_records
+from polar_pl.gateway.store.traces import read_records
 from polar_pl.utils.serving import free_port
 
 

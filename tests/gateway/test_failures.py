@@ -14,7 +14,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from polar_pl.gateway.gateway import Gateway
+from polar_pl.gateway.handle import Gateway
 from polar_pl.testing.scripted import Reply, serve_scripted
 from polar_pl.utils.serving import ServerThread, free_port
 

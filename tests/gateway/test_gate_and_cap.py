@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from polar_pl.gateway.gateway import Gateway
+from polar_pl.gateway.handle import Gateway
 from polar_pl.testing.scripted import Reply, serve_scripted
 
 LONG = "one two three four five six seven eight nine ten " * 3

@@ -10,11 +10,11 @@ import httpx
 import orjson
 import pytest
 
-from polar_pl.gateway.detect import detect_provider, find_token, split_session_path
+from polar_pl.gateway.call.sidecalls import DEFAULT_SIDE_RULES, SideCallRule, classify
+from polar_pl.gateway.call.volatile import strip_volatile
+from polar_pl.gateway.http.detect import detect_provider, find_token, split_session_path
 from polar_pl.gateway.providers import RequestError, get_adapter
 from polar_pl.gateway.providers.base import NormalizedRequest
-from polar_pl.gateway.sidecalls import DEFAULT_SIDE_RULES, SideCallRule, classify
-from polar_pl.gateway.volatile import strip_volatile
 
 CAPTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "harness-captures"
 chat_adapter = get_adapter("openai_chat")

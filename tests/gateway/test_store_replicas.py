@@ -10,9 +10,9 @@ import openai
 import pytest
 
 from polar_pl.engine.server import create_app as create_engine_app
-from polar_pl.gateway.gateway import Gateway
-from polar_pl.gateway.records import TraceRecord
-from polar_pl.gateway.store import TraceStore, read_records
+from polar_pl.gateway.handle import Gateway
+from polar_pl.gateway.store.records import TraceRecord
+from polar_pl.gateway.store.traces import TraceStore, read_records
 from polar_pl.testing.scripted import Reply, ScriptedBackend, serve_scripted
 from polar_pl.utils.serving import ServerThread
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from polar_pl.gateway.gateway import Gateway
+from polar_pl.gateway.handle import Gateway
 from polar_pl.testing.sandbox import (  # noqa: F401  (a real dockerd; the leftover check)
     OWNER,
     docker_engine,

@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from rich.console import Console
 from sft_upstream import solver
 
-from polar_pl.gateway.store import read_records
+from polar_pl.gateway.store.traces import read_records
 from polar_pl.harness.mini_agent import TOOLS
 from polar_pl.sft import generate
 from polar_pl.tasks.builtin import load_suite

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.harness.mini_agent import TOOLS
 from polar_pl.sft.conversation import conversation, sampled_message, split_reasoning, turn_counts
 from polar_pl.testing.scripted import Reply, ScriptedBackend, ToolCall

@@ -26,7 +26,7 @@ from polar_pl.datamodule.pools import INFRA_FAILURE, PoolSizes
 from polar_pl.datamodule.rollout import RolloutOptions
 from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.datamodule.service import Group
-from polar_pl.gateway.gateway import Gateway
+from polar_pl.gateway.handle import Gateway
 from polar_pl.rollout.local import LocalRollout
 from polar_pl.rollout.protocol import HarnessStages, RolloutBackend, RolloutClient, RolloutSetup
 

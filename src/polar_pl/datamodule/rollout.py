@@ -21,7 +21,7 @@ from typing import Any
 
 from polar_pl.datamodule.pools import FAILED, OK, TIMEOUT, RolloutJob, RolloutResult
 from polar_pl.datamodule.trajectory.base import TrajectoryBuilder
-from polar_pl.gateway.gateway import Gateway
+from polar_pl.gateway.handle import Gateway
 from polar_pl.harness.protocol import GatewaySession, Harness
 from polar_pl.harness.run import run_harness
 from polar_pl.sandbox.protocol import Sandbox

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.datamodule.trajectory import BreakKind, MergeStats, TrajectoryBuilder
-from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.store.records import TraceRecord
 
 CONF_MERGE = Path(__file__).resolve().parents[3] / "conf" / "merge"
 FORMATS = (".jsonl", ".parquet")
@@ -84,7 +84,7 @@ def _export(args: argparse.Namespace) -> int:
     rewards = _read_rewards(args.rewards) if args.rewards else {}
     builder = load_builder(args.merge)
 
-    from polar_pl.gateway.store import read_records
+    from polar_pl.gateway.store.traces import read_records
 
     by_session: dict[str, list[TraceRecord]] = {}
     for rec in read_records(store):

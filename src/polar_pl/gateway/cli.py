@@ -7,7 +7,7 @@ import os
 import secrets
 import sys
 
-from polar_pl.gateway.sidecalls import SideCallRule
+from polar_pl.gateway.call.sidecalls import SideCallRule
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     import orjson
     import uvicorn
 
-    from polar_pl.gateway.app import create_app
+    from polar_pl.gateway.http.app import create_app
 
     token = args.admin_token or os.environ.get("POLAR_ADMIN_TOKEN")
     generated = token is None

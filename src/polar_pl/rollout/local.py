@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from polar_pl.datamodule.service import Group, RolloutService
-from polar_pl.gateway.gateway import Gateway
+from polar_pl.gateway.handle import Gateway
 from polar_pl.rollout.protocol import RolloutSetup
 
 

@@ -34,7 +34,7 @@ class RolloutWorker:
         """Gateway up (when there are engines), pools running; returns where this worker lives."""
         store = None
         if self.setup.engine_urls:
-            from polar_pl.gateway.gateway import Gateway
+            from polar_pl.gateway.handle import Gateway
 
             store = self.setup.store_for(self.name)
             Path(store).parent.mkdir(parents=True, exist_ok=True)

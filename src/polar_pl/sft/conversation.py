@@ -22,7 +22,7 @@ from typing import Any
 
 from polar_pl.chat.render import conversation_for_template, tools_for_template
 from polar_pl.chat.toolparse import parse_tool_calls
-from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.store.records import TraceRecord
 
 
 def split_reasoning(text: str) -> tuple[str | None, str]:

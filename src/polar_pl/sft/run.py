@@ -27,7 +27,7 @@ from polar_pl.datamodule.pools import OK, RolloutResult
 from polar_pl.datamodule.progress import LiveProgress
 from polar_pl.datamodule.rollout import HarnessRolloutStages
 from polar_pl.datamodule.service import Group, RolloutService
-from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.sft.conversation import conversation
 from polar_pl.sft.export import export
 from polar_pl.sft.log import RolloutLog

@@ -22,8 +22,8 @@ from typing import Any
 
 from polar_pl.chat.toolparse import render_tool_call
 from polar_pl.datamodule.trajectory import MergeStats, PrefixBuilder
-from polar_pl.gateway.gateway import Gateway
-from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.handle import Gateway
+from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.testing.scripted import Reply, ScriptedBackend, ScriptedServer, ToolCall
 from polar_pl.testing.smoke import SHELL_TOOL
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from polar_pl.gateway.providers.anthropic import adapter
+from polar_pl.gateway.call.volatile import strip_volatile
+from polar_pl.gateway.providers.anthropic.adapter import adapter
 from polar_pl.gateway.providers.base import RequestError
 from polar_pl.gateway.providers.thinking_signature import decode_signature, encode_signature
-from polar_pl.gateway.volatile import strip_volatile
 
 CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 RECORDS = sorted(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from polar_pl.gateway.providers.anthropic import adapter
+from polar_pl.gateway.providers.anthropic.adapter import adapter
 
 BODY = {"model": "claude-x", "max_tokens": 64, "messages": [{"role": "user", "content": "make f.txt"}]}
 

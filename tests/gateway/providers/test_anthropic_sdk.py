@@ -13,7 +13,7 @@ import httpx
 import pytest
 from reasoning_proxy import reasoning_proxy
 
-from polar_pl.gateway.gateway import Gateway
+from polar_pl.gateway.handle import Gateway
 from polar_pl.testing.scripted import Reply, ToolCall
 from polar_pl.utils.serving import ServerThread
 

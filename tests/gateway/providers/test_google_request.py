@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from polar_pl.gateway.providers.base import RequestError
-from polar_pl.gateway.providers.google import adapter
-from polar_pl.gateway.providers.google_schema import schema_to_json_schema
+from polar_pl.gateway.providers.google.adapter import adapter
+from polar_pl.gateway.providers.google.schema import schema_to_json_schema
 
 CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 RECORDS = sorted(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from polar_pl.gateway.providers.google import adapter
+from polar_pl.gateway.providers.google.adapter import adapter
 from polar_pl.gateway.providers.thinking_signature import decode_signature
 
 CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"

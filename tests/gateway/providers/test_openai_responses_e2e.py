@@ -17,7 +17,7 @@ import openai
 import pytest
 from test_openai_responses_grammar import check_stream, parse_sse
 
-from polar_pl.gateway.gateway import Gateway
+from polar_pl.gateway.handle import Gateway
 from polar_pl.testing.scripted import Reply, ToolCall, serve_scripted
 
 TOOLS = [

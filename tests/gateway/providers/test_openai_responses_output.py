@@ -10,7 +10,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from test_openai_responses_grammar import check_stream, parse_sse
 
-from polar_pl.gateway.providers.openai_responses import adapter
+from polar_pl.gateway.providers.openai_responses.adapter import adapter
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 TOOLS = [{"type": "function", "name": "write", "parameters": {"type": "object"}}]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from polar_pl.gateway.providers.base import RequestError
-from polar_pl.gateway.providers.openai_responses import adapter
+from polar_pl.gateway.providers.openai_responses.adapter import adapter
 
 CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 BODIES = sorted(CAPTURES.glob("*/*responses*.request.body.json"))

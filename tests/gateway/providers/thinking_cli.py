@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from reasoning_proxy import reasoning_proxy
 
-from polar_pl.gateway.gateway import Gateway
+from polar_pl.gateway.handle import Gateway
 from polar_pl.harness import build_harness
 from polar_pl.harness.protocol import GatewaySession
 from polar_pl.harness.run import run_harness

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.store.records import TraceRecord
 
 
 class BreakKind(StrEnum):

@@ -17,7 +17,7 @@ from polar_pl.datamodule.trajectory.base import (
     prepare,
     spliced,
 )
-from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.store.records import TraceRecord
 
 
 class PerRequestBuilder(SideCallOptions):

@@ -41,7 +41,7 @@ from polar_pl.datamodule.trajectory.base import (
     spliced,
 )
 from polar_pl.datamodule.trajectory.breaks import chain_lcp, classify_break
-from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.store.records import TraceRecord
 
 
 class _Chain:

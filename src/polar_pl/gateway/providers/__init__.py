@@ -12,10 +12,10 @@ import importlib
 from polar_pl.gateway.providers.base import ProviderAdapter, RequestError
 
 PROVIDER_MODULES: dict[str, str] = {
-    "anthropic": "polar_pl.gateway.providers.anthropic",
-    "openai_chat": "polar_pl.gateway.providers.openai_chat",
-    "openai_responses": "polar_pl.gateway.providers.openai_responses",
-    "google": "polar_pl.gateway.providers.google",
+    "anthropic": "polar_pl.gateway.providers.anthropic.adapter",
+    "openai_chat": "polar_pl.gateway.providers.openai_chat.adapter",
+    "openai_responses": "polar_pl.gateway.providers.openai_responses.adapter",
+    "google": "polar_pl.gateway.providers.google.adapter",
 }
 
 _cache: dict[str, ProviderAdapter] = {}

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from polar_pl.gateway.upstream import UpstreamError
+from polar_pl.gateway.upstream.client import UpstreamError
 
 RETRY_AFTER_S = 2
 _RETRYABLE = frozenset({429, 500, 502, 503, 504, 529})

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
-from polar_pl.gateway.upstream import UpstreamClient, UpstreamError
+from polar_pl.gateway.upstream.client import UpstreamClient, UpstreamError
 
 
 @dataclass(slots=True)

@@ -93,7 +93,7 @@ def system_to_text(system: Any, notes: list[str]) -> str | None:
     """Top-level `system` (string or text blocks) -> one system string.
 
     Claude Code's per-request billing-header line stays in; the core strips volatile lines from
-    every adapter's system messages (gateway/volatile.py) and notes it.
+    every adapter's system messages (gateway/call/volatile.py) and notes it.
     """
     if system is None:
         return None

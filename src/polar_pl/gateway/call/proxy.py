@@ -2,13 +2,13 @@
 
 adapter.to_chat -> volatile-content removal -> side-call tagging -> engine request (always a
 stream, with logprobs and token ids; in token-faithful mode a token-id prompt to /v1/completions whose
-stream is translated back to chat chunks, faithful_mode.py) -> each engine chunk is captured and, for a streaming
+stream is translated back to chat chunks, faithful/) -> each engine chunk is captured and, for a streaming
 harness, translated and forwarded at once -> one TraceRecord, committed to the store before the
 harness receives the last bytes of its response. Failed calls are recorded with their error; a
 harness that goes away mid-stream aborts the engine request and leaves an "aborted" record with
 the partial response.
 
-Every engine call passes the engine gate (gate.py) first: it counts calls in flight and holds new
+Every engine call passes the engine gate (call/gate.py) first: it counts calls in flight and holds new
 ones while a weight update has paused the gateway. A `max_tokens_cap` bounds each call's response
 length whatever the harness asks for (Claude Code asks for 32000).
 """
@@ -25,20 +25,20 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from polar_pl.gateway.capture import CallCapture
-from polar_pl.gateway.errors import error_response, upstream_status
-from polar_pl.gateway.faithful import FaithfulPrompt, completion_body
-from polar_pl.gateway.faithful_mode import CompletionStream, TokenFaithful
-from polar_pl.gateway.gate import EngineGate
+from polar_pl.gateway.call.capture import CallCapture
+from polar_pl.gateway.call.gate import EngineGate
+from polar_pl.gateway.call.sidecalls import SideCallRule, classify
+from polar_pl.gateway.call.stats import GatewayStats
+from polar_pl.gateway.call.volatile import strip_volatile
+from polar_pl.gateway.faithful.history import CompletionStream, TokenFaithful
+from polar_pl.gateway.faithful.prompt import FaithfulPrompt, completion_body
+from polar_pl.gateway.http.errors import error_response, upstream_status
 from polar_pl.gateway.providers import ProviderAdapter, RequestError
-from polar_pl.gateway.records import SessionInfo, TraceRecord
-from polar_pl.gateway.replicas import Replica, ReplicaPool
-from polar_pl.gateway.sessions import SessionRegistry
-from polar_pl.gateway.sidecalls import SideCallRule, classify
-from polar_pl.gateway.stats import GatewayStats
-from polar_pl.gateway.store import TraceStore
-from polar_pl.gateway.upstream import ChatStream, UpstreamClient, UpstreamError
-from polar_pl.gateway.volatile import strip_volatile
+from polar_pl.gateway.store.records import SessionInfo, TraceRecord
+from polar_pl.gateway.store.sessions import SessionRegistry
+from polar_pl.gateway.store.traces import TraceStore
+from polar_pl.gateway.upstream.client import ChatStream, UpstreamClient, UpstreamError
+from polar_pl.gateway.upstream.replicas import Replica, ReplicaPool
 
 # Added to every engine request: the capture needs token ids, logprobs and final usage.
 CAPTURE_FIELDS = {
@@ -54,7 +54,7 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 @dataclass(slots=True)
-class Call:
+class CallInFlight:
     """One model call in flight: everything its trace record needs."""
 
     session: SessionInfo
@@ -151,12 +151,12 @@ class Proxy:
         if self.faithful is not None:
             self.faithful.forget(session_id)
 
-    def _engine_done(self, call: Call) -> None:
+    def _engine_done(self, call: CallInFlight) -> None:
         call.replica.inflight -= 1
         self.gate.leave()
 
     # ---- the engine step ------------------------------------------------------------------
-    async def open_engine_stream(self, call: Call) -> ChatStream:
+    async def open_engine_stream(self, call: CallInFlight) -> ChatStream:
         """Send the call to its replica (chat, or token-in when `call.faithful` holds a prompt);
         on a refused connection fail over to another one."""
         for _ in range(len(self.pool.replicas)):
@@ -191,7 +191,7 @@ class Proxy:
         query: dict[str, str],
         body: bytes,
     ) -> Response:
-        call = Call(
+        call = CallInFlight(
             session=session,
             provider=provider,
             adapter=adapter,
@@ -251,12 +251,14 @@ class Proxy:
         if requested is not None and requested > cap:
             notes.append(f"max_tokens capped: requested {requested}, sent {cap}")
 
-    async def _fail(self, call: Call, status: int, message: str, cap: CallCapture | None = None) -> Response:
+    async def _fail(
+        self, call: CallInFlight, status: int, message: str, cap: CallCapture | None = None
+    ) -> Response:
         resp = error_response(call.provider, status, message)
         await _durable(self._append(call.record(cap, resp.body.decode(), "error", message)))
         return resp
 
-    async def _collect(self, call: Call, stream: ChatStream) -> Response:
+    async def _collect(self, call: CallInFlight, stream: ChatStream) -> Response:
         """Non-streaming harness: consume the engine stream, then answer in one piece."""
         cap = CallCapture(self._version(stream))
         try:
@@ -277,7 +279,7 @@ class Proxy:
         await _durable(self._append(call.record(cap, body.decode())))
         return Response(body, media_type="application/json")
 
-    async def _relay(self, call: Call, stream: ChatStream) -> AsyncIterator[bytes]:
+    async def _relay(self, call: CallInFlight, stream: ChatStream) -> AsyncIterator[bytes]:
         """Streaming harness: forward the translated engine chunks as they arrive (what arrived in
         one network read goes out in one write)."""
         cap = CallCapture(self._version(stream))

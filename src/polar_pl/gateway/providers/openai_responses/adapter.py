@@ -1,10 +1,10 @@
 """OpenAI Responses API (`POST /v1/responses`) <-> engine chat completions.
 
 `to_chat` turns a Responses request into the engine's chat body: the input items through
-`openai_responses_input`, flat function tools into chat tools (every other tool kind dropped and
+`input.py`, flat function tools into chat tools (every other tool kind dropped and
 listed in the notes), tool_choice, token limit, sampling and `text.format`. What has no engine
 counterpart (reasoning effort, include, store) is accepted and noted. The response object and the
-streamed item grammar are built in `openai_responses_output`.
+streamed item grammar are built in `response.py`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import json
 from typing import Any
 
 from polar_pl.gateway.providers.base import NormalizedRequest, RequestError
-from polar_pl.gateway.providers.openai_responses_input import convert_input
-from polar_pl.gateway.providers.openai_responses_output import (
+from polar_pl.gateway.providers.openai_responses.input import convert_input
+from polar_pl.gateway.providers.openai_responses.response import (
     ResponsesStreamTranslator,
     build_response,
     error_body,

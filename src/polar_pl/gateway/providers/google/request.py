@@ -20,8 +20,8 @@ import re
 from typing import Any
 
 from polar_pl.gateway.providers.base import RequestError
-from polar_pl.gateway.providers.google_names import camelize
-from polar_pl.gateway.providers.google_schema import schema_to_json_schema
+from polar_pl.gateway.providers.google.names import camelize
+from polar_pl.gateway.providers.google.schema import schema_to_json_schema
 from polar_pl.gateway.providers.thinking_signature import decode_signature
 
 _PATH = re.compile(r"models/(?P<model>[^/:]+):(?P<method>generateContent|streamGenerateContent|countTokens)$")
@@ -113,7 +113,7 @@ def model_turn_to_message(
     parts: list[dict[str, Any]], i: int, where: str, notes: list[str]
 ) -> dict[str, Any]:
     """A model turn -> one assistant message: thoughts -> reasoning (and the deprecated
-    reasoning_content, as in anthropic_request), calls -> tool_calls."""
+    reasoning_content, as in anthropic/request.py), calls -> tool_calls."""
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[dict[str, Any]] = []

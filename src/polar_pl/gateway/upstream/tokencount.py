@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from polar_pl.gateway.upstream import UpstreamClient
+from polar_pl.gateway.upstream.client import UpstreamClient
 
 
 class TokenCounter:

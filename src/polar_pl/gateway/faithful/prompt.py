@@ -37,7 +37,7 @@ from typing import Any
 from polar_pl.chat.reasoning import ReasoningStream, check_reasoning_parser, thinking_enabled
 from polar_pl.chat.render import conversation_for_template, render_chat
 from polar_pl.chat.toolparse import HermesStreamParser, parse_tool_calls
-from polar_pl.gateway.records import TraceRecord
+from polar_pl.gateway.store.records import TraceRecord
 
 _MARK = f"polarfaithful{uuid.uuid4().hex}"
 

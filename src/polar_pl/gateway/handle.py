@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from polar_pl.gateway.app import GatewayRuntime, create_app
-from polar_pl.gateway.gate import PAUSE_MODES, PauseMode
-from polar_pl.gateway.records import SessionInfo, TraceRecord
+from polar_pl.gateway.call.gate import PAUSE_MODES, PauseMode
+from polar_pl.gateway.http.app import GatewayRuntime, create_app
+from polar_pl.gateway.store.records import SessionInfo, TraceRecord
 from polar_pl.utils.serving import ServerThread, free_port
 
 

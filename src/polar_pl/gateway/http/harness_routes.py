@@ -16,7 +16,8 @@ from urllib.parse import parse_qsl
 import orjson
 from starlette.responses import JSONResponse, Response
 
-from polar_pl.gateway.detect import (
+from polar_pl.gateway.call.volatile import strip_volatile
+from polar_pl.gateway.http.detect import (
     detect_provider,
     find_token,
     is_count_tokens,
@@ -24,13 +25,12 @@ from polar_pl.gateway.detect import (
     provider_from_path,
     split_session_path,
 )
-from polar_pl.gateway.errors import error_response
+from polar_pl.gateway.http.errors import error_response
 from polar_pl.gateway.providers import RequestError, UnknownProvider, get_adapter
-from polar_pl.gateway.upstream import UpstreamError
-from polar_pl.gateway.volatile import strip_volatile
+from polar_pl.gateway.upstream.client import UpstreamError
 
 if TYPE_CHECKING:
-    from polar_pl.gateway.app import GatewayRuntime
+    from polar_pl.gateway.http.app import GatewayRuntime
 
 log = logging.getLogger(__name__)
 

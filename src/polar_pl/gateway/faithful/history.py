@@ -16,9 +16,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from polar_pl.gateway.faithful import CompletionToChat, FaithfulPrompt, faithful_prompt
-from polar_pl.gateway.records import TraceRecord
-from polar_pl.gateway.upstream import ChatStream
+from polar_pl.gateway.faithful.prompt import CompletionToChat, FaithfulPrompt, faithful_prompt
+from polar_pl.gateway.store.records import TraceRecord
+from polar_pl.gateway.upstream.client import ChatStream
 
 # A harness session rarely makes more calls than this; older ones are only needed as anchors of a
 # conversation that has moved on (their successors carry the same spliced tokens).

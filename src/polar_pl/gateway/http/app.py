@@ -20,18 +20,18 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from polar_pl.chat.reasoning import check_reasoning_parser
-from polar_pl.gateway.detect import provider_from_headers, provider_from_path, split_session_path
-from polar_pl.gateway.errors import error_response
-from polar_pl.gateway.faithful_mode import TokenFaithful
-from polar_pl.gateway.gate import PAUSE_MODES, EngineGate
-from polar_pl.gateway.harness_routes import HarnessRoutes
-from polar_pl.gateway.proxy import Proxy
-from polar_pl.gateway.replicas import ReplicaPool
-from polar_pl.gateway.sessions import SessionRegistry
-from polar_pl.gateway.sidecalls import DEFAULT_SIDE_RULES, SideCallRule
-from polar_pl.gateway.store import TraceStore
-from polar_pl.gateway.tokencount import TokenCounter
-from polar_pl.gateway.upstream import make_client
+from polar_pl.gateway.call.gate import PAUSE_MODES, EngineGate
+from polar_pl.gateway.call.proxy import Proxy
+from polar_pl.gateway.call.sidecalls import DEFAULT_SIDE_RULES, SideCallRule
+from polar_pl.gateway.faithful.history import TokenFaithful
+from polar_pl.gateway.http.detect import provider_from_headers, provider_from_path, split_session_path
+from polar_pl.gateway.http.errors import error_response
+from polar_pl.gateway.http.harness_routes import HarnessRoutes
+from polar_pl.gateway.store.sessions import SessionRegistry
+from polar_pl.gateway.store.traces import TraceStore
+from polar_pl.gateway.upstream.client import make_client
+from polar_pl.gateway.upstream.replicas import ReplicaPool
+from polar_pl.gateway.upstream.tokencount import TokenCounter
 
 log = logging.getLogger(__name__)
 ADMIN_PATHS = ("/admin/", "/health")
@@ -61,7 +61,7 @@ class GatewayRuntime:
         reasoning_parser: str | None = None,
     ):
         """token_faithful: splice sampled tokens into prompts and call the engine's token-in
-        route (faithful.py); None = on when the gateway has a tokenizer (tokenizer_dir), since
+        route (faithful/); None = on when the gateway has a tokenizer (tokenizer_dir), since
         both engines (vLLM, embedded) accept token prompts. max_tokens_cap: upper bound on each
         call's response length (None: the harness's request). pause_timeout: how long a call
         waits at a paused gate before a 503 / 529 with Retry-After. reasoning_parser: the

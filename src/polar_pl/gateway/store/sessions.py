@@ -11,8 +11,8 @@ import time
 import uuid
 from dataclasses import replace
 
-from polar_pl.gateway.records import SessionInfo
-from polar_pl.gateway.store import TraceStore
+from polar_pl.gateway.store.records import SessionInfo
+from polar_pl.gateway.store.traces import TraceStore
 
 
 class SessionRegistry:

@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from polar_pl.gateway.records import SessionInfo, TraceRecord
+from polar_pl.gateway.store.records import SessionInfo, TraceRecord
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (

@@ -1,7 +1,7 @@
 """Google generateContent adapter (`/v1beta/models/{model}:generateContent`, `:streamGenerateContent`).
 
-Gemini CLI and pi speak it. Requests are converted in `google_request`, streams in
-`google_stream`; this module holds the adapter the gateway core looks up (`adapter`), the
+Gemini CLI and pi speak it. Requests are converted in `request.py`, streams in
+`stream.py`; this module holds the adapter the gateway core looks up (`adapter`), the
 non-streaming response conversion and the error shape. The model name comes from the path.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from polar_pl.gateway.providers.base import NormalizedRequest, RequestError
-from polar_pl.gateway.providers.google_request import parse_path, request_to_chat
-from polar_pl.gateway.providers.google_stream import (
+from polar_pl.gateway.providers.google.request import parse_path, request_to_chat
+from polar_pl.gateway.providers.google.stream import (
     GoogleStream,
     error_payload,
     finish_reason_for,

@@ -1,6 +1,6 @@
 """Anthropic Messages API adapter (`POST /v1/messages`, `?beta=true`, Claude Code, pi, Qwen Code).
 
-Requests are converted in `anthropic_request`, streams in `anthropic_stream`; this module holds
+Requests are converted in `request.py`, streams in `stream.py`; this module holds
 the adapter the gateway core looks up (`adapter`), the non-streaming response conversion and the
 error shape.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from polar_pl.gateway.providers.anthropic_request import request_to_chat
-from polar_pl.gateway.providers.anthropic_stream import (
+from polar_pl.gateway.providers.anthropic.request import request_to_chat
+from polar_pl.gateway.providers.anthropic.stream import (
     AnthropicStream,
     error_payload,
     new_message_id,

@@ -1,0 +1,1 @@
+"""Google generateContent (`/v1beta/models/{model}:generateContent`, `:streamGenerateContent`)."""
