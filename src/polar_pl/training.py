@@ -3,6 +3,7 @@ and tear everything down in `finally` (engine, gateway, pools, sandboxes, logger
 
 from __future__ import annotations
 
+import copy
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -10,10 +11,11 @@ from typing import Any
 import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
 from polar_pl.datamodule.progress import LiveProgress
+from polar_pl.engine.replicas import EngineReplicas
 
 
 def build_parts(cfg: DictConfig) -> dict[str, Any]:
@@ -24,7 +26,7 @@ def build_parts(cfg: DictConfig) -> dict[str, Any]:
     tasks = source.tasks()
     evaluator = source.make_evaluator(sandbox)
     builder = instantiate(cfg.merge)
-    engine = instantiate(cfg.engine)
+    engine = build_engine(cfg.engine)
     rollout = instantiate(cfg.rollout) if cfg.get("rollout") else None
     datamodule: RolloutDataModule = instantiate(cfg.datamodule)(
         engine=engine, sandbox=sandbox, harness=harness, tasks=tasks, evaluator=evaluator, builder=builder,
@@ -37,6 +39,19 @@ def build_parts(cfg: DictConfig) -> dict[str, Any]:
         "engine": engine,
         "datamodule": datamodule,
     }
+
+
+def build_engine(cfg: DictConfig) -> Any:
+    """The `engine` group's handle; `engine.replicas: N` > 1 puts N of them behind one handle."""
+    node = copy.deepcopy(cfg)
+    with open_dict(node):
+        n = int(node.pop("replicas", 1) or 1)
+    if n == 1:
+        return instantiate(node)
+    if n < 1 or node.get("port") is not None or node.get("url") is not None:
+        raise ValueError(f"engine.replicas={n}: needs engine.port=null and engine.url=null (each replica "
+                         "is launched on a free port)")  # fmt: skip
+    return EngineReplicas([instantiate(node) for _ in range(n)])
 
 
 def train(cfg: DictConfig) -> dict[str, float]:

@@ -92,6 +92,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.gateway: Gateway | None = None  # rollout=local: the in-process gateway
         self.service: RolloutClient | None = None
         self._started = False
+        if hasattr(engine, "on_take_out"):  # engine replicas: one that failed a push leaves every gateway
+            engine.on_take_out.append(self._take_out_engine)
         self._resume: dict[str, Any] = {}
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.counters: Counter[str] = Counter()
@@ -108,9 +110,14 @@ class RolloutDataModule(L.LightningDataModule):
             self.engine.start()
             self.service = self.rollout.connect(self._rollout_setup())
             self.gateway = getattr(self.service, "gateway", None)
+
         except BaseException:
             self.teardown()
             raise
+
+    def _take_out_engine(self, url: str) -> None:
+        if self.service is not None:
+            self.service.take_out_engine(url)
 
     def _rollout_setup(self) -> RolloutSetup:
         options = dict(self.gateway_options)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, Self
@@ -25,6 +26,10 @@ from safetensors.torch import save_file
 
 from polar_pl.engine.process import ServerProcess, healthy
 from polar_pl.utils.serving import ServerThread, free_port
+
+# transformers builds a model under a process-global meta-device context: two replicas loading on
+# two threads at once broke with "Cannot copy out of meta tensor".
+_LOAD_LOCK = threading.Lock()
 
 
 class EmbeddedEngine:
@@ -84,14 +89,15 @@ class EmbeddedEngine:
             from polar_pl.engine.server import create_app
             from polar_pl.engine.transformers_backend import TransformersBackend
 
-            self.backend = TransformersBackend(
-                self.model_dir,
-                model_name=self.served_model_name,
-                device=self.device,
-                max_batch_size=self.max_batch_size,
-                max_model_len=self.max_model_len,
-                num_threads=self.num_threads,
-            )
+            with _LOAD_LOCK:
+                self.backend = TransformersBackend(
+                    self.model_dir,
+                    model_name=self.served_model_name,
+                    device=self.device,
+                    max_batch_size=self.max_batch_size,
+                    max_model_len=self.max_model_len,
+                    num_threads=self.num_threads,
+                )
             self._thread = ServerThread(
                 create_app(self.backend, reasoning_parser=self.reasoning_parser),
                 host=self.host,

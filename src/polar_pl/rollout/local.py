@@ -60,6 +60,9 @@ class LocalClient:
     def set_policy_version(self, version: int) -> None:
         self.gateway.set_policy_version(version)
 
+    def take_out_engine(self, url: str) -> None:
+        self.gateway.take_out_upstream(url)
+
     def close(self) -> None:
         """Pools first (every sandbox and session cleaned), then the gateway (flushes the store)."""
         try:

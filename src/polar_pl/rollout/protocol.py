@@ -106,6 +106,9 @@ class RolloutClient(Protocol):
         """After a push, before `resume`: the version gateways record for engines that do not
         report one (vLLM)."""
 
+    def take_out_engine(self, url: str) -> None:
+        """An engine replica left rotation (it failed a weight push): no gateway routes to it."""
+
     def close(self) -> None:
         """Called at teardown, also after an error: every session ends, every sandbox is stopped.
         Idempotent."""

@@ -130,6 +130,9 @@ class RayClient:
     def set_policy_version(self, version: int) -> None:
         self._call("set_policy_version", int(version))
 
+    def take_out_engine(self, url: str) -> None:
+        self._call("take_out_engine", url)
+
     def close(self) -> None:
         import ray
 

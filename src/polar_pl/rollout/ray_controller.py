@@ -125,6 +125,9 @@ class RolloutController:
     def set_policy_version(self, version: int) -> None:
         self._on_live_workers("set_policy_version", version)
 
+    def take_out_engine(self, url: str) -> None:
+        self._on_live_workers("take_out_engine", url)
+
     def close(self, timeout: float = 120.0) -> None:
         """Pools stopped, then every worker cleans up its sessions and sandboxes and exits."""
         if self.service is not None:

@@ -91,6 +91,10 @@ class RolloutWorker:
         if self.gateway is not None:
             self.gateway.set_policy_version(version)
 
+    def take_out_engine(self, url: str) -> None:
+        if self.gateway is not None:
+            self.gateway.take_out_upstream(url)
+
     async def stop(self) -> None:
         """Every job cleaned up (sandboxes stopped, sessions ended), then the gateway."""
         for t in list(self._submits):
