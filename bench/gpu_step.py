@@ -43,7 +43,7 @@ from polar_pl.datamodule.collate import TrainBatch, collate
 from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.engine.embedded import save_state_dict
 from polar_pl.module.grpo import GRPOModule, enable_checkpointing
-from polar_pl.module.losses import tis_token
+from polar_pl.module.offpolicy import tis_token
 from polar_pl.module.weight_sync import DiskSync, hf_state_dict
 
 QWEN3 = {"head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True, "rope_theta": 1e6,

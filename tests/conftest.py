@@ -25,3 +25,21 @@ def tiny_model_dir() -> Path:
 
 # The real Docker engine and the offline base image, shared by the sandbox, harness and task tests.
 from polar_pl.testing.sandbox import docker_engine, docker_image, no_sandbox_leftovers  # noqa: F401
+
+
+@pytest.fixture(scope="session")
+def short_run(tiny_model_dir, tmp_path_factory) -> tuple[Path, str]:
+    """A real two-step `python train.py debug=fast logger=default` run (W&B offline): its
+    directory (traces.db, rollouts.jsonl, csv/, plots/, wandb/) and everything it printed.
+    Shared by the monitor and viewer tests."""
+    import subprocess
+    import sys
+
+    run = tmp_path_factory.mktemp("short_run") / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "train.py", "debug=fast", "steps=2", "logger=default", f"hydra.run.dir={run}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return run, proc.stdout + proc.stderr

@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "harness": ("polar_pl.harness.cli", "install harness CLIs"),
     "sandbox": ("polar_pl.sandbox.cli", "sandbox utilities (build-image, cleanup)"),
     "tasks": ("polar_pl.tasks.cli", "task suite utilities (check, list)"),
+    "view": ("polar_pl.viewer.cli", "web page over a trace store and runs (127.0.0.1)"),
+    "plot": ("polar_pl.monitor.plots", "PNG plots of a run directory"),
 }
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -16,6 +17,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
 from polar_pl.datamodule.progress import LiveProgress
 from polar_pl.engine.replicas import EngineReplicas
+from polar_pl.monitor.noise import quiet
+from polar_pl.monitor.report import RolloutRecorder, RunReport
+from polar_pl.monitor.steplog import StepLog
 
 
 def build_parts(cfg: DictConfig) -> dict[str, Any]:
@@ -56,7 +60,10 @@ def build_engine(cfg: DictConfig) -> Any:
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit GRPO on rollouts; returns the final logged metrics."""
-    L.seed_everything(cfg.seed, workers=True)
+    quiet()
+    if cfg.get("torch_threads"):
+        torch.set_num_threads(int(cfg.torch_threads))
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
     out_dir = Path(cfg.trainer.default_root_dir)
     parts = build_parts(cfg)
     dm: RolloutDataModule = parts["datamodule"]
@@ -71,7 +78,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             save_top_k=-1,
         )
         trainer: L.Trainer = instantiate(
-            cfg.trainer, logger=loggers, callbacks=[CommitBatches(), checkpoints]
+            cfg.trainer, logger=loggers, callbacks=[StepLog(), RolloutRecorder(out_dir), RunReport(out_dir), CommitBatches(), checkpoints]
         )
         for lg in loggers:
             lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from polar_pl.datamodule.datamodule import RolloutDataModule
-from polar_pl.datamodule.pools import FAILED, OK, TIMEOUT
+from polar_pl.datamodule.pools import FAILED, HARNESS_ERROR, TIMEOUT
 from polar_pl.datamodule.trajectory import PrefixBuilder
 from polar_pl.engine.embedded import EmbeddedEngine
 from polar_pl.harness.mini import Mini
@@ -95,14 +95,26 @@ def results(dm: RolloutDataModule, n: int = 1):
 
 
 def test_full_batch_of_groups(tiny_model_dir, tmp_path):
+    """A batch of two groups through the real stack. Its merge ratios come from the summed counts:
+    they were summed over sessions (compression ratio 16 for 16 one-call sessions)."""
     dm = make_dm(tiny_model_dir, tmp_path)
     dm.setup()
     try:
         batch = dm.next_batch(timeout=240)
         m = dm.last_metrics
+        groups = dm.last_groups
     finally:
         dm.teardown()
     assert len(set(batch.group_ids)) == 2 and len(set(batch.rollout_ids)) == 4
+    assert m["merge/compression_ratio"] == pytest.approx(m["merge/call_tokens"] / m["merge/row_tokens"])
+    assert m["merge/calls_per_row"] == pytest.approx(
+        (m["merge/calls"] - m["merge/skipped_calls"]) / m["merge/rows"]
+    )
+    assert {g.group_id for g in groups} == set(batch.group_ids)
+    assert all(r.info["session_id"] for g in groups for r in g.results)
+    for stage in ("init", "running", "postrun"):
+        assert m[f"time/session_{stage}_s"] > 0
+        assert 0.0 <= m[f"rollout/busy_{stage}"] <= 1.0
     assert batch.num_rows >= 4
     assert batch.loss_mask.sum() > 0
     sampled = batch.loss_mask.bool()
@@ -112,6 +124,12 @@ def test_full_batch_of_groups(tiny_model_dir, tmp_path):
     assert 0.0 <= m["rollout/reward_mean"] <= 1.0
     assert m["datamodule/sessions_ok"] == 4
     assert m["merge/calls"] >= 4
+    # ratios come from summed counts, not summed per session (which logged 8.0 for a true 1.0)
+    assert m["merge/compression_ratio"] == pytest.approx(m["merge/call_tokens"] / m["merge/row_tokens"])
+    assert m["merge/calls_per_row"] == pytest.approx(
+        (m["merge/calls"] - m["merge/skipped_calls"]) / m["merge/rows"]
+    )
+    assert m["merge/sessions"] == 4
     assert "pool/running_busy" in m
     assert_nothing_left(tmp_path)
 
@@ -144,8 +162,10 @@ def test_crashing_harness_is_recorded_and_the_pools_go_on(tiny_model_dir, tmp_pa
         dm.teardown()
     assert len(res) == 4
     for r in res:
-        assert r.status == OK and r.info["exit_code"] == 3 and r.info["calls"] == 0
-        assert r.reward == 0.0 and not r.rows
+        # a start-up crash is infrastructure: masked, and its output is not an answer
+        assert r.status == HARNESS_ERROR and r.info["harness_error"] == "infra" and r.info["masked"]
+        assert r.info["exit_code"] == 3 and r.info["calls"] == 0 and "boom" in r.error
+        assert r.reward == 0.0 and not r.rows and "eval_status" not in r.info
     assert_nothing_left(tmp_path)
 
 

@@ -57,6 +57,36 @@ class SimStages:
             self.cleaned[job.rollout_id] += 1
 
 
+class BlockingStages(SimStages):
+    """RUNNING and POSTRUN block in worker threads, as the real stages do (subprocess, HTTP)."""
+
+    def __init__(self, barrier: threading.Barrier):
+        super().__init__()
+        self.barrier = barrier
+
+    async def run(self, job: RolloutJob) -> None:
+        await asyncio.to_thread(self.barrier.wait)
+        job.state["answer"] = job.member
+
+    async def postrun(self, job: RolloutJob) -> RolloutResult:
+        await asyncio.to_thread(time.sleep, 0.01)
+        return await super().postrun(job)
+
+
+def test_every_stage_worker_gets_a_thread():
+    """RUNNING 8 wide on a 2-core machine: each harness run blocks a thread, and the event loop's
+    default executor (cpu_count + 4 = 6 threads) starved the rest: runs queued behind each other and
+    POSTRUN waited a minute for a thread. All 8 runs must be in their threads at once."""
+    barrier = threading.Barrier(8, timeout=20)
+    sizes = PoolSizes(init=4, ready=8, running=8, postrun=4, run_timeout_s=60, cancel_grace_s=1)
+    svc = make(BlockingStages(barrier), ["a"], g=8, sizes=sizes).start()
+    try:
+        (group,) = svc.next_groups(1, timeout=60)
+    finally:
+        svc.stop()
+    assert group.complete and all(r.status == OK for r in group.results), [r.error for r in group.results]
+
+
 def make(stages, tasks, g=4, **kw):
     sizes = kw.pop("sizes", PoolSizes(init=2, ready=2, running=3, postrun=2, run_timeout_s=0.3, cancel_grace_s=0.1))
     return RolloutService(stages, tasks, group_size=g, sizes=sizes, **kw)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from traj_tokens import GEN, NL, E, rec, system, tool_result, user
 
@@ -65,6 +67,22 @@ def test_truncated_response_dropped_by_harness_is_a_truncation_break() -> None:
     assert res.rows[1].meta["start"] == "truncation"
 
 
+def test_drift_after_a_length_cut_response_is_drift_not_truncation() -> None:
+    """classify_break checked truncation first, so a re-render that changed a kept, length-cut
+    turn was labelled truncation and drift on real traces was under-reported."""
+    cut = [200, 201]
+    m2 = [*MSGS1, {"role": "assistant", "content": "cut"}, {"role": "user", "content": "go on"}]
+    p2 = P1 + [200, 299, E, NL] + user(103) + GEN  # the cut turn re-rendered to other tokens
+    by_messages = build([rec(0, P1, cut, finish="length", messages=MSGS1), rec(1, p2, [202, E], messages=m2)])
+    assert by_messages.stats.breaks == {"drift": 1}
+    by_tokens = build([rec(0, P1, cut, finish="length"), rec(1, p2, [202, E])])
+    assert by_tokens.stats.breaks == {"drift": 1}
+    dropped = [*MSGS1, {"role": "user", "content": "go on"}]  # the harness threw the cut turn away
+    p3 = P1 + [E, NL] + user(103) + GEN
+    res = build([rec(0, P1, cut, finish="length", messages=MSGS1), rec(1, p3, [202, E], messages=dropped)])
+    assert res.stats.breaks == {"truncation": 1}
+
+
 def test_compaction_rewrites_history() -> None:
     m2 = [*MSGS1, {"role": "assistant", "content": "a"}, {"role": "user", "content": "more"}]
     p2 = P1 + R1 + [NL] + user(103) + GEN
@@ -103,6 +121,24 @@ def test_new_conversation_by_tokens_when_messages_are_absent() -> None:
     assert res.stats.breaks == {"new_conversation": 1}
 
 
+DEFAULT_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
+
+
+def test_rows_record_each_calls_span_finish_and_sampling() -> None:
+    """The trainer rebuilds each call's sampling distribution and segment from meta["calls"]."""
+    p2 = P1 + R1 + [NL] + user(103) + GEN
+    first = replace(rec(0, P1, R1), normalized_request={"temperature": 0.7, "top_p": 0.5, "top_k": 0})
+    (row,) = build([first, rec(1, p2, [202, E], finish="length")]).rows
+    assert row.meta["calls"] == [
+        {
+            "start": len(P1),
+            "finish_reason": "stop",
+            "sampling": {"temperature": 0.7, "top_p": 0.5, "top_k": -1},
+        },
+        {"start": len(p2), "finish_reason": "length", "sampling": DEFAULT_SAMPLING},
+    ]
+
+
 def test_side_call_never_joins_and_gets_no_reward_by_default() -> None:
     side_prompt = P1 + R1  # even if it happens to extend the task chain
     p2 = P1 + R1 + [NL] + user(103) + GEN
@@ -110,7 +146,14 @@ def test_side_call_never_joins_and_gets_no_reward_by_default() -> None:
     res = build(records)
     assert [r.call_indices for r in res.rows] == [(0, 2), (1,)]
     assert [r.reward for r in res.rows] == [1.0, 0.0]
-    assert res.rows[1].meta == {"call_kind": "side", "num_calls": 1, "start": "side_call", "chain": 1}
+    calls = [{"start": len(side_prompt + GEN), "finish_reason": "stop", "sampling": DEFAULT_SAMPLING}]
+    assert res.rows[1].meta == {
+        "call_kind": "side",
+        "num_calls": 1,
+        "calls": calls,
+        "start": "side_call",
+        "chain": 1,
+    }
     assert res.stats.breaks == {"side_call": 1}
     inherit = build(records, side_calls_inherit_reward=True)
     assert [r.reward for r in inherit.rows] == [1.0, 1.0]

@@ -1,4 +1,4 @@
-"""Advantages, rollout plumbing and zero-variance filtering against values computed by hand."""
+"""Advantages and zero-variance filtering against values computed by hand."""
 
 from __future__ import annotations
 
@@ -7,13 +7,7 @@ import math
 import pytest
 import torch
 
-from polar_pl.module.advantages import (
-    group_mean,
-    leave_one_out,
-    nonzero_variance_groups,
-    rollout_rewards,
-    rollout_row_weights,
-)
+from polar_pl.module.advantages import group_mean, leave_one_out, nonzero_variance_groups
 
 T = torch.tensor
 
@@ -43,19 +37,6 @@ def test_leave_one_out() -> None:
     assert leave_one_out(rewards, group, std_normalize=True).tolist() == pytest.approx(
         [1.0 / std, -0.5 / std, -0.5 / std, 0.0], abs=1e-5
     )
-
-
-def test_rollout_rewards_collapse_rows() -> None:
-    rewards, group = rollout_rewards(T([1.0, 1.0, 0.0]), T([0, 0, 2]), T([0, 0, 1]))
-    assert rewards.tolist() == [1.0, 0.0, 0.0] and group.tolist() == [0, -1, 1]
-    with pytest.raises(ValueError, match="disagree"):
-        rollout_rewards(T([1.0, 0.5]), T([0, 0]), T([0, 0]))
-
-
-def test_row_weights_split_rollout_weighs_once() -> None:
-    assert rollout_row_weights(T([0, 0, 1])).tolist() == [0.5, 0.5, 1.0]
-    # A row without trainable tokens neither weighs nor dilutes its sibling.
-    assert rollout_row_weights(T([0, 0, 1]), T([True, False, True])).tolist() == [1.0, 0.0, 1.0]
 
 
 def test_nonzero_variance_groups() -> None:

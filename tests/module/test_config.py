@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from polar_pl.module import aggregation, losses
+from polar_pl.module import aggregation, losses, offpolicy
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.weight_sync import DiskSync, EmbeddedStateDictSync, NoSync, VLLMWeightTransferSync
 
@@ -29,8 +29,16 @@ def test_default_module_config(tiny_model_dir) -> None:
     assert isinstance(module.weight_sync, EmbeddedStateDictSync) and module.weight_sync.engine is None
     assert module.advantage.keywords == {"std_normalize": True}
     assert module.aggregation.func is aggregation.token_mean
-    assert module.tis.func is losses.tis_token and module.tis.keywords == {"cap": 2.0}
-    assert (module.kl, module.kl_coef, module.lr, module.push_every) == (None, 0.0, 1e-3, 1)
+    assert module.tis.func is offpolicy.tis_token and module.tis.keywords == {"cap": 2.0}
+    assert module.policy_loss.func is losses.clipped_policy_loss
+    assert module.policy_loss.keywords == {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None}
+    assert (module.kl, module.kl_coef, module.lr, module.push_every) == (None, 0.0, 5e-2, 1)
+    assert (module.side_rows, module.overlong, module.off_policy_mask, module.lr_scheduler) == (
+        "own",
+        None,
+        None,
+        None,
+    )
     assert module.betas == (0.9, 0.999)
 
 
@@ -67,6 +75,6 @@ def test_variants_by_override(tiny_model_dir) -> None:
 def test_gpu_variant_extends_the_default(tiny_model_dir) -> None:
     cfg = module_cfg(tiny_model_dir, "module=grpo_gpu", "module/weight_sync=disk")
     assert (cfg.gradient_checkpointing, cfg.micro_batch_size, cfg.lr) == (True, 1, 1e-6)
-    assert cfg.eps_high == 0.28 and cfg.weight_sync._target_.endswith("DiskSync")
+    assert cfg.policy_loss.eps_high == 0.28 and cfg.weight_sync._target_.endswith("DiskSync")
     module = instantiate(cfg)
     assert module.model.is_activation_checkpointing

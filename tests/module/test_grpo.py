@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader
 from polar_pl.datamodule.collate import collate
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.logprobs import scorable, token_logprobs
-from polar_pl.module.losses import kl_k3, tis_token
+from polar_pl.module.losses import kl_k3
+from polar_pl.module.offpolicy import tis_token
 from polar_pl.module.weight_sync import EmbeddedStateDictSync
 
 BUDGET = 64

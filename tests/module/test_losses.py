@@ -1,4 +1,5 @@
-"""Clipped surrogate (clip-higher, dual clip), KL estimators and TIS against hand-computed values."""
+"""Policy losses (PPO clip-higher and dual clip, GSPO, CISPO) and KL estimators, values and
+gradients against hand-computed numbers."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ import math
 import pytest
 import torch
 
-from polar_pl.module.losses import clipped_policy_loss, kl_k1, kl_k3, tis_sequence, tis_token
+from polar_pl.module.losses import (
+    cispo_policy_loss,
+    clipped_policy_loss,
+    gspo_policy_loss,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    kl_k3_plus,
+)
+from polar_pl.module.segments import Segments
 
 L = math.log
 
@@ -53,22 +63,54 @@ def test_kl_estimators() -> None:
     assert (kl_k3(torch.randn(3, 7), torch.randn(3, 7)) >= 0).all()
 
 
-def test_tis_token_caps_and_masks() -> None:
-    old = torch.tensor([[L(0.5), L(0.25), L(0.9)]])
-    behavior = torch.tensor([[L(0.25), L(0.5), L(0.1)]], dtype=torch.float64)
-    mask = torch.tensor([[1.0, 1.0, 0.0]])
-    w = tis_token(old, behavior, mask, cap=1.5)
-    # ratios 2 -> capped 1.5, 0.5 kept, masked token 0 (its ratio 9 is ignored).
-    assert w.tolist()[0] == pytest.approx([1.5, 0.5, 0.0]) and w.dtype == torch.float32
+def _grad(fn, logp: torch.Tensor) -> list[float]:
+    x = logp.clone().requires_grad_(True)
+    fn(x).sum().backward()
+    return x.grad.flatten().tolist()
 
 
-def test_tis_sequence_one_weight_per_row() -> None:
-    # one packed sequence: row 0 (3 tokens, first is prompt), row 1 (2 tokens), then padding.
-    old = torch.tensor([[0.0, L(2.0), L(2.0), 0.0, L(0.5), 0.0]])
-    behavior = torch.zeros(1, 6, dtype=torch.float64)
-    behavior[0, 3] = -50.0  # a masked prompt token with a wild value: must not count
-    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0, 1.0, 0.0]])
-    rows = torch.tensor([[0, 0, 0, 1, 1, -1]])
-    w = tis_sequence(old, behavior, mask, rows, cap=3.0)
-    # row 0: exp(log 2 + log 2) = 4 -> capped 3; row 1: 0.5.
-    assert w.tolist()[0] == pytest.approx([0.0, 3.0, 3.0, 0.0, 0.5, 0.0])
+def test_kl_gradients_by_hand() -> None:
+    """k2 and k3+ carry the on-policy KL gradient (logp - ref); k3 is clamped: unclamped, its
+    gradient at a log-ratio of 6 is -(e^6 - 1) = -402."""
+    logp, ref = torch.tensor([[L(0.5), 0.0]]), torch.tensor([[L(0.25), 6.0]])
+    assert kl_k2(logp, ref).tolist()[0] == pytest.approx([0.5 * L(2) ** 2, 18.0])
+    assert _grad(lambda x: kl_k2(x, ref), logp) == pytest.approx([L(2), -6.0])
+    # k3: d = ref - logp = (-log 2, 6); value exp(d) - d - 1, clamped at 10.
+    assert kl_k3(logp, ref).tolist()[0] == pytest.approx([0.5 + L(2) - 1.0, 10.0])
+    assert _grad(lambda x: kl_k3(x, ref), logp) == pytest.approx([0.5, 0.0])
+    assert _grad(lambda x: kl_k3(x, ref, clamp=None), logp) == pytest.approx([0.5, -(math.exp(6) - 1)])
+    assert kl_k3_plus(logp, ref).tolist()[0] == pytest.approx([0.5 + L(2) - 1.0, 10.0])
+    assert _grad(lambda x: kl_k3_plus(x, ref), logp) == pytest.approx([L(2), -6.0])
+    assert _grad(lambda x: kl_k1(x, ref), logp) == [1.0, 1.0]
+
+
+def _segments(index: list[list[int]]) -> Segments:
+    idx = torch.tensor(index)
+    s = int(idx.max()) + 1
+    return Segments(idx, torch.zeros(s, dtype=torch.long), torch.arange(s))
+
+
+def test_gspo_one_ratio_per_call() -> None:
+    # call 0: log ratios 0.1, 0.3 -> s = e^0.2 inside the band; call 1: log ratio 0.5 -> s = e^0.5
+    # above 1 + eps_high: clipped, no grad. A masked prompt token (its ratio is wild) never counts.
+    old = torch.tensor([[0.0, -0.1, -0.3, 5.0, -0.5]])
+    logp = torch.zeros(1, 5, requires_grad=True)
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0, 1.0]])
+    seg = _segments([[-1, 0, 0, -1, 1]])
+    loss, clipped = gspo_policy_loss(logp, old, torch.ones(1, 5), mask, seg, eps_low=0.2, eps_high=0.28)
+    s0 = math.exp(0.2)
+    assert loss.tolist()[0][1:3] == pytest.approx([-s0, -s0]) and loss.tolist()[0][4] == pytest.approx(-1.28)
+    assert clipped.tolist()[0][1:3] == [False, False] and clipped.tolist()[0][4] is True
+    (loss * mask).sum().backward()
+    assert logp.grad.tolist()[0] == pytest.approx([0.0, -s0, -s0, 0.0, 0.0])
+
+
+def test_cispo_weights_every_token() -> None:
+    logp = torch.tensor([[L(1.5), L(0.5), L(1.1)]], requires_grad=True)
+    adv = torch.tensor([[1.0, -1.0, 1.0]])
+    loss, clipped = cispo_policy_loss(logp, torch.zeros(1, 3), adv)
+    # weights sg(clip(r, 0, 1.28)) = 1.28, 0.5, 1.1; loss = -w A logp
+    assert loss.tolist()[0] == pytest.approx([-1.28 * L(1.5), 0.5 * L(0.5), -1.1 * L(1.1)])
+    assert clipped.tolist() == [[True, False, False]]
+    loss.sum().backward()
+    assert logp.grad.tolist()[0] == pytest.approx([-1.28, 0.5, -1.1])

@@ -23,6 +23,7 @@ OK, TIMEOUT, FAILED = "ok", "timeout", "failed"
 # The infrastructure failed the attempt (a lost worker or node, retries spent): masked, never
 # trained as reward 0.
 INFRA_FAILURE = "infra_failure"
+HARNESS_ERROR = "harness_error"  # the CLI exited non-zero or got an API error (datamodule/outcome.py)
 
 
 @dataclass(slots=True)
@@ -114,6 +115,12 @@ class Occupancy:
         self._advance()
         span = self._last - self._start
         return self._area / (span * self.capacity) if span > 0 else 0.0
+
+    def busy_s(self) -> float:
+        """Occupied capacity-seconds since construction (or the last reset), divided by capacity:
+        differences of it over a window give that window's busy fraction."""
+        self._advance()
+        return self._area / self.capacity if self.capacity else 0.0
 
     def reset(self) -> None:
         self._advance()
@@ -218,6 +225,7 @@ class StagePools:
                     result = _failed_result(job)
                 finally:
                     await self._cleanup(job)
+            result.timings.update(job.timings)  # POSTRUN's own time is known only now
             self._publish(result)
 
     async def _finish_failed(self, job: RolloutJob) -> None:
@@ -249,6 +257,7 @@ class StagePools:
         }
         for stage, occ in self.busy.items():
             m[f"pool/{stage}_busy"] = occ.fraction()
+            m[f"pool/{stage}_busy_s"] = occ.busy_s()
             m[f"pool/{stage}_active"] = occ.count
         for status, n in self.statuses.items():
             m[f"pool/sessions_{status}"] = n

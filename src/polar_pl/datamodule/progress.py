@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from typing import Self
@@ -40,6 +41,19 @@ def render(m: dict[str, float], title: str = "rollouts") -> Table:
     return t
 
 
+def _follow_redirect() -> list[tuple[logging.StreamHandler, object]]:
+    """Point the log handlers that write to the terminal at Live's stdout/stderr proxies, so log
+    lines (the per-step line, start-up lines) print above the table instead of through it.
+    Returns (handler, original stream) pairs to restore."""
+    moved = []
+    for handler in logging.getLogger().handlers:
+        if type(handler) is logging.StreamHandler:  # not FileHandler (a subclass)
+            for orig, proxy in ((sys.__stdout__, sys.stdout), (sys.__stderr__, sys.stderr)):
+                if handler.stream is orig and proxy is not orig:
+                    moved.append((handler, handler.setStream(proxy)))
+    return moved
+
+
 class LiveProgress:
     """`with LiveProgress(service.metrics): ...` — redraws every `period` seconds on a thread.
 
@@ -60,11 +74,19 @@ class LiveProgress:
 
     def _loop(self) -> None:
         with Live(render({}, self.title), console=self.console, refresh_per_second=4, transient=True) as live:
-            while not self._stop.wait(self.period):
-                try:
-                    live.update(render(self.source(), self.title))
-                except Exception:
-                    log.debug("progress refresh failed", exc_info=True)
+            moved = _follow_redirect()
+            try:
+                self._refresh(live)
+            finally:
+                for handler, stream in moved:
+                    handler.setStream(stream)
+
+    def _refresh(self, live: Live) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                live.update(render(self.source(), self.title))
+            except Exception:
+                log.debug("progress refresh failed", exc_info=True)
 
     def __enter__(self) -> Self:
         if self.console.is_terminal:

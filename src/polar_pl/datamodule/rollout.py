@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from polar_pl.datamodule.pools import FAILED, OK, TIMEOUT, RolloutJob, RolloutResult
+from polar_pl.datamodule.outcome import INFRA, classify
+from polar_pl.datamodule.pools import FAILED, HARNESS_ERROR, OK, TIMEOUT, RolloutJob, RolloutResult
 from polar_pl.datamodule.trajectory.base import TrajectoryBuilder
 from polar_pl.gateway.handle import Gateway
 from polar_pl.harness.protocol import GatewaySession, Harness
@@ -96,6 +97,13 @@ class HarnessRolloutStages:
         job.state["harness"] = result
         if result.timed_out:
             job.status, job.error = TIMEOUT, f"harness timed out after {result.duration_s:.0f}s"
+            return
+        records = await asyncio.to_thread(self.gateway.records, session.session_id)
+        policy_exits = getattr(self.harness, "policy_exit_codes", None)
+        outcome = classify(result.exit_code, result.stderr, result.stdout, records, policy_exits)
+        if outcome.failed:  # its answer is the harness's error text: never evaluated
+            job.status, job.error = HARNESS_ERROR, outcome.reason
+            job.state["cause"] = outcome.cause
 
     async def postrun(self, job: RolloutJob) -> RolloutResult:
         task, hres = job.task, job.state.get("harness")
@@ -112,14 +120,21 @@ class HarnessRolloutStages:
             if ev.status == "error":
                 job.fail("postrun", f"evaluator: {ev.reason}")
         session = job.state.get("session")
+        if session is not None:
+            info["session_id"] = session.session_id
         records = await asyncio.to_thread(self.gateway.records, session.session_id) if session else []
         built = self.builder.build(records, reward=reward, status=job.status, harness=self.harness.name)
         rows = built.rows
-        if (job.status == TIMEOUT and self.options.timeout_policy == "mask") or (
-            job.status == FAILED and not self.options.keep_failed_rows
-        ):
+        masked = (
+            (job.status == TIMEOUT and self.options.timeout_policy == "mask")
+            or (job.status == FAILED and not self.options.keep_failed_rows)
+            or (job.status == HARNESS_ERROR and job.state.get("cause") == INFRA)
+        )
+        if masked:
             rows = []
-        info.update(calls=len(records), merge=built.stats.to_metrics("merge"))
+        if job.status == HARNESS_ERROR:
+            info["harness_error"] = job.state.get("cause")
+        info.update(calls=len(records), merge=built.stats.to_metrics("merge"), masked=masked)
         return RolloutResult(
             rollout_id=job.rollout_id,
             group_id=job.group_id,

@@ -8,15 +8,18 @@ ahead it may run is bounded by `max_groups_in_flight`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from polar_pl.datamodule.pools import PoolSizes, RolloutJob, RolloutResult, RolloutStages, StagePools
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,7 @@ class RolloutService:
         self._taken: set[int] = set(skip_seqs)  # handed out (consumed or not): never fed again
         self.id_prefix = id_prefix or uuid.uuid4().hex[:6]
         self.late_results = 0
+        self._first_logged = False
         self._demand = 0
         self._ready: list[Group] = []
         self._cond = threading.Condition()
@@ -177,6 +181,12 @@ class RolloutService:
 
     async def _run(self) -> None:
         self._main_task = asyncio.current_task()
+        # Every stage worker may sit in asyncio.to_thread at once (a harness run blocks one for its
+        # whole length); the loop's default executor has only cpu_count + 4 threads, so on a small
+        # machine POSTRUN waited for RUNNING to free one.
+        workers = self.sizes.init + self.sizes.running + self.sizes.postrun + 2
+        executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout-stage")
+        asyncio.get_running_loop().set_default_executor(executor)
         self.pools = self._make_pools()
         self.pools.start()
         pending: dict[str, _Pending] = {}
@@ -217,6 +227,9 @@ class RolloutService:
             except TimeoutError:
                 result = None
             if result is not None:
+                if not self._first_logged:
+                    self._first_logged = True
+                    _log_first(result)
                 p = pending.get(result.group_id)
                 if p is None:
                     self.late_results += 1  # its group was released at the deadline already
@@ -242,6 +255,14 @@ class RolloutService:
         with self._cond:
             self._ready.append(group)
             self._cond.notify_all()
+
+
+def _log_first(result: RolloutResult) -> None:
+    stages = ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items() if k != "submitted")
+    log.info(
+        "first rollout: %s, reward %.3f (%s)%s", result.status, result.reward, stages,
+        f": {result.error}" if result.error else "",
+    )  # fmt: skip
 
 
 def run_groups(service_factory: Callable[[], RolloutService], n: int, timeout: float) -> list[Group]:

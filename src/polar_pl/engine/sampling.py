@@ -13,6 +13,61 @@ from polar_pl.engine.backend import SamplingParams, TokenLogprob
 _GREEDY_EPS = 1e-5
 
 
+@torch.no_grad()
+def sampling_filter(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor | None:
+    """(..., V) bool: tokens top-k then top-p remove from temperature-scaled logits, or None if
+    neither is on anywhere.
+
+    scaled: (..., V) float32 logits already divided by the temperature; top_k: (...) long (<= 0 or
+    >= V: off); top_p: (...) float in (0, 1]. vLLM's rules (`apply_top_k_top_p`): top-k keeps every
+    token tied with the k-th largest; top-p then renormalises over the survivors, sorts ascending
+    and drops the tokens whose cumulative mass is <= 1 - p, always keeping the most likely one.
+    """
+    vocab = scaled.shape[-1]
+    k_on = (top_k > 0) & (top_k < vocab)
+    p_on = top_p < 1.0
+    if not bool(k_on.any()) and not bool(p_on.any()):
+        return None
+    ordered, order = scaled.sort(dim=-1)  # ascending, as vLLM
+    k = torch.where(k_on, top_k, vocab).clamp(max=vocab)
+    kth = ordered.gather(-1, (vocab - k).unsqueeze(-1))
+    drop = ordered < kth
+    if bool(p_on.any()):
+        cum = ordered.masked_fill(drop, float("-inf")).softmax(dim=-1).cumsum(dim=-1)
+        drop |= cum <= (1.0 - top_p).unsqueeze(-1)
+        drop[..., -1] = False
+    return torch.empty_like(drop).scatter_(-1, order, drop)
+
+
+def processed_logits(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    keep: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The logits of the distribution actually sampled (vLLM's `processed_logprobs` mode).
+
+    logits: (..., V) float; temperature, top_p: (...) float; top_k: (...) long; keep: (...) long
+    token ids never filtered out, or None. Returns (..., V) float32: logits / temperature with the
+    `sampling_filter` tokens at -inf. Greedy positions (temperature < 1e-5) come back unscaled and
+    unfiltered: vLLM reports their raw logprobs. Differentiable in `logits` (the filter is a
+    constant). The trainer passes the sampled token as `keep`: a token sampled from the engine's
+    nucleus must not become -inf because the trainer's numerics put it just outside.
+    """
+    greedy = temperature < _GREEDY_EPS
+    temp = torch.where(greedy, 1.0, temperature).to(torch.float32)
+    scaled = logits.float() / temp.unsqueeze(-1)
+    drop = sampling_filter(
+        scaled.detach(), torch.where(greedy, -1, top_k), torch.where(greedy, 1.0, top_p).to(torch.float32)
+    )
+    if drop is None:
+        return scaled
+    if keep is not None:
+        drop = drop.scatter(-1, keep.unsqueeze(-1), False)
+    return scaled.masked_fill(drop, float("-inf"))
+
+
 def make_generator(params: SamplingParams, index: int, device: torch.device) -> torch.Generator | None:
     """A seeded generator per choice (seed + choice index), None for unseeded or greedy sampling."""
     if params.seed is None or params.temperature < _GREEDY_EPS:

@@ -26,6 +26,7 @@ from transformers import DynamicCache
 from polar_pl.engine.backend import BackendStats, GenerationRequest, SeqDelta
 from polar_pl.engine.constrain import ConstraintState
 from polar_pl.engine.detok import SequenceOutput
+from polar_pl.engine.kvcache import PrefixCache, batch_cache
 from polar_pl.engine.sampling import make_generator, sample_batch
 
 Sink = Callable[[list[SeqDelta] | BaseException | None], None]
@@ -63,8 +64,10 @@ class Scheduler:
         prefill_chunk: int = 2048,
         version: Callable[[], int],
         num_threads: int | None = None,
+        prefix_cache_bytes: int = 512 << 20,
     ):
         self.model = model
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self.num_threads = num_threads
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
@@ -166,13 +169,9 @@ class Scheduler:
             return
         prompt = list(req.request.prompt_ids)
         params = req.request.params
-        cache = DynamicCache()
-        logits = None
-        for start in range(0, len(prompt), self.prefill_chunk):
-            if req.aborted or self._stop:  # a long prefill gives way to an abort between chunks
-                return
-            chunk = torch.tensor([prompt[start : start + self.prefill_chunk]], device=self.device)
-            logits = self.model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        cache, logits = self._prefill(req, prompt)
+        if logits is None:
+            return
         n = params.n
         seqs = [
             _Seq(SequenceOutput(self.tokenizer, params, self.eos_token_ids, i), None, len(prompt) + 1, -1)
@@ -201,6 +200,23 @@ class Scheduler:
             ]
             self._merge(req, live, kv, len(prompt))
 
+    def _prefill(self, req: _Req, prompt: list[int]) -> tuple[DynamicCache, torch.Tensor | None]:
+        """KV and last-position logits of the prompt: the longest cached prefix is reused, the
+        rest is computed in chunks. None logits: aborted (or stopping) between chunks."""
+        if not prompt:
+            raise ValueError("empty prompt")
+        cached, kv = self.prefix_cache.lookup(prompt)
+        cache = DynamicCache(ddp_cache_data=kv) if kv is not None else DynamicCache()
+        logits = None
+        for start in range(cached, len(prompt), self.prefill_chunk):
+            if req.aborted or self._stop:  # a long prefill gives way to an abort between chunks
+                return cache, None
+            chunk = torch.tensor([prompt[start : start + self.prefill_chunk]], device=self.device)
+            logits = self.model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        self.prefix_cache.insert(prompt, [(layer.keys, layer.values) for layer in cache.layers])
+        self.stats.extra.update(self.prefix_cache.stats())
+        return cache, logits
+
     def _merge(
         self, req: _Req, seqs: list[_Seq], kv: list[tuple[torch.Tensor, torch.Tensor]], t_new: int
     ) -> None:
@@ -222,7 +238,7 @@ class Scheduler:
                     )
                 )
             mask = torch.cat([_left_pad(self._mask, t), _left_pad(new_mask, t)], dim=0)
-        self._cache = DynamicCache(ddp_cache_data=layers)
+        self._cache = batch_cache(layers)
         self._mask = mask
         self._seqs.extend((req, s) for s in seqs)
 
@@ -324,7 +340,7 @@ class Scheduler:
             )
             for layer in self._cache.layers
         ]
-        self._cache = DynamicCache(ddp_cache_data=layers)
+        self._cache = batch_cache(layers)
         self._mask = mask[:, first_real:]
         self._seqs = [self._seqs[i] for i in keep]
 

@@ -38,6 +38,8 @@ class TransformersBackend:
     num_threads: torch intra-op threads of the scheduler thread (which runs every forward pass);
     set on that thread only, so the caller's (the trainer's) setting is left alone; None keeps
     torch's default.
+    prefix_cache_mb: memory for recent prompts' KV, reused by prompts that start with them
+    (engine/kvcache.py); 0 turns prefix caching off.
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class TransformersBackend:
         max_batch_size: int = 64,
         prefill_chunk: int = 2048,
         num_threads: int | None = None,
+        prefix_cache_mb: int = 512,
     ):
         self.model_dir = Path(model_dir)
         self.model_name = model_name or str(model_dir)
@@ -82,6 +85,7 @@ class TransformersBackend:
             # Oversubscribed intra-op threads make small CPU kernels crawl (a decode step of the
             # tiny model: ~40 ms with 2 threads on a busy 2-core box, ~3 ms with 1).
             num_threads=num_threads,
+            prefix_cache_bytes=prefix_cache_mb << 20,
         )
         self._started = False
 
@@ -138,6 +142,7 @@ class TransformersBackend:
                 if target.shape != tensor.shape:
                     raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(target.shape)}")
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+        self._scheduler.prefix_cache.clear()  # KV computed by the old weights
         with self._version_lock:
             self.policy_version += 1
             return self.policy_version

@@ -4,6 +4,7 @@ sandbox's python. Needs no Node and no install step; speaks OpenAI Chat."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from polar_pl.harness import mini_agent
 from polar_pl.harness.base import resolve_provider
@@ -14,6 +15,8 @@ ANSWER_FILE = ".polar/answer.txt"  # relative to the workspace; .polar is exclud
 
 class Mini:
     name = "mini"
+    # exit codes that are the model's doing (datamodule/outcome.py): trained with reward 0
+    policy_exit_codes: ClassVar[dict[int, str]] = {3: "out of turns"}
 
     def __init__(
         self,

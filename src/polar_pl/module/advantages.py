@@ -1,8 +1,9 @@
-"""Group-relative advantages, one function per variant, plus the row <-> rollout plumbing.
+"""Group-relative advantages, one function per variant, and the zero-variance group filter.
 
-Rewards are per ROLLOUT (one task attempt). A rollout may have been split into several rows
-(chains); its advantage is broadcast to every row. Rollouts are indexed 0..K-1; `group` (K,) long
-gives each rollout's GRPO group, -1 for an index that has no rows (it is ignored everywhere).
+Rewards are per ROLLOUT (one task attempt; see rollouts.py for how rows become rollouts). A
+rollout may have been split into several rows (chains); its advantage is broadcast to every row.
+Rollouts are indexed 0..K-1; `group` (K,) long gives each rollout's GRPO group, -1 for an index
+that has no rows (it is ignored everywhere).
 
 Advantage functions share one signature, so config picks one with `_target_` + `_partial_`:
 `fn(rewards (K,) float, group (K,) long) -> (K,) float32`.
@@ -69,41 +70,6 @@ def leave_one_out(
     if std_normalize:
         adv = adv / (_unbiased_std(total, count, sq) + eps)
     return adv.float()
-
-
-def rollout_rewards(
-    row_rewards: torch.Tensor, row_rollout: torch.Tensor, row_group: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Collapse rows to rollouts.
-
-    row_rewards (R,) float, row_rollout (R,) long rollout index of each row, row_group (R,) long.
-    Returns (rewards (K,) float32, group (K,) long) with K = max rollout index + 1; an index
-    without rows gets reward 0 and group -1. Rows of one rollout must agree on reward and group.
-    """
-    k = int(row_rollout.max()) + 1 if row_rollout.numel() else 0
-    rewards = torch.zeros(k, dtype=torch.float32, device=row_rewards.device)
-    rewards[row_rollout] = row_rewards.float()
-    group = torch.full((k,), -1, dtype=torch.long, device=row_group.device)
-    group[row_rollout] = row_group
-    if not (
-        torch.equal(rewards[row_rollout], row_rewards.float()) and torch.equal(group[row_rollout], row_group)
-    ):
-        raise ValueError("rows of one rollout disagree on reward or group")
-    return rewards, group
-
-
-def rollout_row_weights(
-    row_rollout: torch.Tensor, row_has_tokens: torch.Tensor | None = None
-) -> torch.Tensor:
-    """(R,) float32: 1 / (rows of the row's rollout), so a rollout split into rows weighs once.
-
-    row_has_tokens: optional (R,) bool; rows without trainable tokens get weight 0 and do not count
-    (else a rollout whose second chain is all prompt would weigh one half).
-    """
-    has = torch.ones_like(row_rollout, dtype=torch.bool) if row_has_tokens is None else row_has_tokens.bool()
-    k = int(row_rollout.max()) + 1 if row_rollout.numel() else 0
-    counts = torch.zeros(k, device=row_rollout.device).index_add_(0, row_rollout, has.float())
-    return torch.where(has, 1.0 / counts[row_rollout].clamp(min=1), 0.0)
 
 
 def nonzero_variance_groups(rewards: torch.Tensor, group: torch.Tensor, tol: float = 1e-8) -> torch.Tensor:

@@ -1,15 +1,20 @@
 """GRPOModule: one rollout batch in, several optimiser steps, weights pushed to the engine.
 
 Per batch (`update`):
-1. rewards per rollout -> advantages (config-chosen function), broadcast to every row and token;
-   optionally drop groups whose rewards have zero variance (their tokens leave the loss);
-2. under no_grad, before any update: the trainer's logprobs of the sampled tokens (pi_old), the
-   entropy of each prediction, the frozen reference's logprobs when KL is on, and the truncated
-   importance weights pi_old / mu against the engine's behaviour logprobs mu when TIS is on;
-3. `epochs` x `minibatches` optimiser steps over the packed sequences, each minibatch cut into
-   micro-batches of `micro_batch_size` sequences for memory (the aggregation weights are computed
-   per minibatch, so accumulation is exact); clipped surrogate (+ KL), gradient clipping, AdamW;
-4. after every `push_every`-th optimiser step, `weight_sync.push(model)`.
+1. bookkeeping (prepare.py): rows -> statistics units (a rollout; its side calls a unit of their
+   own), call segments, the sampling settings each token was drawn with, overlong masking;
+2. rewards per unit (minus a KL penalty when `kl_reward` is on) -> advantages (config-chosen
+   function), broadcast to every row and token; optionally drop groups whose task rewards have
+   zero variance (their tokens leave the loss);
+3. under no_grad, before any update: the trainer's logprobs of the sampled tokens (pi_old) under
+   the distribution the engine sampled from, their entropy, the frozen reference's logprobs when
+   KL is on, and the off-policy corrections (`tis`, `off_policy_mask`) against the engine's
+   behaviour logprobs mu;
+4. `epochs` x `minibatches` optimiser steps over the packed sequences, each minibatch cut into
+   micro-batches (by sequences and/or tokens) for memory. Aggregation weights are computed once
+   for the whole batch, so a rollout weighs the same wherever its rows land; the policy loss
+   (config-chosen), KL, an entropy bonus, gradient clipping, AdamW, an optional LR schedule;
+5. after every `push_every`-th optimiser step, `weight_sync.push(model)`.
 
 Optimisation is manual (`automatic_optimization = False`): Lightning's global step counts
 optimiser steps, so a batch advances it by epochs x minibatches, and a skipped batch by 0.
@@ -32,62 +37,69 @@ from torch import nn
 from polar_pl.datamodule.collate import TrainBatch
 from polar_pl.module import advantages as adv_fns
 from polar_pl.module import aggregation as agg_fns
-from polar_pl.module.logprobs import scorable, token_logprobs
-from polar_pl.module.losses import clipped_policy_loss
+from polar_pl.module import losses
+from polar_pl.module.logprobs import Sampling, forward_inputs, scorable, token_logprobs
 from polar_pl.module.metrics import batch_metrics, harness_metrics, numeric
+from polar_pl.module.model import Frozen, enable_checkpointing, load_model
+from polar_pl.module.prepare import Prepared, prepare, unit_sums
+from polar_pl.module.rollouts import Rollouts
 from polar_pl.module.weight_sync import WeightSync
 
 log = logging.getLogger(__name__)
 
 
-class _Frozen:
-    """Holds the reference model outside the module tree: not trained, not checkpointed (it is the
-    initial checkpoint, reloadable from model_dir), moved to the device on first use."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model.eval().requires_grad_(False)
-
-    def on(self, device: torch.device) -> nn.Module:
-        if next(self.model.parameters()).device != device:
-            self.model.to(device)
-        return self.model
+def _is(fn: Callable[..., Any] | None, target: Callable[..., Any]) -> bool:
+    return fn is not None and getattr(fn, "func", fn) is target
 
 
-def load_model(
-    model_dir: str | Path, *, dtype: str | None = None, attn_implementation: str | None = None
-) -> nn.Module:
-    """A HF causal LM from a local directory (nothing is downloaded)."""
-    from transformers import AutoModelForCausalLM
-
-    kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype) if dtype else torch.float32}
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
-    if not (Path(model_dir) / "config.json").exists():
-        raise FileNotFoundError(f"module.model_dir: no config.json in {model_dir}")
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
-
-
-def enable_checkpointing(model: nn.Module) -> None:
-    """Activation (gradient) checkpointing of every decoder layer, non-reentrant (works under
-    no_grad and with inputs that need no grad). transformers 5 renamed the method."""
-    enable = getattr(model, "activation_checkpointing_enable", None)
-    if enable is not None:
-        enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+def check_config(*, epochs, minibatches, push_every, micro_batch_size, micro_batch_tokens,
+                 logprob_chunk_tokens, kl, kl_coef, kl_reward, kl_reward_coef) -> None:  # fmt: skip
+    """ValueError naming the module.* key of a bad setting."""
+    for key, value in (("epochs", epochs), ("minibatches", minibatches), ("push_every", push_every)):
+        if int(value) < 1:
+            raise ValueError(f"module.{key}={value}: must be >= 1")
+    for key, value in (
+        ("micro_batch_size", micro_batch_size),
+        ("micro_batch_tokens", micro_batch_tokens),
+        ("logprob_chunk_tokens", logprob_chunk_tokens),
+    ):
+        if value is not None and int(value) < 1:
+            raise ValueError(f"module.{key}={value}: must be >= 1 or null")
+    if kl_coef > 0 and kl is None:
+        raise ValueError("module.kl_coef > 0 needs module.kl (kl_k2, kl_k3 or kl_k3_plus)")
+    if kl_coef > 0 and _is(kl, losses.kl_k1):
+        raise ValueError(
+            "module.kl=kl_k1 has zero expected gradient as a loss: use kl_k2 / kl_k3 / kl_k3_plus, "
+            "or put k1 in the reward (module.kl_reward with module.kl_reward_coef)"
+        )
+    if kl_reward_coef > 0 and kl_reward is None:
+        raise ValueError("module.kl_reward_coef > 0 needs module.kl_reward (e.g. kl_k1)")
 
 
 class GRPOModule(L.LightningModule):
-    """See the module docstring.
+    """See the module docstring. Functions are chosen by config (`_target_` + `_partial_`).
 
     model_dir: HF model directory (or pass `model`, an nn.Module with a HF causal-LM forward).
     advantage: fn(rewards (K,), group (K,)) -> (K,), see advantages.py (default group_mean).
     aggregation: fn(mask, row_index, row_rollout) -> token weights, see aggregation.py.
-    kl: fn(logp, ref_logp) -> (N, T) (kl_k1 / kl_k3) or None; used when kl_coef > 0.
-    tis: fn(old_logp, behavior_logp, mask, row_index) -> (N, T) (tis_token / tis_sequence) or None.
-    filter_zero_variance: drop groups whose rewards are all equal.
-    micro_batch_size: sequences per forward/backward (None: the whole minibatch).
-    temperature: the engine's sampling temperature (logits are divided by it).
+    policy_loss: fn(logp, old_logp, advantages, mask, segments) -> (loss, clipped), see losses.py
+        (default clipped_policy_loss with eps 0.2 / 0.28).
+    kl: fn(logp, ref_logp) -> (N, T) added to the loss with kl_coef (kl_k2 / kl_k3 / kl_k3_plus).
+    kl_reward: fn(old_logp, ref_logp) -> (N, T) (kl_k1), summed over a rollout's tokens and
+        subtracted from its reward with kl_reward_coef before the advantages.
+    tis / off_policy_mask: fn(old_logp, behavior_logp, mask, segments, advantages) -> (N, T)
+        weights multiplying the policy loss (see offpolicy.py), or None.
+    entropy_coef: entropy bonus (the loss subtracts entropy_coef x the sampled distribution's
+        entropy at each trainable token).
+    filter_zero_variance: drop groups whose task rewards are all equal.
+    side_rows: "own" (side calls are units of their own) or "exclude" (see rollouts.py).
+    overlong: None, "call" or "rollout": drop the tokens of calls cut by the length limit, or of
+        their whole rollout (see prepare.py).
+    micro_batch_size / micro_batch_tokens: sequences / tokens per forward-backward (None: the
+        whole minibatch); logprob_chunk_tokens: tokens per LM-head chunk (None: all at once).
+    temperature: the sampling temperature of calls that record no sampling settings (the trainer
+        otherwise uses each call's recorded temperature / top_p / top_k).
+    lr_scheduler: fn(optimizer) -> an LR scheduler stepped after every optimiser step, or None.
     weight_sync: a WeightSync (bound to the datamodule's engine in on_fit_start if unbound), or None.
     """
 
@@ -98,20 +110,27 @@ class GRPOModule(L.LightningModule):
         model: nn.Module | None = None,
         advantage: Callable[..., torch.Tensor] | None = None,
         aggregation: Callable[..., torch.Tensor] | None = None,
+        policy_loss: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
         kl: Callable[..., torch.Tensor] | None = None,
         kl_coef: float = 0.0,
+        kl_reward: Callable[..., torch.Tensor] | None = None,
+        kl_reward_coef: float = 0.0,
         tis: Callable[..., torch.Tensor] | None = None,
-        eps_low: float = 0.2,
-        eps_high: float = 0.28,
-        dual_clip: float | None = None,
+        off_policy_mask: Callable[..., torch.Tensor] | None = None,
+        entropy_coef: float = 0.0,
         filter_zero_variance: bool = True,
+        side_rows: str = "own",
+        overlong: str | None = None,
         epochs: int = 1,
         minibatches: int = 1,
         micro_batch_size: int | None = None,
+        micro_batch_tokens: int | None = None,
+        logprob_chunk_tokens: int | None = None,
         lr: float = 1e-6,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
         adam_eps: float = 1e-8,
+        lr_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
         grad_clip: float | None = 1.0,
         temperature: float = 1.0,
         push_every: int = 1,
@@ -123,17 +142,11 @@ class GRPOModule(L.LightningModule):
     ):
         super().__init__()
         self.automatic_optimization = False
-        for key, value, low in (
-            ("epochs", epochs, 1),
-            ("minibatches", minibatches, 1),
-            ("push_every", push_every, 1),
-        ):
-            if int(value) < low:
-                raise ValueError(f"module.{key}={value}: must be >= {low}")
-        if micro_batch_size is not None and micro_batch_size < 1:
-            raise ValueError(f"module.micro_batch_size={micro_batch_size}: must be >= 1 or null")
-        if kl_coef > 0 and kl is None:
-            raise ValueError("module.kl_coef > 0 needs module.kl (kl_k1 or kl_k3)")
+        check_config(
+            epochs=epochs, minibatches=minibatches, push_every=push_every, micro_batch_size=micro_batch_size,
+            micro_batch_tokens=micro_batch_tokens, logprob_chunk_tokens=logprob_chunk_tokens, kl=kl,
+            kl_coef=kl_coef, kl_reward=kl_reward, kl_reward_coef=kl_reward_coef,
+        )  # fmt: skip
         if model is None:
             if model_dir is None:
                 raise ValueError("GRPOModule needs module.model_dir (or a model)")
@@ -144,24 +157,35 @@ class GRPOModule(L.LightningModule):
             enable_checkpointing(self.model)
         self.advantage = advantage or functools.partial(adv_fns.group_mean, std_normalize=True)
         self.aggregation = aggregation or agg_fns.token_mean
-        self.kl, self.kl_coef, self.tis = kl, float(kl_coef), tis
-        self.eps_low, self.eps_high, self.dual_clip = eps_low, eps_high, dual_clip
-        self.filter_zero_variance = filter_zero_variance
-        self.epochs, self.minibatches, self.micro_batch_size = int(epochs), int(minibatches), micro_batch_size
+        self.policy_loss = policy_loss or functools.partial(
+            losses.clipped_policy_loss, eps_low=0.2, eps_high=0.28
+        )
+        self.kl, self.kl_coef = kl, float(kl_coef)
+        self.kl_reward, self.kl_reward_coef = kl_reward, float(kl_reward_coef)
+        self.tis, self.off_policy_mask, self.entropy_coef = tis, off_policy_mask, float(entropy_coef)
+        self.filter_zero_variance, self.side_rows, self.overlong = filter_zero_variance, side_rows, overlong
+        self.epochs, self.minibatches = int(epochs), int(minibatches)
+        self.micro_batch_size, self.micro_batch_tokens = micro_batch_size, micro_batch_tokens
+        self.logprob_chunk_tokens = logprob_chunk_tokens
         self.lr, self.weight_decay, self.betas, self.adam_eps = lr, weight_decay, tuple(betas), adam_eps
-        self.grad_clip, self.temperature = grad_clip, temperature
+        self.lr_scheduler, self.grad_clip, self.temperature = lr_scheduler, grad_clip, temperature
         self.push_every, self.weight_sync, self.seed = int(push_every), weight_sync, seed
-        self._ref = _Frozen(copy.deepcopy(self.model)) if self.kl_coef > 0 else None
+        needs_ref = self.kl_coef > 0 or self.kl_reward_coef > 0
+        self._ref = Frozen(copy.deepcopy(self.model)) if needs_ref else None
         self.optimizer_steps = 0  # over the whole run (checkpointed)
         self.skipped_batches = 0
         self.own_version = 0  # pushes done, when there is no weight sync to ask
 
     # ---- Lightning hooks ------------------------------------------------------------------
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> torch.optim.Optimizer | dict[str, Any]:
+        """The AdamW optimizer; with an lr_scheduler, Lightning's dict with it stepped per step."""
         params = [p for p in self.model.parameters() if p.requires_grad]
-        return torch.optim.AdamW(
+        opt = torch.optim.AdamW(
             params, lr=self.lr, betas=self.betas, eps=self.adam_eps, weight_decay=self.weight_decay
         )
+        if self.lr_scheduler is None:
+            return opt
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.lr_scheduler(opt), "interval": "step"}}
 
     def bind_engine(self, engine: Any) -> None:
         """Point the weight sync at the engine (the datamodule owns it). on_fit_start does this
@@ -198,7 +222,7 @@ class GRPOModule(L.LightningModule):
 
     def training_step(self, batch: TrainBatch | None, batch_idx: int) -> None:
         metrics = self._rollout_metrics(batch)
-        metrics.update(self.update(batch, self.optimizers()))
+        metrics.update(self.update(batch, self.optimizers(), self.lr_schedulers()))
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
 
     # ---- the GRPO step --------------------------------------------------------------------
@@ -209,148 +233,176 @@ class GRPOModule(L.LightningModule):
             return sync.policy_version()
         return self.own_version
 
-    def update(self, batch: TrainBatch | None, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    def update(
+        self, batch: TrainBatch | None, optimizer: torch.optim.Optimizer, scheduler: Any = None
+    ) -> dict[str, float]:
         """Run the optimiser steps for one rollout batch; returns train/* metrics. Works without a
         Lightning Trainer (bench/gpu_step.py calls it with a plain optimizer)."""
         t0 = time.perf_counter()
         version_now = self.current_version()  # before this batch's pushes: the staleness reference
         if batch is None or batch.num_rows == 0:
             return self._skip("empty batch")
-        device = next(self.model.parameters()).device
-        batch = batch.to(device)
-        group_adv, keep, filtered = self._advantages(batch)
-        row_adv = group_adv[batch.rollout_index]
-        batch.advantages = row_adv.detach()
-        sampled = batch.loss_mask * scorable(batch.position_ids)
-        mask = sampled * keep[batch.rollout_index][batch.row_index.clamp(min=0)] * (batch.row_index >= 0)
+        batch = batch.to(next(self.model.parameters()).device)
+        prep = prepare(batch, side_rows=self.side_rows, overlong=self.overlong, temperature=self.temperature)
+        units = prep.units
+        old = ent = ref = penalty = None
+        if self.kl_reward_coef > 0:
+            old, ent, ref = self._old_logprobs(batch, prep.sampling)
+            kl = self.kl_reward(old, ref)
+            penalty = self.kl_reward_coef * unit_sums(
+                kl, prep.eligible, prep.token_unit, units.reward.numel()
+            )
+        adv, keep, filtered = self._advantages(units, penalty)
+        batch.advantages = torch.where(units.row >= 0, adv[units.row.clamp(min=0)], 0.0).detach()
+        mask = prep.eligible * keep[prep.token_unit.clamp(min=0)]
         if mask.sum() == 0:
             return self._skip("no trainable tokens", filtered_groups_frac=filtered)
-        tok_adv = row_adv[batch.row_index.clamp(min=0)] * mask
-
-        old, ent, ref = self._old_logprobs(batch)
-        tis_w = (
-            self.tis(old, batch.behavior_logprobs, mask, batch.row_index) if self.tis is not None else None
+        if old is None:
+            old, ent, ref = self._old_logprobs(batch, prep.sampling)
+        tok_adv = adv[prep.token_unit.clamp(min=0)] * mask
+        tis_w, keep_w = (
+            fn(old, batch.behavior_logprobs, mask, prep.segments, tok_adv) if fn is not None else None
+            for fn in (self.tis, self.off_policy_mask)
         )
+        corr = tis_w if keep_w is None else keep_w if tis_w is None else tis_w * keep_w
         t1 = time.perf_counter()
-        stats = self._optimise(batch, optimizer, mask, tok_adv, old, ref, tis_w)
+        stats = self._optimise(batch, prep, optimizer, scheduler, mask, tok_adv, old, ref, corr)
         t2 = time.perf_counter()
-        real_tokens = batch.total_tokens - batch.padding_tokens
         m = batch_metrics(
-            old=old, behavior=batch.behavior_logprobs, sampled=sampled, mask=mask, entropy=ent,
-            token_versions=batch.policy_version, current_version=version_now, tis_w=tis_w,
+            old=old, behavior=batch.behavior_logprobs, sampled=prep.sampled, mask=mask, entropy=ent,
+            token_versions=batch.policy_version, current_version=version_now, tis_w=tis_w, keep_w=keep_w,
         )  # fmt: skip
         m.update(stats)
+        m.update(self._unit_metrics(units, adv, penalty, prep))
         m.update({
-            "train/tokens_per_s": real_tokens * self.epochs / max(t2 - t0 - stats["train/push_s"], 1e-9),
+            "train/tokens_per_s": (batch.total_tokens - batch.padding_tokens) * self.epochs
+            / max(t2 - t0 - stats["train/push_s"], 1e-9),
             "train/old_logprob_s": t1 - t0,
             "train/update_s": t2 - t1 - stats["train/push_s"],
             "train/filtered_groups_frac": filtered,
             "train/trainable_tokens": float(mask.sum()),
-            "train/advantage_abs_mean": float(row_adv.abs().mean()),
             "train/skipped_batches": float(self.skipped_batches),
             "train/policy_version": float(self.current_version()),
         })  # fmt: skip
         return m
 
-    def _advantages(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """(advantage per rollout (K,), keep per rollout (K,) bool, fraction of groups dropped)."""
-        rewards, group = adv_fns.rollout_rewards(batch.rewards, batch.rollout_index, batch.group_index)
-        advantage = self.advantage(rewards, group).to(batch.rewards.device)
-        keep = group >= 0
+    def _advantages(
+        self, units: Rollouts, penalty: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """(advantage per unit (K,), keep per unit (K,) bool, fraction of groups dropped). The
+        zero-variance filter looks at the task rewards, before any KL penalty."""
+        rewards = units.reward if penalty is None else units.reward - penalty.to(units.reward)
+        advantage = self.advantage(rewards, units.group).to(units.reward.device)
+        keep = units.present
         filtered = 0.0
         if self.filter_zero_variance:
-            signal = adv_fns.nonzero_variance_groups(rewards, group)
-            groups = group[keep].unique()
-            dropped = group[keep & ~signal].unique()
+            signal = adv_fns.nonzero_variance_groups(units.reward, units.group)
+            groups = units.group[keep].unique()
+            dropped = units.group[keep & ~signal].unique()
             filtered = dropped.numel() / max(groups.numel(), 1)
             keep = keep & signal
         return advantage, keep, filtered
 
     @torch.no_grad()
-    def _old_logprobs(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def _old_logprobs(
+        self, batch: TrainBatch, sampling: Sampling
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """pi_old logprobs and entropies (N, T) of the current model, and the reference's logprobs."""
         was_training = self.model.training
         self.model.eval()
         olds, ents, refs = [], [], []
         ref_model = self._ref.on(batch.input_ids.device) if self._ref is not None else None
-        for idx in self._micro(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)):
-            args = self._inputs(batch, idx)
-            lp, ent = token_logprobs(self.model, *args, temperature=self.temperature, with_entropy=True)
+        sampled = batch.loss_mask * scorable(batch.position_ids)
+        for idx in self._micro(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device), batch):
+            args, kw = (
+                self._inputs(batch, idx),
+                {"sampling": sampling[idx], "chunk_tokens": self.logprob_chunk_tokens, "need": sampled[idx]},
+            )
+            lp, ent = token_logprobs(self.model, *args, with_entropy=True, **kw)
             olds.append(lp)
             ents.append(ent)
             if ref_model is not None:
-                refs.append(token_logprobs(ref_model, *args, temperature=self.temperature)[0])
+                refs.append(token_logprobs(ref_model, *args, **kw)[0])
         self.model.train(was_training)
         return torch.cat(olds), torch.cat(ents), (torch.cat(refs) if refs else None)
 
-    def _optimise(self, batch, optimizer, mask, tok_adv, old, ref, tis_w) -> dict[str, float]:
+    def _optimise(
+        self, batch, prep: Prepared, optimizer, scheduler, mask, tok_adv, old, ref, corr
+    ) -> dict[str, float]:
         self.model.train()
         n = batch.input_ids.shape[0]
         gen = torch.Generator().manual_seed(self.seed + self.optimizer_steps)
-        row_rollout = batch.rollout_index
-        # Device-side sums: converting per micro-batch would make the GPU wait on the host each time.
-        zero = torch.zeros((), dtype=torch.float64, device=mask.device)
-        loss_sum, kl_sum, clipped, tokens = zero.clone(), zero.clone(), zero.clone(), zero.clone()
+        # Once for the whole batch: a rollout weighs the same whichever minibatches its rows land in.
+        weights = self.aggregation(mask, batch.row_index, prep.units.row.clamp(min=0))
+        sums = {
+            k: torch.zeros((), dtype=torch.float64, device=mask.device)
+            for k in ("loss", "kl", "clipped", "tokens")
+        }
         norms: list[float] = []
         push_s = 0.0
-        steps = 0
         for _ in range(self.epochs):
             order = (
                 torch.randperm(n, generator=gen).to(mask.device)
                 if self.minibatches > 1
                 else torch.arange(n, device=mask.device)
             )
-            for mb in torch.tensor_split(order, self.minibatches):
-                if mb.numel() == 0 or mask[mb].sum() == 0:
-                    continue
-                weights = self.aggregation(mask[mb], batch.row_index[mb], row_rollout)
-                for pos in self._micro(torch.arange(mb.numel(), device=mb.device)):
-                    idx = mb[pos]
-                    logp, _ = token_logprobs(
-                        self.model, *self._inputs(batch, idx), temperature=self.temperature
+            mbs = [
+                mb for mb in torch.tensor_split(order, self.minibatches) if mb.numel() and mask[mb].sum() > 0
+            ]
+            for mb in mbs:
+                # x len(mbs): each optimiser step carries its share of the batch at full scale.
+                for idx in self._micro(mb, batch):
+                    self._micro_step(
+                        batch, prep, idx, weights[idx] * len(mbs), mask, tok_adv, old, ref, corr, sums
                     )
-                    pg, was_clipped = clipped_policy_loss(
-                        logp,
-                        old[idx],
-                        tok_adv[idx],
-                        eps_low=self.eps_low,
-                        eps_high=self.eps_high,
-                        dual_clip=self.dual_clip,
-                    )
-                    if tis_w is not None:
-                        pg = pg * tis_w[idx]
-                    per_token = pg
-                    if ref is not None:
-                        k = self.kl(logp, ref[idx])
-                        per_token = per_token + self.kl_coef * k
-                        kl_sum += (k.detach() * weights[pos]).sum()
-                    loss = (per_token * weights[pos]).sum()
-                    self._backward(loss)
-                    loss_sum += loss.detach()
-                    clipped += (was_clipped * mask[idx]).sum()
-                    tokens += mask[idx].sum()
-                norms.append(self._step(optimizer))
-                steps += 1
+                norms.append(self._step(optimizer, scheduler))
                 push_s += self._maybe_push()
+        steps = max(len(norms), 1)
         return {
-            "train/loss": float(loss_sum) / max(steps, 1),  # mean over optimiser steps
-            "train/clip_frac": float(clipped / tokens.clamp(min=1.0)),
-            "train/kl": float(kl_sum) / max(steps, 1),
-            "train/grad_norm": sum(norms) / max(len(norms), 1),
-            "train/optimizer_steps": float(steps),
+            "train/loss": float(sums["loss"]) / steps,  # mean over optimiser steps
+            "train/clip_frac": float(sums["clipped"] / sums["tokens"].clamp(min=1.0)),
+            "train/kl": float(sums["kl"]) / steps,
+            "train/grad_norm": sum(norms) / steps,
+            "train/optimizer_steps": float(len(norms)),
             "train/push_s": push_s,
             "train/lr": float(optimizer.param_groups[0]["lr"]),
         }
 
+    def _micro_step(self, batch, prep: Prepared, idx, w, mask, tok_adv, old, ref, corr, sums) -> None:
+        """Forward, loss and backward of one micro-batch (sequences `idx`, token weights `w`)."""
+        logp, ent = token_logprobs(
+            self.model, *self._inputs(batch, idx), sampling=prep.sampling[idx],
+            with_entropy=self.entropy_coef > 0, chunk_tokens=self.logprob_chunk_tokens, need=mask[idx],
+        )  # fmt: skip
+        m = mask[idx]
+        per_token, clipped = self.policy_loss(logp, old[idx], tok_adv[idx], m, prep.segments.select(idx))
+        if corr is not None:
+            per_token = per_token * corr[idx]
+        if ref is not None and self.kl_coef > 0:
+            k = self.kl(logp, ref[idx])
+            per_token = per_token + self.kl_coef * k
+            sums["kl"] += (k.detach() * w).sum()
+        if self.entropy_coef > 0:
+            per_token = per_token - self.entropy_coef * ent
+        loss = torch.where(w > 0, per_token * w, 0.0).sum()
+        self._backward(loss)
+        sums["loss"] += loss.detach()
+        sums["clipped"] += (clipped * m).sum()
+        sums["tokens"] += m.sum()
+
     # ---- helpers --------------------------------------------------------------------------
-    def _micro(self, idx: torch.Tensor) -> list[torch.Tensor]:
+    def _micro(self, idx: torch.Tensor, batch: TrainBatch) -> list[torch.Tensor]:
+        """`idx` cut into micro-batches of at most micro_batch_size sequences and
+        micro_batch_tokens tokens (always at least one sequence)."""
         size = self.micro_batch_size or max(idx.numel(), 1)
+        if self.micro_batch_tokens is not None:
+            size = min(size, max(1, self.micro_batch_tokens // max(batch.input_ids.shape[1], 1)))
         return list(torch.split(idx, size))
 
     @staticmethod
     def _inputs(batch: TrainBatch, idx: torch.Tensor):
         attn = batch.attention_mask[idx] if batch.attention_mask is not None else None
-        return batch.input_ids[idx], batch.position_ids[idx], attn
+        return batch.input_ids[idx], *forward_inputs(batch.position_ids[idx], batch.row_index[idx], attn)
 
     def _backward(self, loss: torch.Tensor) -> None:
         if self._trainer is not None:
@@ -358,12 +410,14 @@ class GRPOModule(L.LightningModule):
         else:
             loss.backward()
 
-    def _step(self, optimizer: torch.optim.Optimizer) -> float:
+    def _step(self, optimizer: torch.optim.Optimizer, scheduler: Any = None) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if scheduler is not None:
+            scheduler.step()
         self.optimizer_steps += 1
         return norm
 
@@ -387,6 +441,20 @@ class GRPOModule(L.LightningModule):
             "train/policy_version": float(self.current_version()),
             **{f"train/{k}": float(v) for k, v in extra.items()},
         }
+
+    @staticmethod
+    def _unit_metrics(units: Rollouts, adv: torch.Tensor, penalty, prep: Prepared) -> dict[str, float]:
+        """Per rollout (unit), not per row: a rollout split into many rows counts once."""
+        present = units.present
+        out = {
+            "train/advantage_abs_mean": float(adv[present].abs().mean()) if present.any() else 0.0,
+            "train/rollouts": float((present & ~units.side).sum()),
+            "train/side_rollouts": float((present & units.side).sum()),
+            "train/truncated_calls": float(prep.truncated_calls),
+        }
+        if penalty is not None:
+            out["train/kl_reward_penalty_mean"] = float(penalty[present].mean())
+        return out
 
     def _rollout_metrics(self, batch: TrainBatch | None) -> dict[str, float]:
         """rollout/* from the datamodule (its `last_metrics` for this batch) and per harness."""

@@ -1,4 +1,4 @@
-"""Trainer logprobs of the tokens of a packed (or padded) batch, from one causal-LM forward.
+"""Trainer logprobs (and entropies) of the tokens of a packed or padded batch, in bounded memory.
 
 The logprob of token t comes from the logits at t - 1, so column 0 of every sequence, and the
 first token of every packed row (its "previous" position belongs to the row before it), has no
@@ -8,17 +8,73 @@ prompt, so no sampled token is lost.
 Packed rows are kept apart by the position ids alone (see datamodule/collate.py): the forward runs
 with `position_ids`, no attention mask and `use_cache=False`, and transformers builds a
 block-diagonal causal mask from the restarts.
+
+Memory: the (N, T, V) float logits of a long row dwarf everything else (a 32k-token row over a
+150k vocabulary is 20 GB), so the decoder runs once to hidden states and the LM head, the sampling
+transform and the log-softmax run over `chunk_tokens` tokens at a time; with grad, each chunk is
+checkpointed (its logits are recomputed in the backward instead of kept).
+
+Logprobs are those of the distribution the engine sampled from (vLLM's `processed_logprobs`):
+temperature, then top-k and top-p, per token (`Sampling`), by the engine's own function.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from polar_pl.engine.sampling import processed_logits
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Per-token sampling settings, (N, T) each, aligned with input_ids: column t holds the
+    settings token t was sampled under (they act on the logits at t - 1).
+
+    temperature, top_p: float32; top_k: long (<= 0: off). Prompt tokens carry the defaults.
+    """
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+
+    @classmethod
+    def uniform(cls, like: torch.Tensor, temperature: float = 1.0) -> Sampling:
+        return cls(
+            torch.full(like.shape, float(temperature), device=like.device),
+            torch.full(like.shape, -1, dtype=torch.long, device=like.device),
+            torch.ones(like.shape, device=like.device),
+        )
+
+    def __getitem__(self, idx) -> Sampling:
+        return Sampling(self.temperature[idx], self.top_k[idx], self.top_p[idx])
+
+    def to(self, device: torch.device | str) -> Sampling:
+        return Sampling(self.temperature.to(device), self.top_k.to(device), self.top_p.to(device))
 
 
 def scorable(position_ids: torch.Tensor) -> torch.Tensor:
     """(N, T) bool: tokens that have a logprob (not the first token of a row or of a sequence)."""
     return position_ids > 0
+
+
+def forward_inputs(
+    position_ids: torch.Tensor, row_index: torch.Tensor, attention_mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(position_ids, attention_mask) to run a micro-batch with. When every sequence holds a
+    single row from column 0 (then padding), causal attention alone keeps the row apart (padding
+    only follows it), so the positions continue through the padding and the mask is dropped:
+    transformers then builds no (T, T) block mask (1 GB of bools at 32k tokens) and takes the
+    causal kernel. Otherwise the inputs come back unchanged."""
+    first = row_index[:, :1]
+    single = bool(((first >= 0) & ((row_index == first) | (row_index < 0))).all())
+    if not single:
+        return position_ids, attention_mask
+    t = position_ids.shape[1]
+    return torch.arange(t, device=position_ids.device).expand_as(position_ids), None
 
 
 def forward_logits(
@@ -34,32 +90,102 @@ def forward_logits(
     return out.logits
 
 
+def _hidden_and_head(model, input_ids, position_ids, attention_mask) -> tuple[torch.Tensor, nn.Module]:
+    """(N, T, H) final hidden states and the LM head of a HF causal LM whose logits are
+    head(hidden); any other model: its (N, T, V) logits and an identity head."""
+    base = getattr(model, "base_model", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if base is None or base is model or head is None:
+        return forward_logits(model, input_ids, position_ids, attention_mask), nn.Identity()
+    out = base(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False)
+    return out.last_hidden_state, head
+
+
+def _chunk_logprobs(
+    head: nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logp (N, c), entropy (N, c) or None) of `targets` under the processed distribution of
+    head(hidden)."""
+    z = processed_logits(head(hidden), temperature, top_k, top_p, keep=targets)  # (N, c, V)
+    logz = torch.logsumexp(z, dim=-1, keepdim=True)
+    logp = (z.gather(-1, targets.unsqueeze(-1)) - logz).squeeze(-1)
+    if not with_entropy:
+        return logp, None
+    # Filtered tokens have p = 0 and logp = -inf: their term (and its gradient) must be 0, not nan.
+    logp_all = z - logz
+    ent = -(logp_all.exp() * torch.nan_to_num(logp_all, neginf=0.0)).sum(-1)
+    return logp, ent
+
+
 def token_logprobs(
     model: nn.Module,
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     *,
+    sampling: Sampling | None = None,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    chunk_tokens: int | None = None,
+    need: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprob of each token under the model, and optionally the entropy of each prediction.
+    """Logprob of each token under the model's processed distribution, and optionally the entropy
+    of that distribution at each prediction.
 
     input_ids, position_ids: (N, T) long; attention_mask: (N, T) or None.
+    sampling: per-token settings (`Sampling`); None: `temperature` everywhere, no top-k / top-p.
+    chunk_tokens: tokens (N x columns) per LM-head chunk; None: the whole batch at once.
+    need: (N, T) bool/0-1, the tokens whose logprob is wanted (the sampled ones), or None for all.
+    Only the columns where some row needs a logprob go through the LM head: an agent's rows are
+    mostly prompt (system prompt, tool schemas), and the logits of those columns were most of the
+    work. Columns not computed read 0, like column 0.
     Returns (logp (N, T) float32, entropy (N, T) float32 or None), aligned with input_ids:
-    logp[:, t] = log p(input_ids[:, t] | tokens before t in its row), 0 in column 0.
-    temperature divides the logits first, matching an engine that sampled with it.
+    logp[:, t] = log p(input_ids[:, t] | tokens before t in its row), 0 in column 0. Both carry
+    grad when grad is enabled (the entropy bonus trains on it).
     """
-    logits = forward_logits(model, input_ids, position_ids, attention_mask)[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logz = torch.logsumexp(logits, dim=-1)  # (N, T-1)
-    target = input_ids[:, 1:].unsqueeze(-1)
-    logp = logits.gather(-1, target).squeeze(-1) - logz
-    ent = None
-    if with_entropy:
-        with torch.no_grad():
-            probs = torch.softmax(logits, dim=-1)
-            ent = logz - (probs * logits).sum(-1)
-        ent = nn.functional.pad(ent, (1, 0))
-    return nn.functional.pad(logp, (1, 0)), ent
+    n, t = input_ids.shape
+    if sampling is None:
+        sampling = Sampling.uniform(input_ids, temperature)
+    hidden, head = _hidden_and_head(model, input_ids, position_ids, attention_mask)
+    hidden = hidden[:, :-1]
+    targets = input_ids[:, 1:]
+    params = (sampling.temperature[:, 1:], sampling.top_k[:, 1:], sampling.top_p[:, 1:])
+    keep = None
+    if need is not None:  # (K,) indices into the shifted columns: prediction c scores token c + 1
+        keep = torch.nonzero(need[:, 1:].bool().any(0)).squeeze(-1)
+        hidden, targets = hidden[:, keep], targets[:, keep]
+        params = tuple(p[:, keep] for p in params)
+    k = targets.shape[1]
+    cols = k if chunk_tokens is None else max(1, chunk_tokens // max(n, 1))
+    grad = torch.is_grad_enabled()
+    logps, ents = [], []
+    for c0 in range(0, k, cols):
+        sl = slice(c0, c0 + cols)
+        args = (head, hidden[:, sl], targets[:, sl], *(p[:, sl] for p in params), with_entropy)
+        if grad and cols < k:
+            lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(*args)
+        logps.append(lp)
+        ents.append(ent)
+    logp = _place(logps, keep, n, t, input_ids.device)
+    if not with_entropy:
+        return logp, None
+    return logp, _place(ents, keep, n, t, input_ids.device)
+
+
+def _place(chunks: list[torch.Tensor], keep: torch.Tensor | None, n: int, t: int, device) -> torch.Tensor:
+    """(N, T): the computed columns (concatenated chunks, at shifted indices `keep` or all) put
+    back in place, 0 in column 0 and in every column not computed."""
+    if not chunks:
+        return torch.zeros(n, t, device=device)
+    vals = torch.cat(chunks, dim=1)
+    if keep is None:
+        return nn.functional.pad(vals, (1, 0))
+    return vals.new_zeros(n, t).index_copy(1, keep + 1, vals)

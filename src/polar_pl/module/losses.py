@@ -1,17 +1,22 @@
-"""Per-token policy loss, KL estimators and truncated importance sampling, one function each.
+"""Per-token policy losses and KL estimators, one function each.
 
-Shapes: (N, T) for N packed sequences of T tokens; `mask` is 1.0 exactly on sampled (trainable)
-tokens, 0 on prompts, tool results, glue and padding. Functions return per-token tensors;
-`aggregation.py` says how much each token weighs in the scalar loss.
+Shapes: (N, T) for N packed sequences of T tokens; `mask` is 1.0 exactly on trainable tokens, 0 on
+prompts, tool results, glue and padding. Functions return per-token tensors; `aggregation.py`
+says how much each token weighs in the scalar loss.
 
 Variants that config picks with `_target_` + `_partial_` share a signature:
-- KL: `kl(logp, ref_logp) -> (N, T)`;
-- TIS: `tis(old_logp, behavior_logp, mask, row_index) -> (N, T)` (the cap is bound by config).
+- policy loss: `loss(logp, old_logp, advantages, mask, segments) -> (loss (N, T), clipped (N, T))`
+  (`clipped_policy_loss` = PPO / DAPO clip-higher, `gspo_policy_loss`, `cispo_policy_loss`);
+- KL to the reference, added to the loss: `kl(logp, ref_logp) -> (N, T)` (`kl_k2`, `kl_k3`,
+  `kl_k3_plus`). `kl_k1` has zero expected gradient as a loss (E_pi[grad log pi] = 0): it is the
+  estimator for KL in the reward (GRPOModule's `kl_reward`), where only its value counts.
 """
 
 from __future__ import annotations
 
 import torch
+
+from polar_pl.module.segments import Segments, per_token, segment_sum
 
 # exp() of a log-ratio past this overflows float32 gradients; ratios this far from 1 are clipped
 # (or weighted by a cap) anyway.
@@ -22,6 +27,8 @@ def clipped_policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    segments: Segments | None = None,
     *,
     eps_low: float = 0.2,
     eps_high: float = 0.28,
@@ -32,16 +39,20 @@ def clipped_policy_loss(
 
     logp: (N, T) float trainer logprobs of the sampled tokens (with grad); old_logp: (N, T) the
     logprobs the ratio is taken against (no grad); advantages: (N, T) per-token advantage (the
-    rollout's, broadcast). Per token, with r = exp(logp - old_logp):
+    rollout's, broadcast). mask and segments are unused (the shared signature). Per token, with
+    r = exp(logp - old_logp):
         loss = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)),
     and with dual_clip = c > 1, for A < 0 the loss is also bounded by -c A (a token whose ratio
     exploded cannot dominate the batch).
     Returns (loss (N, T), clipped (N, T) bool: a clipped branch was taken, the token has no grad).
     """
     if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"module.dual_clip={dual_clip}: must be > 1 (or null)")
+        raise ValueError(f"module.policy_loss.dual_clip={dual_clip}: must be > 1 (or null)")
     log_ratio = (logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    ratio = torch.exp(log_ratio)
+    return _clip(torch.exp(log_ratio), advantages, eps_low, eps_high, dual_clip)
+
+
+def _clip(ratio, advantages, eps_low, eps_high, dual_clip=None):
     unclipped = -advantages * ratio
     clipped_obj = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     loss = torch.maximum(unclipped, clipped_obj)
@@ -54,59 +65,87 @@ def clipped_policy_loss(
     return loss, was_clipped
 
 
+def gspo_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    segments: Segments,
+    *,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO (Zheng et al. 2025), token form: one ratio per call segment,
+    s = exp(mean over the segment's trainable tokens of (logp - old_logp)), clipped as PPO does.
+
+    Shapes as `clipped_policy_loss`; mask (N, T) float selects the tokens of the mean, segments
+    says which call each token belongs to. Token t of segment i uses s_i with the gradient of
+    s_i * pi(y_t) / sg(pi(y_t)): value s_i, gradient s_i grad log pi(y_t). The default eps are the
+    paper's (3e-4, 4e-4): a sequence ratio moves far less than a token ratio.
+    """
+    diff = (logp - old_logp).detach() * mask
+    tokens = segment_sum(mask, segments).clamp(min=1.0)
+    seg_mean = (segment_sum(diff, segments) / tokens).float()
+    log_s = per_token(segments, seg_mean, 0.0) + logp - logp.detach()
+    ratio = torch.exp(log_s.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    return _clip(ratio, advantages, eps_low, eps_high)
+
+
+def cispo_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    segments: Segments | None = None,
+    *,
+    eps_low: float = 1.0,
+    eps_high: float = 0.28,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO (MiniMax-M1, 2025): loss = -sg(clip(r, 1 - eps_low, 1 + eps_high)) A logp.
+
+    Shapes as `clipped_policy_loss`. Unlike PPO no token loses its gradient: the clipped ratio
+    only weighs it. eps_low = 1 (no lower bound) as in the paper. `clipped` marks the tokens whose
+    weight was clipped.
+    """
+    ratio = torch.exp((logp - old_logp).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    return -weight * advantages * logp, weight != ratio
+
+
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """(N, T) k1 estimator of KL(pi || ref) on tokens sampled from pi: logp - ref_logp.
 
-    Unbiased, high variance, can be negative per token (Schulman, "Approximating KL divergence").
+    Unbiased in value, can be negative per token (Schulman, "Approximating KL divergence"). Its
+    expected gradient is 0: use it for KL in the reward, not as a loss.
     """
     return logp - ref_logp
 
 
-def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """(N, T) k3 estimator of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1.
+def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """(N, T) k2 estimator: (logp - ref_logp)^2 / 2, >= 0.
 
-    Unbiased, low variance, >= 0 per token (the estimator GRPO uses).
+    Biased in value, but its gradient (logp - ref) grad logp is the on-policy gradient of
+    KL(pi || ref): the estimator to put in the loss.
+    """
+    return 0.5 * (logp - ref_logp).square()
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor, *, clamp: float | None = 10.0) -> torch.Tensor:
+    """(N, T) k3 estimator of KL(pi || ref): exp(d) - d - 1 with d = ref_logp - logp, >= 0.
+
+    Unbiased, low variance (the estimator GRPO uses). Its gradient -(exp(d) - 1) grad logp
+    explodes where the policy left the reference (-402 at d = 6): the value is clamped at `clamp`
+    (verl's `low_var_kl`: 10), which zeroes the gradient past it. None: unclamped.
     """
     d = (ref_logp - logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    return torch.exp(d) - d - 1.0
+    k3 = torch.exp(d) - d - 1.0
+    return k3 if clamp is None else k3.clamp(max=clamp)
 
 
-def tis_token(
-    old_logp: torch.Tensor,
-    behavior_logp: torch.Tensor,
-    mask: torch.Tensor,
-    row_index: torch.Tensor | None = None,
-    *,
-    cap: float = 2.0,
-) -> torch.Tensor:
-    """Token-level truncated importance weights min(pi_old / mu, cap), (N, T), 0 where masked.
+def kl_k3_plus(logp: torch.Tensor, ref_logp: torch.Tensor, *, clamp: float | None = 10.0) -> torch.Tensor:
+    """(N, T) "k3+" (verl): the value of clamped k3, the gradient of k2 (straight-through).
 
-    old_logp: (N, T) the trainer's logprobs before the update (pi_old); behavior_logp: (N, T) the
-    engine's logprobs recorded by the gateway (mu: other numerics, maybe an older policy version).
-    row_index is unused (kept so both TIS variants share a signature). No grad flows through.
+    Logs the low-variance unbiased KL value while training on the right gradient.
     """
-    log_w = (old_logp.double() - behavior_logp.double()).clamp(max=MAX_LOG_RATIO)
-    w = torch.exp(log_w).clamp(max=cap)
-    return (w * mask).to(old_logp.dtype).detach()
-
-
-def tis_sequence(
-    old_logp: torch.Tensor,
-    behavior_logp: torch.Tensor,
-    mask: torch.Tensor,
-    row_index: torch.Tensor,
-    *,
-    cap: float = 2.0,
-) -> torch.Tensor:
-    """Sequence-level truncated importance weights, one per row, broadcast to its tokens.
-
-    row_index: (N, T) long row of each token (-1 on padding). The weight of a row is
-    min(exp(sum over its sampled tokens of (old_logp - behavior_logp)), cap): the importance
-    ratio of the whole sampled sequence. Returns (N, T) in old_logp's dtype, 0 where masked.
-    """
-    diff = ((old_logp.double() - behavior_logp.double()) * mask).flatten()
-    idx = row_index.flatten().clamp(min=0)
-    num_rows = int(row_index.max()) + 1 if row_index.numel() else 0
-    per_row = torch.zeros(max(num_rows, 1), dtype=torch.float64, device=diff.device).index_add_(0, idx, diff)
-    w_row = torch.exp(per_row.clamp(max=MAX_LOG_RATIO)).clamp(max=cap)
-    return (w_row[idx].view_as(mask) * mask).to(old_logp.dtype).detach()
+    k2 = kl_k2(logp, ref_logp)
+    return k2 - k2.detach() + kl_k3(logp, ref_logp, clamp=clamp).detach()

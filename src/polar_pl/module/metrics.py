@@ -38,12 +38,15 @@ def batch_metrics(
     token_versions: torch.Tensor,
     current_version: int,
     tis_w: torch.Tensor | None = None,
+    keep_w: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """All (N, T). sampled: every sampled token with a trainer logprob; mask: those in the loss.
 
     train/logprob_gap_mean: mean |old - behavior| over sampled tokens (trainer pi_old vs engine mu);
     train/ratio_pXX: quantiles of exp(old - behavior); train/staleness_mean / _max: engine version
-    now minus the version that sampled each token; train/entropy: mean predictive entropy.
+    now minus the version that sampled each token; train/entropy: mean entropy of the sampled
+    distribution; train/tis_weight_mean: mean truncated importance weight over the loss tokens;
+    train/off_policy_masked_frac: share of the loss tokens an off-policy mask removed.
     """
     sel = sampled > 0
     diff = (old.double() - behavior.double())[sel]
@@ -60,6 +63,8 @@ def batch_metrics(
         out["train/entropy"] = _mean(entropy, sampled)
     if tis_w is not None:
         out["train/tis_weight_mean"] = _mean(tis_w, mask)
+    if keep_w is not None:
+        out["train/off_policy_masked_frac"] = 1.0 - _mean(keep_w, mask)
     return out
 
 

@@ -15,6 +15,9 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
+
 from polar_pl.tasks.evaluator import EvalHandle
 from polar_pl.tasks.results import EvalResult
 from polar_pl.tasks.task import Task
@@ -45,24 +48,47 @@ def similarity(answer: str, params: Mapping[str, Any]) -> float:
     return difflib.SequenceMatcher(None, answer.strip(), str(params["target"]), autojunk=False).ratio()
 
 
+def file_from_patch(patch: str, path: str) -> str | None:
+    """The content of `path` if the patch creates it (the workspace diff against the baseline)."""
+    try:
+        files = PatchSet(patch)
+    except UnidiffParseError:
+        return None
+    for pf in files:
+        if pf.path == path and pf.is_added_file:
+            return "".join(line.value for hunk in pf for line in hunk if line.is_added)
+    return None
+
+
+def file_similarity(patch: str, params: Mapping[str, Any]) -> float:
+    """Similarity of the created file's stripped content to `params["target"]`; 0 without the file."""
+    content = file_from_patch(patch, str(params["path"]))
+    return 0.0 if content is None else similarity(content, params)
+
+
 CHECKS: dict[str, AnswerCheckFn] = {
     "uppercase_fraction": uppercase_fraction,
     "charset_fraction": charset_fraction,
     "similarity": similarity,
 }
+# Checks that read the workspace (the agent's patch) instead of the final answer.
+WORKSPACE_CHECKS: dict[str, AnswerCheckFn] = {"file_similarity": file_similarity}
 
 
-def score_answer(task: Task, answer: str | None) -> float:
-    """The task's check applied to the answer (0 for no answer)."""
+def score_answer(task: Task, answer: str | None, patch: str = "") -> float:
+    """The task's check applied to the answer (0 for no answer), or to the patch for a workspace check."""
     if task.answer_check is None:
         raise ValueError(f"task {task.instance_id!r} is not answer-scored")
-    check = CHECKS.get(task.answer_check.kind)
+    kind, params = task.answer_check.kind, task.answer_check.params
+    if kind in WORKSPACE_CHECKS:
+        return float(WORKSPACE_CHECKS[kind](patch, params))
+    check = CHECKS.get(kind)
     if check is None:
         raise ValueError(
-            f"task {task.instance_id!r}: answer_check.kind={task.answer_check.kind!r}; "
-            f"allowed: {', '.join(CHECKS)}"
+            f"task {task.instance_id!r}: answer_check.kind={kind!r}; "
+            f"allowed: {', '.join([*CHECKS, *WORKSPACE_CHECKS])}"
         )
-    return float(check(answer or "", task.answer_check.params)) if answer else 0.0
+    return float(check(answer or "", params)) if answer else 0.0
 
 
 class AnswerEvaluator:
@@ -79,10 +105,10 @@ class AnswerEvaluator:
     def evaluate(self, handle: EvalHandle, patch: str, answer: str | None = None) -> EvalResult:
         t0, task = time.monotonic(), handle.task
         try:
-            reward = score_answer(task, answer)
+            reward = score_answer(task, answer, patch)
         except (KeyError, TypeError, ValueError) as exc:  # a bad check config is recorded, not raised
             return EvalResult(task.instance_id, 0.0, "error", f"answer check failed: {exc}")
-        if not answer:
+        if not answer and task.answer_check.kind not in WORKSPACE_CHECKS:
             return EvalResult(task.instance_id, 0.0, "no_answer", "the agent gave no final answer")
         status = "resolved" if reward >= self.success_threshold else "unresolved"
         reason = f"{task.answer_check.kind}={reward:.3f}"

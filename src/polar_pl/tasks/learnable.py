@@ -10,7 +10,9 @@ lr 1e-2; see tests/tasks/test_learnable.py).
 
 Other kinds: `echo` (character similarity to a word the prompt quotes) and `digits` (share of
 non-space characters that are digits); harder for a random model, useful once it has learnt
-something.
+something. `file` is scored from the workspace, not the answer: the agent must create
+`answer.txt` holding a given word (character similarity of the file's content, 0 without the
+file) — a task for real CLIs, which write it with their own tools.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from polar_pl.tasks.sources import EvaluatorPartial, _Source
 from polar_pl.tasks.task import AnswerCheck, Task
 
-KINDS = ("uppercase", "echo", "digits")
+KINDS = ("uppercase", "echo", "digits", "file")
 
 _TOPICS = (
     "the weather today", "your favourite animal", "a good name for a cat", "what you had for lunch",
@@ -37,6 +39,10 @@ _UPPER_TEMPLATES = (
 _ECHO_WORDS = ("banana", "polaris", "gradient", "sandbox", "harness", "reward", "kernel", "lattice")
 
 
+def file_task_prompt(word: str) -> str:
+    return f"Create a file named answer.txt whose whole content is the word {word}."
+
+
 def learnable_task(kind: str, index: int, seed: int = 0) -> Task:
     """Task `index` of the family `kind`; deterministic in (kind, index, seed)."""
     rng = random.Random(f"{kind}-{seed}-{index}")
@@ -50,6 +56,10 @@ def learnable_task(kind: str, index: int, seed: int = 0) -> Task:
     elif kind == "digits":
         prompt = f"Reply with a number of at least {rng.randint(6, 12)} digits, digits only."
         check = AnswerCheck("charset_fraction", {"chars": "0123456789", "min_chars": 6})
+    elif kind == "file":
+        word = rng.choice(_ECHO_WORDS).upper()
+        prompt = file_task_prompt(word)
+        check = AnswerCheck("file_similarity", {"path": "answer.txt", "target": word})
     else:
         raise ValueError(f"task.kind is {kind!r}; allowed: {', '.join(KINDS)}")
     return Task(

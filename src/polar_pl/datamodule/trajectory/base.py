@@ -114,6 +114,21 @@ class MergeStats:
             out[f"{prefix}/breaks/{kind.value}"] = self.breaks.get(kind.value, 0)
         return out
 
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, float], prefix: str = "merge") -> MergeStats:
+        """The counts back from `to_metrics` (the ratios are derived, so they are not read)."""
+        counts = {
+            f: int(metrics.get(f"{prefix}/{f}", 0))
+            for f in ("sessions", "calls", "skipped_calls", "rows", "call_tokens", "row_tokens",
+                      "sampled_tokens", "spliced_calls")
+        }  # fmt: skip
+        breaks = {
+            k.removeprefix(f"{prefix}/breaks/"): int(v)
+            for k, v in metrics.items()
+            if k.startswith(f"{prefix}/breaks/") and v
+        }
+        return cls(**counts, breaks=breaks)
+
 
 @dataclass(frozen=True, slots=True)
 class BuildResult:
@@ -269,6 +284,8 @@ def make_row(
     meta: dict[str, Any],
 ) -> TrajectoryRow:
     """The row of a chain: the last call's prompt + response, loss on every call's sampled span.
+    meta["calls"] lists, per call that sampled tokens, where its span starts in the row, its
+    finish reason and its sampling settings (the trainer's per-call segments, module/segments.py).
 
     Every earlier call's prompt + response is a token prefix of the last call's prompt (the chain
     invariant), so call i's sampled tokens sit at [len(prompt_i), len(prompt_i) + len(response_i)).
@@ -287,6 +304,11 @@ def make_row(
         versions += [-1] * gap
         versions += c.rec.token_policy_versions
     first = calls[0].rec
+    sampled = [
+        {"start": len(c.prompt), "finish_reason": c.rec.finish_reason, "sampling": call_sampling(c.rec)}
+        for c in calls
+        if c.response
+    ]
     return TrajectoryRow(
         input_ids=_as_list(last.prompt_ids) + _as_list(last.response_ids),
         loss_mask=mask,
@@ -299,8 +321,20 @@ def make_row(
         call_indices=tuple(c.rec.call_index for c in calls),
         harness=harness,
         status=status,
-        meta={"call_kind": first.call_kind, "num_calls": len(calls), **meta},
+        meta={"call_kind": first.call_kind, "num_calls": len(calls), "calls": sampled, **meta},
     )
+
+
+def call_sampling(rec: TraceRecord) -> dict[str, float | int]:
+    """The settings the engine sampled a call with: its request as sent to the engine, engine
+    defaults (vLLM's) for keys it left out. The trainer rebuilds the same distribution from them."""
+    body = rec.normalized_request or {}
+    temperature, top_p, top_k = body.get("temperature"), body.get("top_p"), body.get("top_k")
+    return {
+        "temperature": 1.0 if temperature is None else float(temperature),
+        "top_p": 1.0 if top_p is None else float(top_p),
+        "top_k": -1 if top_k in (None, 0) else int(top_k),
+    }
 
 
 def spliced(call: Call) -> bool:

@@ -5,14 +5,18 @@ Called only when a main call extends no chain and the session already has one. T
 1. ERROR / TRUNCATION by failure: the nearest chain's last call failed or was aborted, or a call
    that failed with nothing sampled came in between. A context-length message makes it TRUNCATION
    (context overflow), anything else ERROR.
-2. TRUNCATION: the nearest chain's last response was cut by length (finish_reason "length").
-3. With normalized messages on both calls (`normalized_request["messages"]`, or `["chat"]["messages"]`):
+2. With normalized messages on both calls (`normalized_request["messages"]`, or `["chat"]["messages"]`):
    - DRIFT: same tools, the chain's last request messages are a strict prefix of this call's
-     messages, yet the tokens differ (the same conversation re-rendered to other tokens).
+     messages, yet the tokens differ (the same conversation re-rendered to other tokens) — also
+     after a response cut by length, as long as the cut turn was kept (the next message is the
+     assistant's): drift comes first, or it hides behind every length stop;
+   - TRUNCATION: the chain's last response was cut by length (finish_reason "length") and the
+     harness did not keep it as it was;
    - NEW_CONVERSATION: nothing beyond the leading system/developer messages is shared.
    - COMPACTION: otherwise (earlier content rewritten or dropped, tools changed, a request re-asked
      with its answer discarded).
-4. Tokens only: divergence inside the last response is DRIFT, before the end of the chain's first
+3. Tokens only: divergence inside the last response is DRIFT; after a length-cut response,
+   divergence at or before its first token is TRUNCATION; before the end of the chain's first
    prompt NEW_CONVERSATION, anywhere else COMPACTION.
 """
 
@@ -71,8 +75,7 @@ def classify_break(call: Call, chain: Sequence[Call], failed_between: Sequence[C
     if failures:
         text = " ".join(f"{f.rec.error or ''} {f.rec.status}" for f in failures)
         return BreakKind.TRUNCATION if _OVERFLOW.search(text) else BreakKind.ERROR
-    if last.rec.finish_reason == "length":
-        return BreakKind.TRUNCATION
+    cut = last.rec.finish_reason == "length"
     prev, cur = _messages(last), _messages(call)
     if prev is not None and cur is not None:
         same_tools = _chat(last.rec.normalized_request).get("tools") == _chat(
@@ -80,11 +83,16 @@ def classify_break(call: Call, chain: Sequence[Call], failed_between: Sequence[C
         ).get("tools")
         shared = _shared_messages(prev, cur)
         if same_tools and shared == len(prev) < len(cur):
-            return BreakKind.DRIFT
+            kept = isinstance(cur[len(prev)], dict) and cur[len(prev)].get("role") == "assistant"
+            return BreakKind.DRIFT if kept or not cut else BreakKind.TRUNCATION
+        if cut:
+            return BreakKind.TRUNCATION
         if shared <= _leading_system(prev):
             return BreakKind.NEW_CONVERSATION
         return BreakKind.COMPACTION
     n = chain_lcp(call, last)
+    if cut and n <= len(last.prompt):
+        return BreakKind.TRUNCATION
     if n >= len(last.prompt):
         return BreakKind.DRIFT
     if n < len(chain[0].prompt):

@@ -223,9 +223,28 @@ class TraceStore:
         return out
 
 
+def _read_only(path: str | Path) -> sqlite3.Connection:
+    """A read-only connection: in WAL mode it never blocks the gateway writing the same file."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"no trace store at {path}")
+    conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True)
+    conn.execute("PRAGMA busy_timeout=10000")
+    return conn
+
+
+def read_sessions(path: str | Path) -> list[SessionInfo]:
+    """Every registered session of a store file, oldest first, read-only (for tools and viewers)."""
+    conn = _read_only(path)
+    try:
+        rows = conn.execute("SELECT data FROM sessions ORDER BY rowid").fetchall()
+    finally:
+        conn.close()
+    return [SessionInfo(**orjson.loads(r[0])) for r in rows]
+
+
 def read_records(path: str | Path, session_id: str | None = None) -> list[TraceRecord]:
     """Read records from a store file without starting a writer (for tools and trainers)."""
-    conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True)
+    conn = _read_only(path)
     try:
         if session_id is None:
             rows = conn.execute("SELECT data FROM records ORDER BY id").fetchall()

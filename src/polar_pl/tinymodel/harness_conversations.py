@@ -1,0 +1,138 @@
+"""Generated conversations inside a real harness's request: the warm start's training data.
+
+Each example continues a captured harness request (harness_capture.py) whose task text is one of
+the learnable tasks' prompts: the assistant answers directly (capital-letter and echo tasks) or
+calls the harness's own shell tool to write the answer file, reads the harness-style tool result
+and ends its turn. Answers are deliberately mixed (all caps or not, the exact word or not): the
+warm model can do each task but has no preference yet, so every GRPO group has reward variance
+and RL decides what it learns.
+
+The harness's shell tool (name, command argument, other required arguments) is read from the
+captured tool schemas, so a new CLI version's renamed tool is picked up by the next build.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from polar_pl.tasks.learnable import _ECHO_WORDS, _TOPICS, _UPPER_TEMPLATES, file_task_prompt
+
+SHELL_NAMES = ("Bash", "bash", "exec_command", "run_shell_command", "shell")
+COMMAND_ARGS = ("command", "cmd")
+ANSWER_FILE = "answer.txt"
+
+# What each harness sends back after a shell command that printed nothing (from the captures).
+EMPTY_RESULT = {
+    "claude_code": "(Bash completed with no output)",
+    "codex": "Chunk ID: {hex}\nWall time: 0.0{d} seconds\nProcess exited with code 0\n"
+    "Original token count: 0\nOutput:\n",
+    "qwen_code": "Command: {cmd}\nDirectory: (root)\nOutput: (empty)\nError: (none)\nExit Code: 0\n"
+    "Signal: (none)\nProcess Group PGID: (none)",
+    "gemini_cli": '{{"output": "Output: (empty)\\nProcess Group PGID: {pid}"}}',
+    "pi": "(no output)",
+    "opencode": "",
+}
+_SENTENCES = (
+    "I think {topic} is great.", "Here is my answer about {topic}.", "{topic} is a fine choice.",
+    "My reply: {topic} sounds good to me.", "Sure, {topic} is interesting.", "I like {topic} a lot.",
+)  # fmt: skip
+_DONE = ("Done.", "I wrote the file.", "The file answer.txt is written.", "Done, the word is in answer.txt.")
+
+
+@dataclass(frozen=True, slots=True)
+class ShellTool:
+    name: str
+    command_arg: str
+    extra: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    """A task prompt and what follows the request: assistant turns, with tool results between.
+
+    turns: ("assistant", message dict) or ("tool", result text), in order; the last is assistant.
+    """
+
+    task: str
+    turns: tuple[tuple[str, Any], ...]
+
+
+def shell_tool(tools: list[dict[str, Any]]) -> ShellTool:
+    """The harness's shell tool from its schemas; other required string arguments get a text."""
+    by_name = {t["function"]["name"]: t["function"] for t in tools if t.get("function")}
+    for name in SHELL_NAMES:
+        fn = by_name.get(name)
+        if fn is None:
+            continue
+        params = fn.get("parameters") or {}
+        props = params.get("properties") or {}
+        arg = next((a for a in COMMAND_ARGS if a in props), None)
+        if arg is None:
+            continue
+        extra = {
+            p: "Write the answer file"
+            for p in params.get("required") or []
+            if p != arg and (props.get(p) or {}).get("type") == "string"
+        }
+        return ShellTool(name, arg, extra)
+    raise ValueError(f"no shell tool among the harness's tools: {sorted(by_name)}")
+
+
+def _caps(text: str, rng: random.Random) -> str:
+    return text.upper() if rng.random() < 0.5 else text
+
+
+def uppercase_example(rng: random.Random) -> Example:
+    topic = rng.choice(_TOPICS)
+    task = rng.choice(_UPPER_TEMPLATES).format(topic=topic)
+    answer = rng.choice(_SENTENCES).format(topic=topic)
+    return Example(task, (("assistant", {"role": "assistant", "content": _caps(answer, rng)}),))
+
+
+def echo_example(rng: random.Random) -> Example:
+    word = rng.choice(_ECHO_WORDS)
+    task = f"Reply with exactly this word and nothing else: {word}"
+    answer = rng.choice([word, word, word.title(), f"{word}.", rng.choice(_ECHO_WORDS)])
+    return Example(task, (("assistant", {"role": "assistant", "content": answer}),))
+
+
+def file_example(rng: random.Random, harness: str, tool: ShellTool, index: int) -> Example:
+    word = rng.choice(_ECHO_WORDS).upper()
+    written = rng.choice([word, word, word.lower(), word.title(), rng.choice(_ECHO_WORDS).upper()])
+    command = f"printf %s {shlex.quote(written)} > {ANSWER_FILE}"
+    call = {
+        "id": f"call_{index}_{rng.randrange(16**8):08x}",
+        "type": "function",
+        "function": {"name": tool.name, "arguments": json.dumps({tool.command_arg: command, **tool.extra})},
+    }
+    result = EMPTY_RESULT.get(harness, "(no output)").format(
+        hex=f"{rng.randrange(16**6):06x}", d=rng.randint(10, 99), cmd=command, pid=rng.randint(100, 9999)
+    )
+    return Example(
+        file_task_prompt(word),
+        (
+            ("assistant", {"role": "assistant", "content": "", "tool_calls": [call]}),
+            ("tool", {"role": "tool", "tool_call_id": call["id"], "content": result}),
+            ("assistant", {"role": "assistant", "content": rng.choice(_DONE)}),
+        ),
+    )
+
+
+def examples(harness: str, tools: list[dict[str, Any]], seed: int, count: int) -> list[Example]:
+    """`count` examples: 40% capital-letter replies, 20% echo replies, 40% answer files."""
+    rng = random.Random(seed)
+    tool = shell_tool(tools)
+    out = []
+    for i in range(count):
+        r = rng.random()
+        if r < 0.4:
+            out.append(uppercase_example(rng))
+        elif r < 0.6:
+            out.append(echo_example(rng))
+        else:
+            out.append(file_example(rng, harness, tool, i))
+    return out
