@@ -26,6 +26,7 @@ from typing import Any
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 
+from polar_pl.datamodule.outcome import INFRA
 from polar_pl.datamodule.pools import INFRA_FAILURE, RolloutJob, RolloutResult
 
 log = logging.getLogger(__name__)
@@ -231,7 +232,7 @@ class RayPools:
                 reward=0.0,
                 error=f"{why}; {t.attempt + 1} attempt(s), max_retries={self.max_retries}",
                 failed_stage="infra",
-                info={"attempt": t.attempt},
+                info={"attempt": t.attempt, "masked": True, "cause": INFRA},
             )
         )
 
