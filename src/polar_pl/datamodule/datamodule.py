@@ -108,8 +108,8 @@ class RolloutDataModule(L.LightningDataModule):
 
     # ---- lifecycle ------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
-        if self.service is not None:
-            return
+        if self.service is not None or self._rank()[0] != 0:
+            return  # a multi-process trainer: rank 0 owns the engine and the rollouts
         try:
             t0 = time.monotonic()
             self.engine.start()
@@ -122,6 +122,11 @@ class RolloutDataModule(L.LightningDataModule):
         except BaseException:
             self.teardown()
             raise
+
+    def _rank(self) -> tuple[int, int]:
+        """(global rank, world size) of the trainer this datamodule feeds; (0, 1) without one."""
+        t = self.trainer
+        return (t.global_rank, t.world_size) if t is not None else (0, 1)
 
     def _take_out_engine(self, url: str) -> None:
         if self.service is not None:
@@ -207,6 +212,26 @@ class RolloutDataModule(L.LightningDataModule):
         self._batch_metrics.append(self._metrics(groups, rows, batch, wait_s))
         self._batch_groups.append(groups)
         return batch
+
+    def shared_batch(self) -> TrainBatch:
+        """`next_batch` on rank 0; under a multi-process trainer every rank gets rank 0's batch
+        (each trains on its share of it, see GRPOModule). An error on rank 0 reaches every rank."""
+        rank, world = self._rank()
+        if world == 1:
+            return self.next_batch()
+        box: Any = None
+        if rank == 0:
+            try:
+                box = self.next_batch()
+            except BaseException as exc:
+                self.trainer.strategy.broadcast(RuntimeError(f"rank 0 made no batch: {exc!r}"), src=0)
+                raise
+        box = self.trainer.strategy.broadcast(box, src=0)
+        if isinstance(box, BaseException):
+            raise box
+        if rank != 0:
+            self._issued.append([])  # the step count (batches_done) advances on every rank
+        return box
 
     def live_metrics(self) -> dict[str, float]:
         """Stage gauges for the live display (empty until the pools start)."""
@@ -298,14 +323,17 @@ class RolloutDataModule(L.LightningDataModule):
         if self._batch_metrics:
             self._batch_metrics.popleft()
             self._batch_groups.popleft()
-        if self._issued and self._started and self.service is not None:
-            self.service.mark_consumed(self._issued.popleft())
+        if self._issued:
+            seqs = self._issued.popleft()
+            if seqs and self._started and self.service is not None:
+                self.service.mark_consumed(seqs)
             self.batches_done += 1
 
     # ---- resume ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        version = self.engine.policy_version() if self.service is not None else self._resume.get("policy_version", 0)
         state: dict[str, Any] = {
-            "policy_version": int(self.engine.policy_version()),
+            "policy_version": int(version),
             "batches_done": self.batches_done,
         }
         if self._started and self.service is not None:
@@ -329,7 +357,7 @@ class _Batches(IterableDataset):
 
     def __iter__(self) -> Iterator[TrainBatch]:
         for _ in range(max(0, self.dm.steps - self.dm.batches_done)):
-            yield self.dm.next_batch()
+            yield self.dm.shared_batch()
 
 
 class PausingEngine:
