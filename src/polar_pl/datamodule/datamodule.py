@@ -149,6 +149,10 @@ class RolloutDataModule(L.LightningDataModule):
             gateway_options=options,
         )
 
+    def rollouts(self) -> RolloutClient:
+        """The rollout client with groups started (the HTTP rollout service drives it directly)."""
+        return self._start_service()
+
     def _start_service(self) -> RolloutClient:
         """Groups start on first use, after Lightning restored `load_state_dict` on a resume."""
         assert self.service is not None, "setup() first"

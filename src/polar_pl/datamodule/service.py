@@ -49,7 +49,8 @@ class _Pending:
 class RolloutService:
     """Runs `StagePools` over a task sequence on its own thread.
 
-    tasks: indexable task source; task `seq` i is `tasks[i % len(tasks)]`.
+    tasks: indexable task source; task `seq` i is `tasks[i % len(tasks)]` (a `TaskQueue`: `tasks[i]`,
+    once submitted).
     group_size: attempts per task (G). group_deadline_s: a group is released with what finished
     by then. start_seq / skip_seqs: resume point (see `state_dict`). limit: feed only seqs below
     it (a bounded run, such as SFT data generation, starts no group it will not collect).
@@ -74,7 +75,7 @@ class RolloutService:
         limit: int | None = None,
         pools: Callable[[], Any] | None = None,
     ) -> None:
-        if len(tasks) == 0:
+        if len(tasks) == 0 and not hasattr(tasks, "wait"):
             raise ValueError("task source is empty: datamodule needs at least one task")
         self.stages, self.tasks, self.sizes = stages, tasks, sizes
         self.group_size = group_size
@@ -212,12 +213,19 @@ class RolloutService:
             self.next_seq += 1
             if seq in self._taken:
                 continue
-            task = self.tasks[seq % len(self.tasks)]
+            task = await self._task(seq)
             group_id = f"{self.id_prefix}-g{seq}"
             ids = [f"{group_id}-r{m}" for m in range(self.group_size)]
             pending[group_id] = _Pending(seq, task, ids, time.monotonic())
             for m, rid in enumerate(ids):
                 await self.pools.submit(RolloutJob(rid, group_id, task, member=m))
+
+    async def _task(self, seq: int) -> Any:
+        wait = getattr(self.tasks, "wait", None)
+        if wait is not None:  # a queue fed from outside (polar_pl.rollout.tasks): seq i is task i
+            await wait(seq)
+            return self.tasks[seq]
+        return self.tasks[seq % len(self.tasks)]
 
     async def _collect(self, pending: dict[str, _Pending]) -> None:
         assert self.pools is not None

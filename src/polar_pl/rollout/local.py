@@ -11,6 +11,12 @@ from polar_pl.gateway.handle import Gateway
 from polar_pl.rollout.protocol import RolloutSetup
 
 
+def submit_to(feed: Any, tasks: Sequence[Any]) -> list[int]:
+    if not hasattr(feed, "put"):
+        raise TypeError("this rollout feed is a fixed task source; tasks can be submitted to a TaskQueue feed")
+    return feed.put(tasks)
+
+
 class LocalRollout:
     """The `rollout=local` backend (conf/rollout/local.yaml)."""
 
@@ -42,6 +48,9 @@ class LocalClient:
 
     def mark_consumed(self, seqs: Sequence[int]) -> None:
         self._service().mark_consumed(seqs)
+
+    def submit_tasks(self, tasks: Sequence[Any]) -> list[int]:
+        return submit_to(self.setup.tasks, tasks)
 
     def state_dict(self) -> dict[str, Any]:
         return self._service().state_dict()

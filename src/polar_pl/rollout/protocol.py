@@ -89,6 +89,10 @@ class RolloutClient(Protocol):
     def mark_consumed(self, seqs: Sequence[int]) -> None:
         """Called after a training step used these groups: a resumed run skips them."""
 
+    def submit_tasks(self, tasks: Sequence[Any]) -> list[int]:
+        """Add tasks to a `TaskQueue` feed (one group each); returns their group seqs. A feed from
+        a fixed task source refuses (TypeError)."""
+
     def state_dict(self) -> dict[str, Any]:
         """The resume cursor (`start_seq`, `skip_seqs`)."""
 

@@ -108,6 +108,9 @@ class RayClient:
     def mark_consumed(self, seqs: Sequence[int]) -> None:
         self._call("mark_consumed", list(seqs))
 
+    def submit_tasks(self, tasks: Sequence[Any]) -> list[int]:
+        return self._call("submit_tasks", list(tasks))
+
     def state_dict(self) -> dict[str, Any]:
         return self._call("state_dict")
 

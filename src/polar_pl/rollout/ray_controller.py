@@ -17,6 +17,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from polar_pl.datamodule.service import Group, RolloutService
+from polar_pl.rollout.local import submit_to
 from polar_pl.rollout.protocol import RolloutSetup
 from polar_pl.rollout.ray_pools import RayPools, WorkerSlot
 from polar_pl.rollout.ray_worker import RolloutWorker
@@ -103,6 +104,9 @@ class RolloutController:
 
     def mark_consumed(self, seqs: Sequence[int]) -> None:
         self._service().mark_consumed(seqs)
+
+    def submit_tasks(self, tasks: Sequence[Any]) -> list[int]:
+        return submit_to(self.setup.tasks, tasks)
 
     def state_dict(self) -> dict[str, Any]:
         return self._service().state_dict()
