@@ -5,8 +5,13 @@ counts none, and the counts say which sessions were retried."""
 
 from __future__ import annotations
 
+import csv
+import os
+import subprocess
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import ray
@@ -17,6 +22,7 @@ from polar_pl.gateway.store.traces import TraceStore
 from polar_pl.rollout.ray_backend import RayRollout
 
 pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
 
 
 def by_attempt(groups) -> dict[tuple[int, int], tuple]:
@@ -100,3 +106,36 @@ def test_node_killed_mid_run_loses_no_group_and_retries_its_sessions(ray_cluster
     assert len(groups) == len(set(groups)) == 6  # every group once, none twice
     assert counters["groups"] == 6 and counters["groups_incomplete"] == 0
     assert counters.get("sessions_ok", 0) == 12 and counters.get(f"sessions_{INFRA_FAILURE}", 0) == 0
+
+
+def test_train_py_on_the_cluster_with_engine_replicas_and_two_ranks(ray_cluster, tmp_path):
+    """`python train.py rollout=ray engine.replicas=2 trainer.devices=2` against the two-node
+    cluster: the run completes, sessions ran on both nodes (each worker's store), both engine
+    replicas served calls (each session on one), and every push advanced the version."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "train.py", "debug=fast", "steps=2", "rollout=ray",
+           f"rollout.address={ray_cluster.address}", "engine.replicas=2", "trainer.devices=2",
+           "datamodule.progress=false", f"hydra.run.dir={run}"]  # fmt: skip
+    env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, check=False, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    with open(run / "csv" / "metrics.csv") as f:
+        steps = [r for r in csv.DictReader(f) if r.get("rollout/reward_mean")]
+    assert len(steps) == 2
+    versions = [float(r["train/policy_version"]) for r in steps]
+    assert versions == sorted(versions) and versions[-1] >= 1
+
+    by_node: Counter[str] = Counter()
+    upstreams: dict[str, set[str]] = {}
+    for path in run.glob("traces-*-w*.db"):  # traces-<node id>-w<i>.db, one per worker
+        store = TraceStore(path)
+        try:
+            for s in store.sessions():
+                by_node[path.name.split("-")[1]] += 1
+                upstreams[s.session_id] = {r.upstream for r in store.records(s.session_id)}
+        finally:
+            store.close()
+    assert len(by_node) == 2, f"sessions by node: {dict(by_node)}"
+    served = [u for u in upstreams.values() if u]
+    assert served and all(len(u) == 1 for u in served)  # sticky
+    assert len(set().union(*served)) == 2  # both replicas served sessions
