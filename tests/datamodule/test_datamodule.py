@@ -122,7 +122,9 @@ def test_full_batch_of_groups(tiny_model_dir, tmp_path):
     assert (batch.behavior_logprobs[~sampled] == 0).all()
     assert (batch.policy_version[sampled] == 0).all()
     assert 0.0 <= m["rollout/reward_mean"] <= 1.0
-    assert m["datamodule/sessions_ok"] == 4
+    # a random tiny model may call tools on both of its 2 turns: the mini agent then exits 3 (out of
+    # turns), a policy-caused harness_error that still trains (reward 0), never an infra mask
+    assert m.get("datamodule/sessions_ok", 0) + m.get("datamodule/sessions_harness_error", 0) == 4
     assert m["merge/calls"] >= 4
     # ratios come from summed counts, not summed per session (which logged 8.0 for a true 1.0)
     assert m["merge/compression_ratio"] == pytest.approx(m["merge/call_tokens"] / m["merge/row_tokens"])
