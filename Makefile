@@ -53,4 +53,4 @@ docker-deps:
 	@command -v debootstrap >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null || true)
 
 lint: env
-	$(BIN)/ruff check src tests bench train.py
+	$(BIN)/ruff check src tests bench examples train.py

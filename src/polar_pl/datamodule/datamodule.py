@@ -118,7 +118,10 @@ class RolloutDataModule(L.LightningDataModule):
             setup = self._rollout_setup()
             self.service = self.rollout.connect(setup)
             self.gateway = getattr(self.service, "gateway", None)
-            log.info("rollouts ready: %s, traces in %s", type(self.service).__name__, setup.store_path)
+            if self.gateway is not None:
+                log.info("gateway ready: %s, traces in %s", self.gateway.url, setup.store_path)
+            else:
+                log.info("rollouts ready: %s, traces next to %s", type(self.service).__name__, setup.store_path)
         except BaseException:
             self.teardown()
             raise
