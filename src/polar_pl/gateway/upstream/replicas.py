@@ -2,7 +2,8 @@
 
 A session keeps talking to one replica so its growing prompt hits that replica's prefix cache.
 New sessions go to the healthy replica with the fewest requests in flight (ties: fewest
-sessions). A replica that refuses connections or fails its health check is skipped until a later
+sessions, then an order drawn per pool, so that several gateways in front of the same replicas,
+one per rollout worker, do not all start on the first one). A replica that refuses connections or fails its health check is skipped until a later
 check finds it healthy again; sessions stuck to it move on their next call. One taken out
 (`take_out`: it failed a weight push, so it would sample with stale weights) never comes back.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from dataclasses import dataclass, field
 
 from polar_pl.gateway.upstream.client import UpstreamClient, UpstreamError
@@ -42,6 +44,7 @@ class ReplicaPool:
         if not urls:
             raise ValueError("gateway upstreams: at least one engine URL is required")
         self.replicas = [Replica(u.rstrip("/").removesuffix("/v1"), model=model) for u in urls]
+        self._tiebreak = {id(r): i for i, r in enumerate(random.sample(self.replicas, len(self.replicas)))}
         self._client = client
         self._sticky: dict[str, Replica] = {}
         self._health_interval = health_interval
@@ -52,7 +55,7 @@ class ReplicaPool:
         if rep is not None and rep.healthy:
             return rep
         healthy = [r for r in self.replicas if r.healthy] or [r for r in self.replicas if not r.removed]
-        best = min(healthy, key=lambda r: (r.inflight, len(r.sessions)))
+        best = min(healthy, key=lambda r: (r.inflight, len(r.sessions), self._tiebreak[id(r)]))
         if rep is not None:
             rep.sessions.discard(session_id)
         best.sessions.add(session_id)
