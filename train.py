@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from polar_pl.training import train
 
 
-@hydra.main(version_base=None, config_path="conf", config_name="config")
+@hydra.main(version_base=None, config_path="pkg://polar_pl.conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     metrics = train(cfg)
     return metrics.get("rollout/reward_mean")

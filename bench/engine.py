@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from polar_pl.engine.embedded import EmbeddedEngine
-from polar_pl.engine.vllm_engine import VLLMEngine, vllm_python
+from polar_pl.engine.vllm_engine import VLLMEngine, vllm_installed
 
 PROMPT = [
     {"role": "system", "content": "You are a coding agent working in a Python repository."},
@@ -90,7 +90,7 @@ def main() -> None:
         f"embedded/{t}": EmbeddedEngine(args.model, mode="subprocess", max_model_len=4096, num_threads=t)
         for t in threads
     }
-    if not args.skip_vllm and Path(vllm_python()).exists():
+    if not args.skip_vllm and vllm_installed():
         engines["vllm"] = VLLMEngine(args.model, dtype="float32", max_model_len=4096)
     for name, engine in engines.items():
         try:

@@ -41,7 +41,7 @@ from rich.table import Table
 
 from polar_pl.datamodule.collate import TrainBatch, collate
 from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.engine.embedded import save_state_dict
+from polar_pl.engine.weights import save_state_dict
 from polar_pl.module.grpo import GRPOModule, enable_checkpointing
 from polar_pl.module.offpolicy import tis_token
 from polar_pl.module.weight_sync import DiskSync, hf_state_dict
@@ -143,12 +143,13 @@ def sync(device: torch.device) -> None:
 
 
 def vllm_python() -> str | None:
-    """A Python that has vLLM: this one, else $POLAR_VLLM_PYTHON / the project's vLLM env."""
+    """A Python that has vLLM: this one, else $POLAR_VLLM_PYTHON / a `vllm` script on PATH."""
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
+    from polar_pl.engine.vllm_engine import vllm_installed
     from polar_pl.engine.vllm_engine import vllm_python as configured
 
-    return configured() if Path(configured()).exists() else None
+    return configured() if vllm_installed() else None
 
 
 def write_model_dir(model, out: Path) -> None:

@@ -1,11 +1,17 @@
 """Sandbox and harness-launch latency, one table.
 
-Per backend (local, local+bwrap, docker): start, exec (`true`), copy (put+get of a 1 MiB file and
+Per backend (unsafe_local, bwrap, docker): start, exec (`true`), copy (put+get of a 1 MiB file and
 a 200-file tree), diff, stop — medians over --reps. Per harness CLI and backend: the cost of one
 launch, as `--version` (process start only) and as the full two-turn tool task through the real
 gateway against a scripted engine (so the model's time is ~0 and what is left is the harness).
 
-    python bench/sandbox.py [--reps 5] [--harness-reps 1] [--backends local,bwrap,docker] [--harnesses all]
+    python bench/sandbox.py [--reps 5] [--harness-reps 1] [--backends unsafe_local,bwrap,docker,docker-tls]
+                            [--harnesses all] [--images-sessions 32]
+
+`docker-tls` is a second private dockerd reached over TCP 127.0.0.1 with mutual TLS (a remote host:
+tools from a volume, the gateway through the exec-stream relay). Per-task images: time-to-READY of
+--images-sessions sessions over 4 images pulled from a local registry, with and without prefetch
+(sandbox_images.py); --images-sessions 0 skips it.
 
 Numbers are wall-clock on whatever else the machine runs: compare columns of one run, not runs.
 
@@ -42,8 +48,8 @@ def _ms(xs: list[float]) -> str:
 def make_factory(kind: str, stack: ExitStack):
     from polar_pl.sandbox.local import LocalSandbox
 
-    if kind == "local":
-        return lambda: LocalSandbox(owner=OWNER, harness_prefix=str(PREFIX))
+    if kind == "unsafe_local":
+        return lambda: LocalSandbox(isolation="none", owner=OWNER, harness_prefix=str(PREFIX))
     if kind == "bwrap":
         return lambda: LocalSandbox(isolation="bwrap", owner=OWNER, harness_prefix=str(PREFIX))
     import docker
@@ -56,11 +62,22 @@ def make_factory(kind: str, stack: ExitStack):
     client = docker.DockerClient(base_url=daemon.url, timeout=600)
     image = build_image(client)
     client.close()
+    if kind == "docker-tls":
+        from polar_pl.sandbox.docker_factory import DockerSandboxes
+        from polar_pl.testing.hosts import make_tls_certs, remote_dockerd
+
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="polar-bench-tls-")))
+        certs = make_tls_certs(tmp / "certs")
+        remote = stack.enter_context(remote_dockerd(tmp / "root", certs))
+        factory = DockerSandboxes(docker_hosts=[{"url": remote.tcp_url, "cert_path": certs.client_dir}],
+                                  owner=OWNER, harness_prefix=str(PREFIX))  # fmt: skip
+        stack.callback(factory.close)
+        return factory
     return lambda: DockerSandbox(image=image, docker_host=daemon.url, owner=OWNER, harness_prefix=str(PREFIX))
 
 
 # 20 HTTP round trips to the gateway from inside the sandbox, timed inside (seconds per request):
-# through the relay for bwrap and docker, direct for plain local.
+# through the relay for bwrap and docker, direct for unsafe_local.
 ROUND_TRIPS = """
 import sys, time, urllib.request
 url = sys.argv[1]
@@ -147,8 +164,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--harness-reps", type=int, default=1, help="launches per harness and backend (median)")
-    ap.add_argument("--backends", default="local,bwrap,docker")
+    ap.add_argument("--backends", default="unsafe_local,bwrap,docker")
     ap.add_argument("--harnesses", default="all")
+    ap.add_argument("--images-sessions", type=int, default=32, help="per-task image sessions (0: skip)")
     args = ap.parse_args()
     backends = args.backends.split(",")
     names = list(HARNESSES) if args.harnesses == "all" else args.harnesses.split(",")
@@ -175,19 +193,22 @@ def main() -> None:
 
         ops = Table(title=f"sandbox operations, median ms over {args.reps} runs")
         ops.add_column("operation")
-        results = {}
+        results: dict[str, dict[str, list[float]]] = {b: {} for b in backends}
         for b in backends:
             ops.add_column(b, justify="right")
-            results[b] = bench_backend(factories[b], args.reps, gateway.url)
+        for _ in range(args.reps):  # backends interleaved: a load change on the machine hits all alike
+            for b in backends:
+                for op, xs in bench_backend(factories[b], 1, gateway.url).items():
+                    results[b].setdefault(op, []).extend(xs)
         for op in results[backends[0]]:
             ops.add_row(op, *(_ms(results[b][op]) for b in backends))
-        if "local" in results:
+        if "unsafe_local" in results:
             for b in backends[1:]:
                 ops.add_row(
-                    f"start {b}/local",
+                    f"start {b}/unsafe_local",
                     "",
                     *(
-                        f"{statistics.median(results[x]['start']) / statistics.median(results['local']['start']):7.1f}x"
+                        f"{statistics.median(results[x]['start']) / statistics.median(results['unsafe_local']['start']):7.1f}x"
                         if x == b
                         else ""
                         for x in backends[1:]
@@ -212,6 +233,46 @@ def main() -> None:
             launches.add_row(*row)
             console.print(f"  {name} done", style="dim")
         console.print(launches)
+    if args.images_sessions:
+        bench_images(console, args.images_sessions)
+
+
+def bench_images(console: Console, sessions: int) -> None:
+    from sandbox_images import bench_ready, push_images
+
+    from polar_pl.sandbox.docker_factory import DockerSandboxes
+    from polar_pl.sandbox.dockerd import DockerDaemon
+    from polar_pl.testing.hosts import LocalRegistry
+
+    with ExitStack() as stack:
+        daemon = stack.enter_context(DockerDaemon(root=REPO / ".cache" / "dockerd"))
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="polar-bench-reg-")))
+        registry = stack.enter_context(LocalRegistry(tmp))
+        import docker
+
+        from polar_pl.sandbox.image import build_image
+
+        client = docker.DockerClient(base_url=daemon.url, timeout=600)
+        base = build_image(client)
+        client.close()
+        names = push_images(daemon.url, base, registry, 4)
+
+        def make():
+            return DockerSandboxes(docker_host=daemon.url, registry=registry.address, owner=OWNER,
+                                   docker_config=registry.docker_config, max_pulls=2, prefetch_tasks=4,
+                                   harness_prefix="")  # fmt: skip
+
+        table = Table(
+            title=f"time to READY: {sessions} sessions over 4 per-task images (pulled, de-duplicated)"
+        )
+        for col in ("prefetch", "wall s", "READY p50 s", "READY max s", "image wait s (sum)",
+                    "wait after 1st image s", "pulls"):  # fmt: skip
+            table.add_column(col, justify="right")
+        for prefetch in (False, True):
+            r = bench_ready(make, daemon.url, names, registry, sessions=sessions, prefetch=prefetch)
+            table.add_row("on" if prefetch else "off", *(f"{r[k]:.2f}" for k in ("wall_s", "ready_p50_s",
+                          "ready_max_s", "image_wait_s", "wait_after_first_image_s")), str(r["pulls"]))  # fmt: skip
+        console.print(table)
 
 
 if __name__ == "__main__":

@@ -6,16 +6,13 @@ import os
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-CAPTURES = SHARED / "fixtures" / "harness-captures"
+from fixture_paths import REPO, TINY_MODEL
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The tiny model directory ($POLAR_TINY_MODEL, else .cache/tiny-model), built if absent."""
-    path = Path(os.environ.get("POLAR_TINY_MODEL", REPO / ".cache" / "tiny-model"))
+    path = TINY_MODEL
     if not (path / "config.json").exists():
         from polar_pl.tinymodel.build import build_tiny_model
 
@@ -23,7 +20,9 @@ def tiny_model_dir() -> Path:
     return path
 
 
-# The real Docker engine and the offline base image, shared by the sandbox, harness and task tests.
+# The real Docker engine and the offline base image, shared by the sandbox, harness and task tests;
+# a second (TLS, TCP) engine as the remote host, a local registry, per-task images built here.
+from polar_pl.testing.hosts import dep_images, registry, remote_docker_engine  # noqa: F401
 from polar_pl.testing.sandbox import docker_engine, docker_image, no_sandbox_leftovers  # noqa: F401
 
 

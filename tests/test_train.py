@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixture_paths import REPO
 
+from polar_pl.engine.vllm_engine import vllm_installed, vllm_python
 from polar_pl.gateway.store.traces import TraceStore
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def train(*overrides: str, timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -107,9 +107,8 @@ def test_resume_continues_step_count_and_task_cursor(tiny_model_dir, tmp_path):
 def test_vllm_engine_with_disk_weight_updates_matches_the_trainer(tiny_model_dir, tmp_path):
     """engine=vllm (CPU build) with from-disk weight pushes: after each update the engine's
     logprobs on its sampled tokens equal the trainer's (only fresh rows: max_staleness=0)."""
-    vllm_python = Path(os.environ.get("POLAR_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
-    if not vllm_python.exists():
-        pytest.skip(f"vLLM CPU environment missing at {vllm_python} (make vllm-env installs it)")
+    if not vllm_installed():
+        pytest.skip(f"vLLM CPU environment missing at {vllm_python()} (make vllm-env installs it)")
     run = tmp_path / "vllm"
     train(
         "debug=fast",

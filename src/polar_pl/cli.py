@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "traces": ("polar_pl.datamodule.traces_cli", "export trace records as trajectory rows"),
     "rollout": ("polar_pl.rollout.cli", "serve rollouts over HTTP for any trainer"),
     "harness": ("polar_pl.harness.cli", "install harness CLIs"),
-    "sandbox": ("polar_pl.sandbox.cli", "sandbox utilities (build-image, cleanup)"),
+    "sandbox": ("polar_pl.sandbox.cli", "sandbox utilities (build-image, cleanup, images, gc)"),
     "tasks": ("polar_pl.tasks.cli", "task suite utilities (check, list)"),
     "view": ("polar_pl.viewer.cli", "web page over a trace store and runs (127.0.0.1)"),
     "plot": ("polar_pl.monitor.plots", "PNG plots of a run directory"),

@@ -38,6 +38,7 @@ def build_parts(cfg: DictConfig) -> dict[str, Any]:
     )
     return {
         "harness": harness,
+        "sandbox": sandbox,
         "tasks": tasks,
         "evaluator": evaluator,
         "engine": engine,
@@ -64,13 +65,17 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("torch_threads"):
         torch.set_num_threads(int(cfg.torch_threads))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
+    if cfg.get("warm_start"):  # a CLI harness's model: warm-started inside that CLI's request
+        from polar_pl.tinymodel.build import ensure_harness_model
+
+        ws = cfg.warm_start
+        ensure_harness_model(cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes)
     out_dir = Path(cfg.trainer.default_root_dir)
     parts = build_parts(cfg)
     dm: RolloutDataModule = parts["datamodule"]
     loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.get("logger") else []
     try:
         module = instantiate(cfg.module)
-        module.bind_engine(dm.push_target())
         checkpoints = ModelCheckpoint(
             dirpath=out_dir / "checkpoints",
             every_n_train_steps=cfg.checkpoint_every,
@@ -87,9 +92,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
         return {k: float(v) for k, v in trainer.logged_metrics.items()}
     finally:
         dm.teardown()
-        close = getattr(parts["evaluator"], "close", None)
-        if close is not None:
-            close()
+        for part in ("evaluator", "sandbox"):  # the evaluator first: its sandboxes use the factory's hosts
+            close = getattr(parts[part], "close", None)
+            if close is not None:
+                close()
         for lg in loggers:
             finalize = getattr(lg, "finalize", None)
             if finalize is not None:

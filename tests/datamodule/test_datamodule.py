@@ -36,6 +36,15 @@ class CrashBeforeCall(Mini):
         return dataclasses.replace(p, argv=("bash", "-c", "echo boom >&2; exit 3"))
 
 
+class AnswerWithoutCall(Mini):
+    """A harness that answers at once (exit 0, no model call): its run is always evaluated."""
+
+    def plan(self, session, prompt, paths):
+        p = super().plan(session, prompt, paths)
+        script = "mkdir -p .polar && echo HELLO > .polar/answer.txt"
+        return dataclasses.replace(p, argv=("bash", "-c", script))
+
+
 class CrashingEvaluator:
     def __init__(self, inner):
         self.inner = inner
@@ -122,6 +131,7 @@ def test_full_batch_of_groups(tiny_model_dir, tmp_path):
     assert (batch.behavior_logprobs[~sampled] == 0).all()
     assert (batch.policy_version[sampled] == 0).all()
     assert 0.0 <= m["rollout/reward_mean"] <= 1.0
+    assert m["rollout/tampering"] == 0.0  # honest attempts (issue 13: caught ones count here)
     # a random tiny model may call tools on both of its 2 turns: the mini agent then exits 3 (out of
     # turns), a policy-caused harness_error that still trains (reward 0), never an infra mask
     assert m.get("datamodule/sessions_ok", 0) + m.get("datamodule/sessions_harness_error", 0) == 4
@@ -172,7 +182,10 @@ def test_crashing_harness_is_recorded_and_the_pools_go_on(tiny_model_dir, tmp_pa
 
 
 def test_crashing_evaluator_fails_the_attempt_with_its_reason(tiny_model_dir, tmp_path):
-    dm = make_dm(tiny_model_dir, tmp_path, evaluator_wrap=CrashingEvaluator, groups_per_step=1)
+    # the harness answers without a call: a random model's out-of-turns run is a harness error and
+    # never reaches the evaluator
+    dm = make_dm(tiny_model_dir, tmp_path, harness=AnswerWithoutCall(max_tokens=8),
+                 evaluator_wrap=CrashingEvaluator, groups_per_step=1)
     dm.setup()
     try:
         dm._start_service()
@@ -243,3 +256,25 @@ def test_resume_continues_the_task_cursor(tiny_model_dir, tmp_path):
     finally:
         dm2.teardown()
     assert batch.group_ids[0].endswith(f"-g{1 - done}")  # the untrained one, never the trained one
+
+
+def test_infra_failures_are_counted_by_kind_and_kept_out_of_the_reward(tiny_model_dir, tmp_path):
+    """A batch's metrics count infrastructure failures per kind; they do not drag reward_mean down."""
+    from types import SimpleNamespace
+
+    from polar_pl.datamodule.pools import FAILED, INFRA_FAILURE, OK, RolloutResult
+    from polar_pl.datamodule.service import Group
+
+    dm = make_dm(tiny_model_dir, tmp_path)  # not set up: only the metrics are exercised
+    group = Group("g0", 0, "t", (
+        RolloutResult("r0", "g0", "t", OK, 1.0),
+        RolloutResult("r1", "g0", "t", INFRA_FAILURE, 0.0, info={"infra_kind": "image"}),
+        RolloutResult("r2", "g0", "t", INFRA_FAILURE, 0.0, info={"infra_kind": "exec"}),
+        RolloutResult("r3", "g0", "t", FAILED, 0.0),
+        RolloutResult("r4", "g0", "t", "harness_error", 0.0, info={"harness_error": "infra"}),
+    ))  # fmt: skip
+    m = dm._metrics([group], [], SimpleNamespace(padding_waste=0.0), 0.0)
+    assert m["rollout/infra_failures"] == 3 and m["rollout/infra_failures/image"] == 1
+    assert m["rollout/infra_failures/exec"] == 1 and m["rollout/infra_failures/harness"] == 1
+    assert m["rollout/sessions"] == 5
+    assert m["rollout/reward_mean"] == 0.5  # over the OK and FAILED attempts only

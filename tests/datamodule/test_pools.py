@@ -188,3 +188,51 @@ def test_state_dict_resumes_the_task_cursor():
 def test_empty_task_source_is_a_clear_error():
     with pytest.raises(ValueError, match="task source is empty"):
         make(SimStages(), [])
+
+
+def test_infrastructure_failures_are_their_own_status_and_counted_by_kind():
+    from polar_pl.datamodule.pools import INFRA_FAILURE
+    from polar_pl.sandbox.infra import InfraError
+
+    class Infra(SimStages):
+        async def init(self, job):
+            await super().init(job)
+            if job.task == "nostart":
+                raise InfraError("start", "engine refused the container")
+
+        async def run(self, job):
+            if job.task == "hostgone":
+                raise InfraError("exec", "the exec stream broke")
+            await super().run(job)
+
+    svc = make(Infra(), ["nostart", "hostgone", "ok"], g=2).start()
+    try:
+        nostart, hostgone, ok = svc.next_groups(3, timeout=30)
+        metrics = svc.metrics()
+    finally:
+        svc.stop()
+    assert [(r.status, r.failed_stage, r.info.get("infra_kind")) for r in nostart.results] == [
+        (INFRA_FAILURE, "init", "start")] * 2  # fmt: skip
+    assert all(r.status == INFRA_FAILURE and r.failed_stage == "running" for r in hostgone.results)
+    assert all(r.status == OK for r in ok.results)
+    assert metrics["pool/infra_failures/start"] == 2 and metrics["pool/sessions_infra_failure"] == 4
+
+
+def test_the_service_hands_the_tasks_ahead_of_its_cursor_to_prefetch():
+    class Prefetching(SimStages):
+        prefetch_depth = 2
+
+        def __init__(self):
+            super().__init__()
+            self.asked: list[list[str]] = []
+
+        def prefetch(self, tasks):
+            self.asked.append(list(tasks))
+
+    stages = Prefetching()
+    svc = make(stages, ["a", "b", "c"], g=1, limit=3).start()
+    try:
+        svc.next_groups(3, timeout=30)
+    finally:
+        svc.stop()
+    assert stages.asked == [["a", "b", "c"], ["b", "c"], ["c"]]  # seq, the next 2, never past limit

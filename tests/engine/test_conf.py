@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
@@ -14,11 +15,9 @@ from polar_pl.engine.replicas import EngineReplicas
 from polar_pl.engine.vllm_engine import VLLMEngine
 from polar_pl.training import build_engine
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def compose_engine(*overrides: str):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
     HydraConfig().set_config(cfg)
     return cfg.engine
@@ -37,6 +36,30 @@ def test_engine_group_instantiates(choice, cls, tiny_model_dir, monkeypatch):
         cmd = engine.command()
         assert cmd[:3] == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
         assert cmd[cmd.index("--tool-call-parser") + 1] == "hermes" and "--port" in cmd
+        assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"  # what the trainer rebuilds
+
+
+def test_vllm_python_comes_from_env_or_path_and_is_a_clear_error_when_absent(tmp_path, monkeypatch):
+    """The vLLM interpreter was a hard-coded machine path (/work/main/.venv-vllm): now
+    $POLAR_VLLM_PYTHON, this interpreter if it has vLLM, or the `vllm` script on PATH."""
+    import importlib.util
+    import sys
+
+    from polar_pl.engine.vllm_engine import vllm_python
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("this interpreter has vLLM: it is the answer")
+    monkeypatch.delenv("POLAR_VLLM_PYTHON", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert vllm_python() is None
+    with pytest.raises(FileNotFoundError, match="engine.python"):
+        VLLMEngine(tmp_path).command()
+    script = tmp_path / "vllm"
+    script.write_text(f"#!{sys.executable}\nprint('vllm')\n")
+    script.chmod(0o755)
+    assert vllm_python() == sys.executable
+    monkeypatch.setenv("POLAR_VLLM_PYTHON", "/opt/vllm/bin/python")
+    assert vllm_python() == "/opt/vllm/bin/python"
 
 
 @pytest.mark.parametrize("choice", ["embedded", "vllm"])

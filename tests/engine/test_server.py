@@ -23,6 +23,23 @@ def test_health_models_and_version_header(engine):
     assert [m.id for m in models.data] == ["tiny"]
 
 
+def test_tokenize_detokenize_routes(engine):
+    """/tokenize renders a chat exactly as /v1/chat/completions does; /detokenize inverts it;
+    bad input gets OpenAI error JSON (the gateway counts Anthropic tokens through /tokenize)."""
+    messages = [{"role": "user", "content": "Count these tokens."}]
+    chat = httpx.post(
+        f"{engine.base_url}/chat/completions",
+        json={"model": "tiny", "messages": messages, "max_tokens": 1, "return_token_ids": True},
+    ).json()
+    tok = httpx.post(f"{engine.url}/tokenize", json={"model": "tiny", "messages": messages}).json()
+    assert tok["tokens"] == chat["prompt_token_ids"] and tok["count"] == len(tok["tokens"])
+    text = httpx.post(f"{engine.url}/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"]
+    assert text.startswith("<|im_start|>user\nCount these tokens.")
+    bad = httpx.post(f"{engine.url}/tokenize", json={"model": "tiny"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+    assert httpx.post(f"{engine.url}/detokenize", json={"tokens": [10**9]}).status_code == 400
+
+
 def test_chat_logprobs_and_token_ids(engine):
     r = client(engine).chat.completions.create(
         model="tiny",
@@ -251,7 +268,7 @@ def test_completions_rejects_out_of_vocab_ids(engine):
 def test_weight_update_changes_outputs_and_bumps_version(engine, tmp_path):
     import torch
 
-    from polar_pl.engine.embedded import save_state_dict
+    from polar_pl.engine.weights import save_state_dict
 
     c = client(engine)
     kw = {
@@ -277,14 +294,19 @@ def test_weight_update_changes_outputs_and_bumps_version(engine, tmp_path):
         ]
         # From disk, over HTTP: back to the original weights, same outputs as before.
         save_state_dict(original, tmp_path)
-        r = httpx.post(f"{engine.url}/update_weights_from_disk", json={"path": str(tmp_path)}, timeout=120)
+        auth = {"authorization": f"Bearer {engine.admin_token}"}
+        r = httpx.post(
+            f"{engine.url}/update_weights_from_disk", json={"path": str(tmp_path)}, headers=auth, timeout=120
+        )
         assert r.status_code == 200 and r.json()["policy_version"] == v0 + 2
         again = c.chat.completions.create(**kw)
         assert again.choices[0].model_extra["token_ids"] == before.choices[0].model_extra["token_ids"]
         assert again.model_extra["policy_version"] == v0 + 2
     finally:
         engine.update_weights_from_state_dict(original)
-    bad = httpx.post(f"{engine.url}/update_weights_from_disk", json={"path": str(tmp_path / "missing")})
+    bad = httpx.post(
+        f"{engine.url}/update_weights_from_disk", json={"path": str(tmp_path / "missing")}, headers=auth
+    )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "path"
 
 

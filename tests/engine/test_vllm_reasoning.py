@@ -6,18 +6,17 @@ content and tool calls, streamed and not."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
 
 from polar_pl.engine.embedded import EmbeddedEngine
-from polar_pl.engine.vllm_engine import VLLMEngine, vllm_python
+from polar_pl.engine.vllm_engine import VLLMEngine, vllm_installed, vllm_python
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
-        not Path(vllm_python()).exists(), reason=f"vLLM CPU build not installed at {vllm_python()}"
+        not vllm_installed(), reason=f"vLLM CPU build not installed at {vllm_python()}"
     ),
 ]
 

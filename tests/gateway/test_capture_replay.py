@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
+from fixture_paths import CAPTURES
 from sse_grammar import check_anthropic, check_chat, check_google, check_responses, parse_sse
 
 from polar_pl.testing.scripted import Reply, ToolCall
 
-CAPTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "harness-captures"
 RECORDS = sorted(
     p for p in CAPTURES.glob("*/*.request.record.json") if json.loads(p.read_text())["method"] == "POST"
 )

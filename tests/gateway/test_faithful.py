@@ -11,7 +11,8 @@ import pytest
 from polar_pl.chat.render import render_chat
 from polar_pl.datamodule.trajectory import PrefixBuilder
 from polar_pl.gateway.call.capture import CallCapture
-from polar_pl.gateway.faithful.prompt import CompletionToChat, completion_body, faithful_prompt
+from polar_pl.gateway.faithful.completion import CompletionToChat, completion_body
+from polar_pl.gateway.faithful.prompt import faithful_prompt
 from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.testing.scripted import Reply, ToolCall
 

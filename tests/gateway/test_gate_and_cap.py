@@ -173,3 +173,48 @@ def test_max_tokens_cap_clips_requests_and_notes_it(slow_engine, tmp_path, tiny_
 def test_max_tokens_cap_must_be_positive(slow_engine, tmp_path) -> None:
     with pytest.raises(ValueError, match="max_tokens_cap"):
         Gateway([slow_engine.url], tmp_path / "t.db", max_tokens_cap=0)
+
+
+def test_cap_policy_end_turn_tells_the_harness_a_normal_stop_and_merges_exactly(
+    slow_engine, tmp_path, tiny_model_dir
+) -> None:
+    """With a small cap Claude Code exits 1 ("response exceeded the output token maximum") and
+    Codex too ("Incomplete response ... max_output_tokens"); end_turn reports the cut as a normal
+    end of turn while the record keeps finish_reason length, the harness's own smaller max_tokens
+    still reports max_tokens, and the continued conversation prefix-merges into one row."""
+    from polar_pl.datamodule.trajectory import PrefixBuilder
+
+    slow_engine.backend.token_delay = 0.0
+    with Gateway(
+        [slow_engine.url], tmp_path / "t.db", tokenizer_dir=tiny_model_dir, max_tokens_cap=6, cap_policy="end_turn"
+    ) as gw:
+        s = gw.create_session()
+        client = anthropic.Anthropic(base_url=s.base_url, api_key="unused", max_retries=0)
+        first = [{"role": "user", "content": "hi"}]
+        big = client.messages.create(model="c", max_tokens=32000, messages=first, timeout=60)
+        with client.messages.stream(model="c", max_tokens=32000, messages=first) as stream:
+            streamed = stream.get_final_message()
+        own = client.messages.create(model="c", max_tokens=3, messages=first)
+        second = [*first, {"role": "assistant", "content": big.content[0].text}, {"role": "user", "content": "go on"}]
+        client.messages.create(model="c", max_tokens=32000, messages=second, timeout=60)
+        oa = openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="unused", max_retries=0)
+        chat = oa.chat.completions.create(model="m", messages=first)
+        chat_stream = list(oa.chat.completions.create(model="m", messages=first, stream=True))
+        records = gw.records(s.session_id)
+    assert big.stop_reason == streamed.stop_reason == "end_turn" and big.usage.output_tokens == 6
+    assert own.stop_reason == "max_tokens"  # the harness's own limit is reported as it is
+    assert chat.choices[0].finish_reason == "stop"
+    assert [c.choices[0].finish_reason for c in chat_stream if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert all(r.finish_reason == "length" for r in records), [r.finish_reason for r in records]
+    noted = [any("cap_policy end_turn" in n for n in r.notes) for r in records]
+    assert noted == [True, True, False, True, True, True]
+    # the cut turn comes back closed by an <|im_end|> the policy never sampled: masked glue
+    result = PrefixBuilder().build([records[0], records[3]], reward=1.0)
+    assert result.stats.rows == 1 and result.stats.num_breaks == 0
+    (row,) = result.rows
+    assert sum(row.loss_mask) == len(records[0].response_ids) + len(records[3].response_ids)
+
+
+def test_cap_policy_must_be_known(slow_engine, tmp_path) -> None:
+    with pytest.raises(ValueError, match="cap_policy"):
+        Gateway([slow_engine.url], tmp_path / "t.db", cap_policy="truncate")

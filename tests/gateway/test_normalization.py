@@ -4,11 +4,11 @@ side-call rules, provider detection and token extraction."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import orjson
 import pytest
+from fixture_paths import CAPTURES
 
 from polar_pl.gateway.call.sidecalls import DEFAULT_SIDE_RULES, SideCallRule, classify
 from polar_pl.gateway.call.volatile import strip_volatile
@@ -16,7 +16,6 @@ from polar_pl.gateway.http.detect import detect_provider, find_token, split_sess
 from polar_pl.gateway.providers import RequestError, get_adapter
 from polar_pl.gateway.providers.base import NormalizedRequest
 
-CAPTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "harness-captures"
 chat_adapter = get_adapter("openai_chat")
 
 

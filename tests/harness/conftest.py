@@ -4,12 +4,12 @@ prefix. The Docker engine fixtures come from tests/sandbox/conftest.py (re-expor
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fixture_paths import HARNESS_PREFIX
 
 from polar_pl.gateway.handle import Gateway
 from polar_pl.testing.sandbox import (  # noqa: F401  (a real dockerd; the leftover check)
@@ -19,9 +19,6 @@ from polar_pl.testing.sandbox import (  # noqa: F401  (a real dockerd; the lefto
     no_sandbox_leftovers,
 )
 from polar_pl.testing.scripted import Reply, serve_scripted
-
-REPO = Path(__file__).resolve().parents[2]
-HARNESS_PREFIX = Path(os.environ.get("POLAR_HARNESS_PREFIX", REPO / ".cache" / "harness"))
 
 
 class Script:
@@ -61,8 +58,6 @@ def _make(kind: str, request):
     from polar_pl.sandbox.local import LocalSandbox
 
     prefix = str(HARNESS_PREFIX)
-    if kind == "local":
-        return LocalSandbox(owner=OWNER, harness_prefix=prefix)
     if kind == "bwrap":
         return LocalSandbox(isolation="bwrap", owner=OWNER, harness_prefix=prefix)
     engine = request.getfixturevalue("docker_engine")

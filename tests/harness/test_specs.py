@@ -8,9 +8,9 @@ import subprocess
 import sys
 import time
 import tomllib
-from pathlib import Path
 
 import pytest
+from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -19,7 +19,6 @@ from polar_pl.harness import HARNESSES, build_harness
 from polar_pl.harness.protocol import GatewaySession, Harness, LaunchPlan, SandboxPaths
 from polar_pl.harness.run import run_harness
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 SESSION = GatewaySession(base_url="http://127.0.0.1:9/s/tok-123", token="tok-123", model="m-1")
 PATHS = SandboxPaths(workdir="/w", home="/h", harness_prefix="/p", python=("python3",))
 

@@ -38,7 +38,9 @@ def row(
         for i, (a, _) in enumerate(spans)
     ]
     return TrajectoryRow(
-        input_ids=list(ids) if ids is not None else [(7 * i + len(rollout)) % 40 + 1 for i in range(length)],
+        input_ids=list(ids)
+        if ids is not None
+        else [(7 * i + 13 * sum(map(ord, rollout))) % 40 + 1 for i in range(length)],
         loss_mask=mask,
         behavior_logprobs=[b if m else 0.0 for b, m in zip(beh, mask, strict=True)],
         policy_version=[version if m else -1 for m in mask],

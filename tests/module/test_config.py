@@ -4,9 +4,9 @@ variants are the configured functions; each weight_sync option instantiates unbo
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import pytest
+from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
@@ -14,11 +14,9 @@ from polar_pl.module import aggregation, losses, offpolicy
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.weight_sync import DiskSync, EmbeddedStateDictSync, NoSync, VLLMWeightTransferSync
 
-CONF = str(Path(__file__).resolve().parents[2] / "conf")
-
 
 def module_cfg(tiny_model_dir, *overrides: str):
-    with initialize_config_dir(config_dir=CONF, version_base=None):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = compose("config", overrides=[f"model_dir={tiny_model_dir}", *overrides])
     return cfg.module
 
@@ -32,7 +30,7 @@ def test_default_module_config(tiny_model_dir) -> None:
     assert module.tis.func is offpolicy.tis_token and module.tis.keywords == {"cap": 2.0}
     assert module.policy_loss.func is losses.clipped_policy_loss
     assert module.policy_loss.keywords == {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None}
-    assert (module.kl, module.kl_coef, module.lr, module.push_every) == (None, 0.0, 5e-2, 1)
+    assert (module.kl, module.kl_coef, module.lr, module.push_every) == (None, 0.0, 3e-2, 1)
     assert (module.side_rows, module.overlong, module.off_policy_mask, module.lr_scheduler) == (
         "own",
         None,

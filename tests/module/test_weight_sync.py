@@ -3,15 +3,13 @@ build from disk (slow), the no-push control, and the errors of an unbound or una
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import httpx
 import pytest
 import torch
 from module_rows import prompt_ids, sample_group
 
 from polar_pl.datamodule.collate import collate
-from polar_pl.engine.vllm_engine import VLLMEngine, vllm_python
+from polar_pl.engine.vllm_engine import VLLMEngine, vllm_installed, vllm_python
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.logprobs import scorable, token_logprobs
 from polar_pl.module.weight_sync import (
@@ -93,6 +91,27 @@ def test_bind_engine_binds_the_sync(tiny_model_dir, engine) -> None:
     GRPOModule(tiny_model_dir).bind_engine(engine)  # no sync: nothing to bind, no error
 
 
+def test_fit_binds_the_datamodules_push_target_and_never_the_raw_engine(tiny_model_dir, engine, tmp_path) -> None:
+    """on_fit_start used to fall back to `datamodule.engine`, which skips the gateway pause and the
+    policy-version hint; the sync is now bound to `datamodule.push_target()` or the fit fails."""
+    import lightning as L
+
+    class EngineOnly(L.LightningDataModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.engine = engine
+
+        def train_dataloader(self):
+            return [None]
+
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, default_root_dir=tmp_path, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
+    module = GRPOModule(tiny_model_dir, weight_sync=DiskSync())
+    with pytest.raises(ValueError, match="push_target"):
+        trainer.fit(module, datamodule=EngineOnly())
+    assert module.weight_sync.engine is None
+
+
 def test_no_sync_keeps_weights_and_version(tiny_model_dir, fresh_engine) -> None:
     prompt = prompt_ids(8, 22)
     before, v0 = greedy(fresh_engine, prompt)
@@ -113,7 +132,7 @@ def test_unbound_or_unavailable_sync_errors(tiny_model_dir, engine) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path(vllm_python()).exists(), reason=f"no vLLM CPU build at {vllm_python()}")
+@pytest.mark.skipif(not vllm_installed(), reason=f"no vLLM CPU build at {vllm_python()}")
 def test_disk_push_into_vllm_cpu(tiny_model_dir, engine) -> None:
     """vLLM's CPU build reloads the pushed safetensors; its logprobs then equal the trainer's."""
     with VLLMEngine(tiny_model_dir, served_model_name="tiny", max_model_len=512) as vllm:

@@ -1,9 +1,10 @@
-"""Sandbox fixtures: one `sandbox` per backend (local, local+bwrap, docker), plus small HTTP servers
+"""Sandbox fixtures: one `sandbox` per backend (unsafe_local, bwrap, docker), plus small HTTP servers
 standing in for the gateway (what is under test here is the sandbox, not the gateway)."""
 
 from __future__ import annotations
 
 import shutil
+import warnings
 
 import pytest
 from starlette.applications import Starlette
@@ -18,17 +19,23 @@ from polar_pl.testing.sandbox import (  # noqa: F401  (a real dockerd; the lefto
 )
 from polar_pl.utils.serving import ServerThread
 
-BACKENDS = ["local", "bwrap", "docker"]
+BACKENDS = ["unsafe_local", "bwrap", "docker"]
 
 
 # -- sandboxes -----------------------------------------------------------------------------------
 
 
 def _factory(kind: str, request, **limits):
-    from polar_pl.sandbox.local import LocalSandbox
+    from polar_pl.sandbox.local import LocalSandbox, UnsafeSandboxWarning
 
-    if kind == "local":
-        return lambda: LocalSandbox(owner=OWNER, **limits)
+    if kind == "unsafe_local":
+
+        def unsafe():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UnsafeSandboxWarning)
+                return LocalSandbox(isolation="none", owner=OWNER, **limits)
+
+        return unsafe
     if kind == "bwrap":
         if not shutil.which("bwrap"):
             pytest.skip("bubblewrap is not installed (apt-get install bubblewrap)")

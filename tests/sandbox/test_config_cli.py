@@ -6,31 +6,42 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
-from pathlib import Path
+import warnings
 
 import pytest
+from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from polar_pl.sandbox.docker import DockerSandbox
-from polar_pl.sandbox.local import LocalSandbox
+from polar_pl.sandbox.local import LocalSandbox, UnsafeSandboxWarning
 from polar_pl.sandbox.protocol import Sandbox
 from polar_pl.testing.sandbox import leftovers
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
-
 
 @pytest.mark.parametrize(("choice", "cls", "isolation"), [
-    ("local", LocalSandbox, "none"), ("bwrap", LocalSandbox, "bwrap"), ("docker", DockerSandbox, None),
+    ("unsafe_local", LocalSandbox, "none"), ("bwrap", LocalSandbox, "bwrap"), ("docker", DockerSandbox, None),
 ])  # fmt: skip
 def test_sandbox_configs_are_factories(choice, cls, isolation):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"sandbox={choice}"])
     make = instantiate(cfg.sandbox)
-    sb = make()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sb = make()
     assert isinstance(sb, cls) and isinstance(sb, Sandbox)
     if isolation:
         assert sb.isolation == isolation
+    unsafe = [w for w in caught if issubclass(w.category, UnsafeSandboxWarning)]
+    assert len(unsafe) == (1 if choice == "unsafe_local" else 0)
+
+
+def test_default_config_isolates():
+    """The CPU default ran the agent as host root (sandbox=local, isolation none)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config")
+    assert cfg.sandbox.isolation == "bwrap"
+    assert LocalSandbox().isolation == "bwrap"  # and so does the class
 
 
 def test_bad_isolation_is_a_value_error():

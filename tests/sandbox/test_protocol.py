@@ -117,8 +117,8 @@ def test_diff_against_baseline(sandbox, tmp_path):
 
 
 def test_gateway_only_network(sandbox, gateway_stub, other_server):
-    if sandbox_kind(sandbox) == "local":
-        pytest.skip("the plain local backend shares the host network by design (use isolation=bwrap)")
+    if sandbox_kind(sandbox) == "unsafe_local":
+        pytest.skip("unsafe_local shares the host network by design")
     ifaces = sandbox.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '").stdout.split()
     assert ifaces == ["lo"]
     # the gateway under any local host name: inside, the relay answers on 127.0.0.1 at its port
@@ -182,7 +182,7 @@ def sandbox_kind(sb) -> str:
     from polar_pl.sandbox.local import LocalSandbox
 
     if isinstance(sb, LocalSandbox):
-        return "local" if sb.isolation == "none" else "bwrap"
+        return "unsafe_local" if sb.isolation == "none" else "bwrap"
     return "docker"
 
 

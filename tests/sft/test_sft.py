@@ -14,6 +14,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from rich.console import Console
@@ -27,7 +28,6 @@ from polar_pl.testing.scripted import serve_scripted
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 TASKS = ["calc-1", "graphkit-3", "strkit-1"]
 SOLVED = {"calc-1", "graphkit-3"}
 GROUP_SIZE = 2
@@ -63,7 +63,7 @@ def sft_cfg(upstream, out_dir: Path, tiny_model_dir: Path, *extra: str):
         f"sft.output_dir={out_dir}",
         *extra,
     ]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = compose(config_name="sft", overrides=overrides, return_hydra_config=True)
     HydraConfig().set_config(cfg)
     return cfg

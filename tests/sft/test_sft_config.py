@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
+from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
@@ -13,12 +12,10 @@ from polar_pl.datamodule.pools import FAILED, OK, TIMEOUT, RolloutResult
 from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.sft.run import SFTOptions, resolved_config_yaml, verdict
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def test_sft_config_reuses_the_training_groups(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("POLAR_TINY_MODEL", str(tiny_model_dir))
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = compose(
             config_name="sft", overrides=["harness=pi", "merge=per_request"], return_hydra_config=True
         )

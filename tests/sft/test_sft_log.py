@@ -55,3 +55,24 @@ def test_resuming_under_other_settings_is_refused_by_name(tmp_path):
         RolloutLog(tmp_path, {**FP, "group_size": 4})
     fresh = RolloutLog(tmp_path, {**FP, "group_size": 4}, resume=False)
     assert fresh.done == set() and not (tmp_path / "rollouts.jsonl").exists()
+
+
+def test_stats_keep_infrastructure_failures_apart(tmp_path):
+    """An attempt the infrastructure lost is not a rejected model attempt: it is counted by kind and
+    left out of the acceptance rate and the mean reward."""
+    from polar_pl.sft.export import compute_stats
+
+    def attempt(i, status, reason, reward, kind=None):
+        info = {"infra_kind": kind} if kind else {}
+        return {"rollout_id": f"g0-r{i}", "task_id": "t0", "status": status, "reason": reason,
+                "reward": reward, "info": info}  # fmt: skip
+
+    log = RolloutLog(tmp_path, FP)
+    log.append({"seq": 0, "task_id": "t0", "attempts": [
+        attempt(0, "ok", "accepted", 1.0), attempt(1, "failed", "failed", 0.0),
+        attempt(2, "infra_failure", "infra_failure", 0.0, "image"),
+        attempt(3, "infra_failure", "infra_failure", 0.0, "exec"),
+    ]})  # fmt: skip
+    stats = compute_stats(log, [], [], num_groups=1)
+    assert stats["attempts"] == 2 and stats["acceptance_rate"] == 0.5 and stats["mean_reward"] == 0.5
+    assert stats["infra_failures"] == {"exec": 1, "image": 1} and stats["rejected"] == {"failed": 1}

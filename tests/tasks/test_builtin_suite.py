@@ -1,5 +1,6 @@
-"""The built-in suite checks itself in each sandbox backend: every reference patch resolves its
-task, and every unpatched repository fails its FAIL_TO_PASS tests while passing PASS_TO_PASS."""
+"""The built-in suite checks itself in each sandbox backend and under both test runners: every
+reference patch resolves its task, and every unpatched repository fails its FAIL_TO_PASS tests while
+passing PASS_TO_PASS. (Docker runs the pytest runner in the adversarial suite, with the bundle.)"""
 
 from __future__ import annotations
 
@@ -48,10 +49,10 @@ def test_patches_apply_to_their_snapshots(tmp_path):
     assert not failures, failures
 
 
-def _check_all(factory) -> None:
+def _check_all(factory, runner: str = "unittest") -> None:
     evaluator = SandboxEvaluator(factory, per_test_timeout_s=60, timeout_s=300)
     try:
-        checks = check_suite(BuiltinTaskSource().tasks(), evaluator, workers=2)
+        checks = check_suite(BuiltinTaskSource(runner=runner).tasks(), evaluator, workers=2)
     finally:
         evaluator.close()
     report = [
@@ -72,3 +73,10 @@ def test_suite_self_check_local(local_factory):
 @pytest.mark.slow
 def test_suite_self_check_docker(docker_factory):
     _check_all(docker_factory)
+
+
+@pytest.mark.slow
+def test_suite_self_check_local_pytest(local_factory):
+    """The same tasks under pytest (node ids, SWE-bench's log parser and grading): every reference
+    fix resolves and every unpatched repository fails, as under unittest."""
+    _check_all(local_factory, "pytest")

@@ -4,9 +4,9 @@ takes the sandbox factory from the `sandbox/` group (what train.py and the DataM
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -15,8 +15,6 @@ from polar_pl.tasks.answer import AnswerEvaluator
 from polar_pl.tasks.evaluator import SandboxEvaluator
 from polar_pl.tasks.learnable import LearnableTaskSource
 from polar_pl.tasks.sources import BuiltinTaskSource, SWEBenchTaskSource, TaskSource
-
-CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def _task_cfg(name: str, **over):
@@ -30,7 +28,7 @@ def test_builtin_option_scores_in_the_configured_sandbox():
     cfg = _task_cfg("builtin", instance_ids=["graphkit-3"])
     source = instantiate(cfg.task)
     assert isinstance(source, BuiltinTaskSource) and isinstance(source, TaskSource)
-    sandbox_factory = instantiate(OmegaConf.create({"sandbox": OmegaConf.load(CONF / "sandbox" / "local.yaml")}).sandbox,
+    sandbox_factory = instantiate(OmegaConf.create({"sandbox": OmegaConf.load(CONF / "sandbox" / "bwrap.yaml")}).sandbox,
                                   owner="pytest", harness_prefix=None)  # fmt: skip
     evaluator = source.make_evaluator(sandbox_factory)
     assert isinstance(evaluator, SandboxEvaluator) and evaluator.reward == "binary"

@@ -55,7 +55,7 @@ HOOK_FROM_TEST_PACKAGE_PATCH = """diff --git a/tests/__init__.py b/tests/__init_
 +unittest.TestCase.run = lambda self, result=None: result.addSuccess(self)
 """
 
-# ... and from the code under test itself (kept, but the runner notices and marks an error).
+# ... and from the code under test itself (kept, but the guard notices: tampering).
 HOOK_FROM_SOURCE_PATCH = """diff --git a/strkit/__init__.py b/strkit/__init__.py
 --- a/strkit/__init__.py
 +++ b/strkit/__init__.py
@@ -172,12 +172,12 @@ def test_hooking_unittest_from_the_test_package_is_reverted(evaluator, builtin_t
 
 
 def test_hooking_unittest_from_the_source_is_caught(evaluator, builtin_tasks):
+    """Even with the real fix in the patch: replacing the test machinery is tampering, reward 0."""
     task = builtin_tasks["strkit-1"]
     res = evaluator.evaluate(evaluator.prewarm(task), task.patch + HOOK_FROM_SOURCE_PATCH)
     assert res.reward == 0.0 and res.restored_test_files == ()
-    # The first test to import the package reports it; the machinery is restored for the others.
-    assert res.status == "unresolved" and res.tests[0].outcome == "error"
-    assert "modified the test machinery: TestCase.run" in res.tests[0].detail
+    assert res.status == "tampering" and res.reason.startswith("tampering: ")
+    assert "test machinery replaced: unittest.case:TestCase.run" in res.tampering
 
 
 def test_protected_paths():

@@ -12,14 +12,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from fixture_paths import REPO
 
-from polar_pl.gateway.store.records import SessionInfo
+from polar_pl.gateway.store.records import SessionInfo, hash_token
 from polar_pl.gateway.store.traces import TraceStore, read_records
 from polar_pl.monitor.rollouts import read_rollouts
 from polar_pl.utils.serving import ServerThread
 from polar_pl.viewer.app import create_app
 
-REPO = Path(__file__).resolve().parents[2]
 ARTEFACTS = REPO / "outputs" / "test-artefacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-dev-shm-usage",
@@ -48,7 +48,9 @@ def add_break_session(store_path: Path) -> None:
     store = TraceStore(store_path)
     try:
         store.put_session(
-            SessionInfo(BREAKS, token="viewer-test-token", task_id=first.task_id, harness="mini")
+            SessionInfo(
+                BREAKS, token_hash=hash_token("viewer-test-token"), task_id=first.task_id, harness="mini"
+            )
         )
         for rec in calls:
             store.append(rec).result(10)
@@ -75,6 +77,12 @@ def page():
         browser.close()
 
 
+def follow(page, selector: str) -> None:
+    """Click a link and wait for the page it opens."""
+    with page.expect_navigation():
+        page.click(selector)
+
+
 def shot(page, tmp_path: Path, name: str) -> None:
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(tmp_path / name), full_page=True)
@@ -86,10 +94,10 @@ def test_runs_steps_groups_sessions_and_a_session_page(viewer, page, tmp_path):
     lines = read_rollouts(run)
     page.goto(url)
     assert page.locator("#runs tr").count() == 2  # header + this run
-    page.click(f"text={run.name}")
+    follow(page, f"#runs a:text-is('{run.name}')")
     assert page.locator("#steps tr").count() == 3  # header + 2 steps
     assert "none" in page.locator("#steps tr").nth(1).inner_text()  # no chain breaks in one-call sessions
-    page.click("text=step 1")
+    follow(page, "#steps a:text-is('step 1')")
     step1 = [x for x in lines if x["step"] == 1]
     assert page.locator("table.sessions tr").count() == 1 + len(step1)
     assert page.locator("h2.group").inner_text() == f"group {step1[0]['group_id']}"
@@ -97,7 +105,7 @@ def test_runs_steps_groups_sessions_and_a_session_page(viewer, page, tmp_path):
     assert shown == pytest.approx(sorted(x["reward"] for x in step1), abs=5e-4)
 
     target = step1[0]
-    page.click(f"text={target['rollout_id']}")
+    follow(page, f"a.session-link:text-is('{target['rollout_id']}')")
     assert page.locator("#reward").inner_text() == f"{target['reward']:.3f}"
     call = page.locator("#calls tr.call").first
     cells = call.locator("td").all_inner_texts()
@@ -120,6 +128,7 @@ def test_runs_steps_groups_sessions_and_a_session_page(viewer, page, tmp_path):
 def test_chain_breaks_are_marked_and_side_calls_set_apart(viewer, page, tmp_path):
     url, _ = viewer
     page.goto(f"{url}/session/{BREAKS}?run=0")
+    assert page.locator("#reward").inner_text() == "-"  # not a trained attempt: no reward recorded
     heads = page.locator("#rows .row-head").all_inner_texts()
     assert len(heads) == 2 and "first row" in heads[0] and "calls 0, 1 " in heads[0]
     assert "chain break: compaction" in heads[1] and "calls 3 " in heads[1]

@@ -13,12 +13,18 @@ must produce the same ids as vLLM for the same request. What vLLM does before th
 - tools are passed as {"type": "function", "function": {"name", "description", "parameters"}}
   with None kept for a missing description/parameters (vLLM's pydantic dump);
 - the rendered text is tokenized without special tokens added.
+
+One deliberate difference: control strings inside message text (`<|im_end|>`, `<|im_start|>`,
+`<tool_call>` ... in content, reasoning, tool-call arguments or tool schemas) are tokenized as
+text, not as control tokens (chat/controls.py); vLLM would let a tool result open a system turn.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from polar_pl.chat.controls import Shield
 
 _BILLING_HEADER = "x-anthropic-billing-header"
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -147,11 +153,34 @@ def render_chat(
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[str, list[int]]:
     """Returns (prompt text, prompt token ids)."""
-    conversation = conversation_for_template(messages)
+    marked, shield = render_marked(
+        tokenizer,
+        messages,
+        tools,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        chat_template_kwargs=chat_template_kwargs,
+    )
+    return shield.restore(marked), shield.encode(marked)
+
+
+def render_marked(
+    tokenizer,
+    messages: list[Any],
+    tools: list[Any] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> tuple[str, Shield]:
+    """The rendered text with message-borne control strings as sentinels, and the `Shield` that
+    encodes it (`shield.encode(text[i:])` gives the ids of any part of it)."""
+    shield = Shield(tokenizer)
+    conversation = shield.protect(conversation_for_template(messages))
     try:
         text = tokenizer.apply_chat_template(
             conversation,
-            tools=tools_for_template(tools),
+            tools=shield.protect(tools_for_template(tools)),
             add_generation_prompt=add_generation_prompt and not continue_final_message,
             continue_final_message=continue_final_message,
             tokenize=False,
@@ -161,5 +190,4 @@ def render_chat(
         raise
     except Exception as exc:  # jinja errors (TemplateError, TypeError in filters) are the caller's input
         raise RenderError(f"chat template failed on these messages: {exc}") from exc
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return text, ids
+    return text, shield

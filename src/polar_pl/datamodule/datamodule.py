@@ -41,8 +41,13 @@ class RolloutDataModule(L.LightningDataModule):
     sandbox: a zero-argument factory returning a fresh Sandbox (Hydra `_partial_: true`).
     tasks: an indexable task source; evaluator: scores attempts; builder: the merge strategy.
     groups_per_step: GRPO groups per batch; group_size: attempts per task (G).
-    max_staleness: rows whose oldest sampled token is more than this many policy versions behind
-        the engine are dropped (and counted); None keeps everything.
+    max_staleness: a rollout whose oldest sampled token is more than this many policy versions
+        behind the engine is dropped whole (all its rows, counted); None keeps everything.
+    stale_unit: "rollout" drops the stale rollouts of a group; "group" drops the whole group when
+        any of its rollouts is stale (its baseline is then never computed on survivors).
+    dynamic_sampling: DAPO's dynamic sampling: a group whose rollouts all scored the same carries
+        no GRPO signal, so more groups are drawn until `groups_per_step` groups with signal are in
+        the batch, or `max_groups_drawn` groups were drawn (null: 4 x groups_per_step).
     gateway_options: passed to the gateway; by default it gets the engine's model directory as
         `tokenizer_dir`, which turns token-faithful prompts on (both engines take token prompts).
     pause_on_push: while new weights are pushed, new engine calls wait at the gateway; "drain"
@@ -66,6 +71,9 @@ class RolloutDataModule(L.LightningDataModule):
         max_groups_in_flight: int | None = None,
         group_deadline_s: float | None = None,
         max_staleness: int | None = 1,
+        stale_unit: str = "rollout",
+        dynamic_sampling: bool = False,
+        max_groups_drawn: int | None = None,
         options: RolloutOptions | dict[str, Any] | None = None,
         collate_mode: str = "pack",
         token_budget: int | None = None,
@@ -82,12 +90,18 @@ class RolloutDataModule(L.LightningDataModule):
         self.sizes = pools if isinstance(pools, PoolSizes) else PoolSizes(**(pools or {}))
         self.max_groups_in_flight = max_groups_in_flight or 2 * groups_per_step
         self.group_deadline_s, self.max_staleness = group_deadline_s, max_staleness
+        if stale_unit not in ("rollout", "group"):
+            raise ValueError(f"datamodule.stale_unit={stale_unit!r}: allowed values are rollout, group")
+        self.stale_unit, self.dynamic_sampling = stale_unit, dynamic_sampling
+        self.max_groups_drawn = max_groups_drawn or 4 * groups_per_step
         self.options = options if isinstance(options, RolloutOptions) else RolloutOptions(**(options or {}))
         self.collate_mode, self.token_budget = collate_mode, token_budget
         self.store_path, self.gateway_options = store_path, dict(gateway_options or {})
         self.progress = progress
         if pause_on_push not in (None, "drain", "keep"):
-            raise ValueError(f"datamodule.pause_on_push={pause_on_push!r}: allowed values are drain, keep, null")
+            raise ValueError(
+                f"datamodule.pause_on_push={pause_on_push!r}: allowed values are drain, keep, null"
+            )
         self.pause_on_push = pause_on_push
         self.rollout = rollout or LocalRollout()
         self.gateway: Gateway | None = None  # rollout=local: the in-process gateway
@@ -193,22 +207,39 @@ class RolloutDataModule(L.LightningDataModule):
         return DataLoader(_Batches(self), batch_size=None, num_workers=0)
 
     def next_batch(self, timeout: float | None = None) -> TrainBatch:
-        """Take groups_per_step released groups, drop stale rows, collate. When every row was
-        dropped (all stale or failed), take the next groups instead of yielding an empty step.
-        The groups count as consumed (for resume) only when `commit_batch` says a step trained
-        on them."""
+        """Take groups_per_step released groups, drop stale rollouts, collate. Groups left without
+        rows (all stale or failed) are replaced by the next ones instead of yielding an empty
+        step; with dynamic sampling, so are groups without reward variance (up to
+        max_groups_drawn). The groups count as consumed (for resume) only when `commit_batch`
+        says a step trained on them."""
         service = self._start_service()
         t0 = time.monotonic()
         seqs: list[int] = []
         groups: list[Group] = []
         rows: list[TrajectoryRow] = []
-        while not rows:
-            taken = service.next_groups(self.groups_per_step, timeout=timeout, consume=False)
+        flat: list[TrajectoryRow] = []  # rows of groups without signal, trained only if nothing else came
+        kept = 0
+        while kept < self.groups_per_step:
+            taken = service.next_groups(self.groups_per_step - kept, timeout=timeout, consume=False)
             seqs += [g.seq for g in taken]
             groups += taken
-            rows = self._fresh_rows(taken)
-            if not rows:
+            for g in taken:
+                g_rows = self._fresh_rows([g])
+                if self.dynamic_sampling and g_rows and not _has_signal(g_rows):
+                    self.counters["groups_without_signal"] += 1
+                    flat += g_rows
+                elif g_rows:
+                    rows += g_rows
+                    kept += 1
+            if (
+                (rows and not self.dynamic_sampling)
+                or len(groups) >= self.max_groups_drawn
+                and (rows or flat)
+            ):
+                break
+            if not rows and not flat:
                 self.counters["batches_without_rows"] += 1
+        rows = rows or flat
         wait_s = time.monotonic() - t0
         self.wait_total_s += wait_s
         budget = self.token_budget or max(len(r.input_ids) for r in rows)
@@ -216,7 +247,9 @@ class RolloutDataModule(L.LightningDataModule):
             rows, mode=self.collate_mode, token_budget=budget, pad_id=getattr(self.engine, "pad_token_id", 0)
         )
         self._issued.append(seqs)
-        self._batch_metrics.append(self._metrics(groups, rows, batch, wait_s))
+        metrics = self._metrics(groups, rows, batch, wait_s)
+        metrics["rollout/groups_drawn"] = float(len(groups))
+        self._batch_metrics.append(metrics)
         self._batch_groups.append(groups)
         return batch
 
@@ -256,32 +289,47 @@ class RolloutDataModule(L.LightningDataModule):
         return self._batch_groups[0] if self._batch_groups else []
 
     def _fresh_rows(self, groups: list[Group]) -> list[TrajectoryRow]:
+        """The rows of `groups` without the stale rollouts (or groups, by `stale_unit`)."""
         current = self.engine.policy_version()
         rows: list[TrajectoryRow] = []
         for g in groups:
             self.counters["groups"] += 1
             self.counters["groups_incomplete"] += int(not g.complete)
-            for r in g.results:
+            stale = [self._stale(r.rows, current) for r in g.results]
+            if self.stale_unit == "group" and any(stale):
+                self.counters["groups_stale_dropped"] += 1
+                stale = [bool(r.rows) for r in g.results]
+            for r, is_stale in zip(g.results, stale, strict=True):
                 self.counters[f"sessions_{r.status}"] += 1
-                for row in r.rows:
-                    versions = [v for v, m in zip(row.policy_version, row.loss_mask) if m]
-                    if (
-                        self.max_staleness is not None
-                        and versions
-                        and current - min(versions) > self.max_staleness
-                    ):
-                        self.counters["rows_stale_dropped"] += 1
-                        continue
-                    rows.append(row)
+                if is_stale:
+                    self.counters["rollouts_stale_dropped"] += 1
+                    self.counters["rows_stale_dropped"] += len(r.rows)
+                else:
+                    rows.extend(r.rows)
         return rows
 
+    def _stale(self, rows: Sequence[TrajectoryRow], current: int) -> bool:
+        """A rollout is stale when its oldest sampled token is past max_staleness."""
+        if self.max_staleness is None:
+            return False
+        versions = [v for row in rows for v, m in zip(row.policy_version, row.loss_mask) if m]
+        return bool(versions) and current - min(versions) > self.max_staleness
+
     def _metrics(self, groups: list[Group], rows: list[TrajectoryRow], batch: TrainBatch, wait_s: float):
-        results = [r for g in groups for r in g.results if r.status != INFRA_FAILURE]  # masked: no reward
+        every = [r for g in groups for r in g.results]
+        # infrastructure failures say nothing about the policy: out of the reward statistics
+        results = [r for r in every if _infra_kind(r) is None]
         rewards = [r.reward for r in results]
+        infra = Counter(k for r in every if (k := _infra_kind(r)) is not None)
         m: dict[str, float] = {
+            "rollout/infra_failures": float(sum(infra.values())),
+            **{f"rollout/infra_failures/{kind}": float(n) for kind, n in infra.items()},
             "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
             "rollout/pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
-            "rollout/sessions": len(results),
+            # share of attempts the evaluator caught reaching for the evaluation itself (reward 0)
+            "rollout/tampering": sum(r.info.get("eval_status") == "tampering" for r in results) / len(results)
+            if results else 0.0,
+            "rollout/sessions": len(every),
             "rollout/rows": len(rows),
             "rollout/trainable_tokens": sum(r.num_trainable for r in rows),
             "rollout/wait_s": wait_s,
@@ -352,6 +400,22 @@ class RolloutDataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume = dict(state_dict)
         self.batches_done = int(state_dict.get("batches_done", 0))
+
+
+def _has_signal(rows: Sequence[TrajectoryRow]) -> bool:
+    """Whether the task rollouts of a group's rows scored differently (side rows do not count)."""
+    rewards = {r.rollout_id: r.reward for r in rows if r.meta.get("call_kind") != "side"}
+    return len(rewards) > 1 and max(rewards.values()) - min(rewards.values()) > 1e-8
+
+
+def _infra_kind(result) -> str | None:
+    """The infrastructure failure of an attempt: a sandbox one (its kind), a harness error the
+    records blame on the engine or gateway ("harness"), or None (the policy's own attempt)."""
+    if result.status == INFRA_FAILURE:
+        return result.info.get("infra_kind", "unknown")
+    if result.info.get("harness_error") == "infra":
+        return "harness"
+    return None
 
 
 class _Batches(IterableDataset):

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.sandbox.infra import InfraError
 
 OK, TIMEOUT, FAILED = "ok", "timeout", "failed"
-# The infrastructure failed the attempt (a lost worker or node, retries spent): masked, never
-# trained as reward 0.
-INFRA_FAILURE = "infra_failure"
 HARNESS_ERROR = "harness_error"  # the CLI exited non-zero or got an API error (datamodule/outcome.py)
+# The infrastructure failed (sandbox start, image, exec, copy, host; a lost rollout worker or node
+# with its retries spent), not the policy: never trained.
+INFRA_FAILURE = "infra_failure"
 
 
 @dataclass(slots=True)
@@ -44,11 +45,15 @@ class RolloutJob:
     deadline: float | None = None
     state: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    infra_kind: str | None = None  # set with status INFRA_FAILURE: start / image / exec / copy / host
 
     def fail(self, stage: str, exc: BaseException | str) -> None:
+        """Record a failure; an `InfraError` makes it an infrastructure failure of its kind."""
         self.status = FAILED
         self.failed_stage = stage
         self.error = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, InfraError):
+            self.status, self.infra_kind = INFRA_FAILURE, exc.kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +166,7 @@ class StagePools:
         }
         self.statuses: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
+        self.infra: Counter[str] = Counter()  # infrastructure failures by kind, since the start
         self._workers: list[asyncio.Task] = []
         self._live: dict[str, RolloutJob] = {}
 
@@ -194,7 +200,7 @@ class StagePools:
                     await self.stages.init(job)
                 except Exception as exc:  # noqa: BLE001 — any stage failure is recorded, pools go on
                     job.fail("init", exc)
-            if job.status == FAILED:
+            if job.status in (FAILED, INFRA_FAILURE):
                 await self._finish_failed(job)
             else:
                 await self.ready_q.put(job)  # blocks while READY is full: backpressure
@@ -202,14 +208,14 @@ class StagePools:
     async def _run_worker(self) -> None:
         while True:
             job = await self.ready_q.get()
-            job.deadline = time.monotonic() + self.sizes.run_timeout_s
+            # a task's own agent timeout (Harbor's [agent].timeout_sec) can only shorten the pool's
+            limit = min(self.sizes.run_timeout_s, getattr(job.task, "agent_timeout_s", None) or float("inf"))
+            job.deadline = time.monotonic() + limit
             with _busy(self.busy["running"]), _timed(job, "running"):
                 try:
-                    await asyncio.wait_for(
-                        self.stages.run(job), self.sizes.run_timeout_s + self.sizes.cancel_grace_s
-                    )
+                    await asyncio.wait_for(self.stages.run(job), limit + self.sizes.cancel_grace_s)
                 except TimeoutError:
-                    job.status, job.error = TIMEOUT, f"RUNNING exceeded {self.sizes.run_timeout_s:.0f}s"
+                    job.status, job.error = TIMEOUT, f"RUNNING exceeded {limit:.0f}s"
                 except Exception as exc:  # noqa: BLE001
                     job.fail("running", exc)
             await self.post_q.put(job)  # timeouts and failures still go through POSTRUN
@@ -244,6 +250,8 @@ class StagePools:
 
     def _publish(self, result: RolloutResult) -> None:
         self.statuses[result.status] += 1
+        if result.status == INFRA_FAILURE:
+            self.infra[result.info.get("infra_kind", "unknown")] += 1
         if result.failed_stage:
             self.failures[result.failed_stage] += 1
         self.results.put_nowait(result)
@@ -263,6 +271,8 @@ class StagePools:
             m[f"pool/sessions_{status}"] = n
         for stage, n in self.failures.items():
             m[f"pool/failures_{stage}"] = n
+        for kind, n in self.infra.items():
+            m[f"pool/infra_failures/{kind}"] = n
         return m
 
 
@@ -271,11 +281,12 @@ def _failed_result(job: RolloutJob) -> RolloutResult:
         rollout_id=job.rollout_id,
         group_id=job.group_id,
         task_id=str(getattr(job.task, "instance_id", job.task)),
-        status=FAILED,
+        status=job.status if job.status == INFRA_FAILURE else FAILED,
         reward=0.0,
         error=job.error,
         failed_stage=job.failed_stage,
         timings=dict(job.timings),
+        info={"infra_kind": job.infra_kind} if job.infra_kind else {},
     )
 
 

@@ -8,6 +8,11 @@ POSTRUN  evaluate the patch and answer in the pre-warmed sandbox (never the agen
          session's trace records, build trajectory rows with the reward.
 cleanup  stop the sandbox, release the evaluator handle, end the gateway session.
 
+Infrastructure failures (`InfraError` from the sandbox, or an evaluation that reports
+`infra_failure`) end the attempt with status `infra_failure`: no rows, whatever the options say.
+`prefetch` (called by the rollout service for the tasks ahead of its cursor) asks the sandbox
+factory to start pulling / building their images, so INIT finds them ready.
+
 Blocking work (docker, subprocesses, HTTP) runs in worker threads via `asyncio.to_thread`.
 """
 
@@ -20,14 +25,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from polar_pl.datamodule.outcome import INFRA, classify
-from polar_pl.datamodule.pools import FAILED, HARNESS_ERROR, OK, TIMEOUT, RolloutJob, RolloutResult
+from polar_pl.datamodule.pools import (
+    FAILED,
+    HARNESS_ERROR,
+    INFRA_FAILURE,
+    OK,
+    TIMEOUT,
+    RolloutJob,
+    RolloutResult,
+)
 from polar_pl.datamodule.trajectory.base import TrajectoryBuilder
 from polar_pl.gateway.handle import Gateway
 from polar_pl.harness.protocol import GatewaySession, Harness
 from polar_pl.harness.run import run_harness
+from polar_pl.sandbox.infra import InfraError
 from polar_pl.sandbox.protocol import Sandbox
 from polar_pl.tasks.evaluator import Evaluator
-from polar_pl.tasks.workspace import prepare_workspace
+from polar_pl.tasks.workspace import new_sandbox, prepare_workspace
 
 TIMEOUT_POLICIES = ("train_zero", "mask")
 
@@ -65,9 +79,21 @@ class HarnessRolloutStages:
         self.gateway, self.sandbox_factory, self.harness = gateway, sandbox_factory, harness
         self.evaluator, self.builder, self.options = evaluator, builder, options
 
+    @property
+    def prefetch_depth(self) -> int:
+        """How many tasks ahead of the cursor the service should hand to `prefetch`."""
+        return int(getattr(self.sandbox_factory, "prefetch_tasks", 0) or 0)
+
+    def prefetch(self, tasks: list[Any]) -> None:
+        """Start making the images of these upcoming tasks present (returns at once)."""
+        fetch = getattr(self.sandbox_factory, "prefetch", None)
+        images = [(t.image, t.image_context) for t in tasks if getattr(t, "image", None)]
+        if fetch is not None and images:
+            fetch(images)
+
     async def init(self, job: RolloutJob) -> None:
         def start() -> None:
-            sandbox = self.sandbox_factory()
+            sandbox = new_sandbox(self.sandbox_factory, job.task)
             job.state["sandbox"] = sandbox  # set before start(): cleanup must see a half-started one
             sandbox.start()
             prepare_workspace(job.task, sandbox, setup_timeout=self.options.setup_timeout_s)
@@ -119,6 +145,8 @@ class HarnessRolloutStages:
             info.update(eval_status=ev.status, eval_reason=ev.reason, tests=ev.counts())
             if ev.status == "error":
                 job.fail("postrun", f"evaluator: {ev.reason}")
+            elif ev.status == "infra_failure":
+                job.fail("postrun", InfraError(ev.infra_kind or "start", f"evaluator: {ev.reason}"))
         session = job.state.get("session")
         if session is not None:
             info["session_id"] = session.session_id
@@ -126,7 +154,8 @@ class HarnessRolloutStages:
         built = self.builder.build(records, reward=reward, status=job.status, harness=self.harness.name)
         rows = built.rows
         masked = (
-            (job.status == TIMEOUT and self.options.timeout_policy == "mask")
+            job.status == INFRA_FAILURE
+            or (job.status == TIMEOUT and self.options.timeout_policy == "mask")
             or (job.status == FAILED and not self.options.keep_failed_rows)
             or (job.status == HARNESS_ERROR and job.state.get("cause") == INFRA)
         )
@@ -134,6 +163,8 @@ class HarnessRolloutStages:
             rows = []
         if job.status == HARNESS_ERROR:
             info["harness_error"] = job.state.get("cause")
+        if job.infra_kind:
+            info["infra_kind"] = job.infra_kind
         info.update(calls=len(records), merge=built.stats.to_metrics("merge"), masked=masked)
         return RolloutResult(
             rollout_id=job.rollout_id,

@@ -214,6 +214,7 @@ class RolloutService:
             if seq in self._taken:
                 continue
             task = await self._task(seq)
+            self._prefetch(seq)
             group_id = f"{self.id_prefix}-g{seq}"
             ids = [f"{group_id}-r{m}" for m in range(self.group_size)]
             pending[group_id] = _Pending(seq, task, ids, time.monotonic())
@@ -226,6 +227,14 @@ class RolloutService:
             await wait(seq)
             return self.tasks[seq]
         return self.tasks[seq % len(self.tasks)]
+
+    def _prefetch(self, seq: int) -> None:
+        """Hand the stages the tasks that come after `seq` (images pulled ahead of the cursor)."""
+        depth = int(getattr(self.stages, "prefetch_depth", 0) or 0)
+        if depth and not hasattr(self.tasks, "wait"):  # a task queue has no known future
+            end = seq + 1 + depth if self.limit is None else min(seq + 1 + depth, self.limit)
+            upcoming = range(seq, end)
+            self.stages.prefetch([self.tasks[s % len(self.tasks)] for s in upcoming if s not in self._taken])
 
     async def _collect(self, pending: dict[str, _Pending]) -> None:
         assert self.pools is not None

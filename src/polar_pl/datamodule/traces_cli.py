@@ -3,8 +3,8 @@
     polar-pl traces export --store runs/traces.db --merge prefix --out rows.jsonl
     polar-pl traces export --store runs/traces.db --merge per_request --out rows.parquet
 
-The builder comes from the Hydra group file conf/merge/<name>.yaml (`_target_`), so the export
-merges exactly as training does. Rewards are not in the store; `--rewards FILE` (JSON object
+The builder comes from the Hydra group file conf/merge/<name>.yaml (`_target_`; package data
+of polar_pl.conf, so an installed wheel has it too), so the export merges exactly as training does. Rewards are not in the store; `--rewards FILE` (JSON object
 session id -> reward) attaches them. Prints per-session and batch stats: calls, rows, compression
 ratio (per-call tokens / row tokens), breaks by kind.
 """
@@ -16,6 +16,7 @@ import json
 import sqlite3
 import sys
 from dataclasses import asdict, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,12 @@ from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.datamodule.trajectory import BreakKind, MergeStats, TrajectoryBuilder
 from polar_pl.gateway.store.records import TraceRecord
 
-CONF_MERGE = Path(__file__).resolve().parents[3] / "conf" / "merge"
+CONF_MERGE = resources.files("polar_pl.conf") / "merge"
 FORMATS = (".jsonl", ".parquet")
 
 
 def merge_choices() -> list[str]:
-    return sorted(p.stem for p in CONF_MERGE.glob("*.yaml"))
+    return sorted(p.name.removesuffix(".yaml") for p in CONF_MERGE.iterdir() if p.name.endswith(".yaml"))
 
 
 def load_builder(name: str) -> TrajectoryBuilder:
@@ -41,9 +42,9 @@ def load_builder(name: str) -> TrajectoryBuilder:
     from omegaconf import OmegaConf
 
     path = CONF_MERGE / f"{name}.yaml"
-    if not path.exists():
+    if not path.is_file():
         raise ValueError(f"merge={name!r}: allowed {merge_choices()}")
-    return instantiate(OmegaConf.load(path))
+    return instantiate(OmegaConf.create(path.read_text()))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

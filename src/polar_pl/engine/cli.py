@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from polar_pl.utils import tokens
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -24,6 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reasoning-parser", default=None, choices=["qwen3"], help="split <think> output into `reasoning`"
     )
+    tokens.add_arguments(
+        parser,
+        "file holding the bearer token for POST /update_weights_from_disk "
+        "(default: $POLAR_ADMIN_TOKEN; neither: weight updates are off)",
+    )
     parser.add_argument("--log-level", default="info")
 
 
@@ -38,6 +45,15 @@ def run(args: argparse.Namespace) -> int:
     if not (Path(args.model) / "config.json").exists():
         print(f"polar-pl engine: no config.json in {args.model}")
         return 2
+    try:
+        token = tokens.admin_token(args.admin_token_file)
+    except (OSError, ValueError) as exc:
+        print(f"polar-pl engine: {exc}")
+        return 2
+    if token is None:
+        print(
+            "polar-pl engine: no admin token (--admin-token-file, $POLAR_ADMIN_TOKEN): weight updates are off"
+        )
     backend = TransformersBackend(
         args.model,
         model_name=args.served_model_name or args.model,
@@ -48,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         num_threads=args.threads or default_threads(),
     )
     uvicorn.run(
-        create_app(backend, reasoning_parser=args.reasoning_parser),
+        create_app(backend, reasoning_parser=args.reasoning_parser, admin_token=token),
         host=args.host,
         port=args.port,
         log_level=args.log_level,

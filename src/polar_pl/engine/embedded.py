@@ -5,6 +5,8 @@ mode="thread": model and server live in this process (uvicorn on a thread); weig
 a state dict are a direct in-memory copy, no serialization.
 mode="subprocess": `polar-pl engine` in a child process (isolates the GIL from the trainer);
 state-dict updates go through a safetensors directory and POST /update_weights_from_disk.
+Either way the weight route needs `admin_token` (made per engine; the child reads it from its
+environment, not its command line).
 
 num_threads sets torch's intra-op threads of the engine's scheduler thread only (torch keeps that
 setting per thread), so in thread mode the trainer's own torch threads are not changed; the two
@@ -13,6 +15,7 @@ still share the CPU cores, so on a small machine keep their sum at or below the 
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import threading
@@ -22,9 +25,10 @@ from typing import Literal, Self
 
 import httpx
 import torch
-from safetensors.torch import save_file
 
 from polar_pl.engine.process import ServerProcess, healthy
+from polar_pl.engine.weights import save_state_dict
+from polar_pl.utils import tokens
 from polar_pl.utils.serving import ServerThread, free_port
 
 # transformers builds a model under a process-global meta-device context: two replicas loading on
@@ -65,6 +69,7 @@ class EmbeddedEngine:
         self.num_threads = num_threads
         self.reasoning_parser = check_reasoning_parser(reasoning_parser)
         self.startup_timeout = startup_timeout
+        self.admin_token = tokens.new_token()
         self.backend = None  # TransformersBackend, thread mode only
         self._thread: ServerThread | None = None
         self._proc: ServerProcess | None = None
@@ -99,7 +104,9 @@ class EmbeddedEngine:
                     num_threads=self.num_threads,
                 )
             self._thread = ServerThread(
-                create_app(self.backend, reasoning_parser=self.reasoning_parser),
+                create_app(
+                    self.backend, reasoning_parser=self.reasoning_parser, admin_token=self.admin_token
+                ),
                 host=self.host,
                 port=self.port,
             )
@@ -129,7 +136,8 @@ class EmbeddedEngine:
                 cmd += ["--threads", str(self.num_threads)]
             if self.reasoning_parser:
                 cmd += ["--reasoning-parser", self.reasoning_parser]
-            self._proc = ServerProcess(cmd, self.url, name="embedded-engine")
+            env = os.environ | {tokens.ENV: self.admin_token}
+            self._proc = ServerProcess(cmd, self.url, env=env, name="embedded-engine")
             self._proc.start(self.startup_timeout)
         return self
 
@@ -159,7 +167,12 @@ class EmbeddedEngine:
     def update_weights_from_disk(self, path: str) -> int:
         if self.backend is not None:
             return self.backend.update_weights_from_disk(path)
-        r = httpx.post(f"{self.url}/update_weights_from_disk", json={"path": str(path)}, timeout=600)
+        r = httpx.post(
+            f"{self.url}/update_weights_from_disk",
+            json={"path": str(path)},
+            headers={"authorization": f"Bearer {self.admin_token}"},
+            timeout=600,
+        )
         r.raise_for_status()
         return int(r.json()["policy_version"])
 
@@ -168,13 +181,3 @@ class EmbeddedEngine:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def save_state_dict(state_dict: Mapping[str, torch.Tensor], out_dir: Path) -> Path:
-    """Write HF-named tensors as one safetensors file (tied tensors are cloned: safetensors refuses
-    shared storage)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
-    path = out_dir / "model.safetensors"
-    save_file(tensors, str(path), metadata={"format": "pt"})
-    return path

@@ -36,6 +36,8 @@ class EngineError(Exception):
 def _type_for(status: int) -> str:
     return {
         400: "BadRequestError",
+        401: "AuthenticationError",
+        403: "PermissionDeniedError",
         404: "NotFoundError",
         422: "UnprocessableEntityError",
         503: "ServiceUnavailableError",

@@ -149,3 +149,23 @@ class UpdateWeightsFromDiskRequest(_Base):
 
 
 ErrorType = Literal["BadRequestError", "NotFoundError", "InternalServerError"]
+
+
+class TokenizeRequest(_Base):
+    """vLLM's /tokenize: a completion prompt (`prompt`) or a chat (`messages`, rendered with the
+    chat template the way /v1/chat/completions renders it)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool | None = None  # vLLM: True for a prompt, False for a chat
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Base):
+    model: str | None = None
+    tokens: list[int]

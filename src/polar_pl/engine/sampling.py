@@ -1,7 +1,11 @@
 """Next-token sampling for a batch of sequences with per-sequence settings (vLLM semantics).
 
-Logprobs are those of the raw model distribution (vLLM's default `raw_logprobs`), not of the
-temperature/top-p adjusted one; temperature < 1e-5 means greedy.
+Logprobs are those of the distribution actually sampled from: after temperature, top-k and top-p
+(vLLM's `--logprobs-mode processed_logprobs`, which polar_pl's vLLM launcher sets), so the
+behaviour logprobs a trace records describe the sampling policy and the trainer can rebuild it
+(module/logprobs.py calls `processed_logits` too). Temperature < 1e-5 means greedy; greedy rows
+report the raw distribution, as vLLM does. A tool-call grammar masks the logits before any of
+this (engine/scheduler.py), as vLLM's structured outputs do.
 """
 
 from __future__ import annotations
@@ -77,21 +81,6 @@ def make_generator(params: SamplingParams, index: int, device: torch.device) -> 
     return gen
 
 
-def _filter_top_k_top_p(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """(V,) temperature-scaled logits with everything outside top-k / top-p set to -inf."""
-    if params.top_k > 0 and params.top_k < logits.numel():
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        drop = probs.cumsum(dim=-1) - probs >= params.top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
-    return logits
-
-
 def sample_batch(
     logits: torch.Tensor,
     params: list[SamplingParams],
@@ -108,18 +97,18 @@ def sample_batch(
     generator so their samples do not depend on what else is in the batch.
     """
     logits = logits.float()
-    logprobs = torch.log_softmax(logits, dim=-1)  # (B, V)
+    dev = logits.device
+    temps = torch.tensor([p.temperature for p in params], device=dev)
+    top_k = torch.tensor([p.top_k for p in params], device=dev)
+    top_p = torch.tensor([p.top_p for p in params], device=dev)
+    processed = processed_logits(logits, temps, top_k, top_p)  # (B, V); greedy rows: raw
+    logprobs = torch.log_softmax(processed, dim=-1)  # reported, as vLLM's processed_logprobs
     greedy = torch.argmax(logits, dim=-1)  # (B,)
     random_rows = [i for i, p in enumerate(params) if p.temperature >= _GREEDY_EPS]
     tokens = greedy.clone()
     if random_rows:
-        idx = torch.tensor(random_rows, device=logits.device)
-        temps = torch.tensor([params[i].temperature for i in random_rows], device=logits.device)
-        scaled = logits.index_select(0, idx) / temps.unsqueeze(1)  # (R, V)
-        for j, i in enumerate(random_rows):
-            if params[i].top_k > 0 or params[i].top_p < 1.0:
-                scaled[j] = _filter_top_k_top_p(scaled[j], params[i])
-        probs = torch.softmax(scaled, dim=-1)
+        idx = torch.tensor(random_rows, device=dev)
+        probs = torch.softmax(processed.index_select(0, idx), dim=-1)  # (R, V)
         # q = -log(u), u ~ U[0, 1): torch.rand is several times faster than exponential_ on CPU.
         u = torch.empty_like(probs)
         unseeded = [j for j, i in enumerate(random_rows) if generators[i] is None]

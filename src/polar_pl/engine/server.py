@@ -4,13 +4,15 @@ Routes (thin; conversion lives in `engine/serving.py`):
   POST /v1/chat/completions      chat, streaming or not, tools, logprobs, token ids
   POST /v1/completions           token-id (or text) prompt in, tokens + logprobs out
   GET  /v1/models, GET /health   discovery and liveness
-  POST /update_weights_from_disk {"path": DIR} -> {"policy_version": v}
+  POST /update_weights_from_disk {"path": DIR} -> {"policy_version": v}   (Bearer admin token;
+                                 off without one: weights must never come from a sandbox)
   GET  /policy_version, GET /weight_info (vLLM's shape), GET /stats
 Every response carries the header `x-policy-version`.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,6 +23,7 @@ from http import HTTPStatus
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from polar_pl.chat.reasoning import check_reasoning_parser, thinking_enabled
@@ -31,6 +34,8 @@ from polar_pl.engine.errors import EngineError, context_length_error, error_body
 from polar_pl.engine.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     UpdateWeightsFromDiskRequest,
 )
 
@@ -65,10 +70,14 @@ async def _guarded(lines: AsyncIterator[str], gen: AsyncIterator) -> AsyncIterat
 
 
 def create_app(
-    backend: GenerationBackend, served_model_name: str | None = None, reasoning_parser: str | None = None
+    backend: GenerationBackend,
+    served_model_name: str | None = None,
+    reasoning_parser: str | None = None,
+    admin_token: str | None = None,
 ) -> FastAPI:
     """Build the app. The backend is started and closed with the app's lifespan.
-    reasoning_parser: None or "qwen3" (vLLM's `--reasoning-parser qwen3`, see chat/reasoning.py)."""
+    reasoning_parser: None or "qwen3" (vLLM's `--reasoning-parser qwen3`, see chat/reasoning.py).
+    admin_token: the bearer token weight updates need; None turns the weight route off."""
     model_name = served_model_name or backend.model_name
     reasoning_parser = check_reasoning_parser(reasoning_parser)
 
@@ -150,11 +159,46 @@ def create_app(
             "object": "model",
             "created": int(time.time()),
             "owned_by": "polar_pl",
-            "root": backend.model_name,
+            # vLLM's root is the model path it serves: a gateway on this machine loads its
+            # tokenizer from there (token-faithful prompts, local token counts)
+            "root": str(getattr(backend, "model_dir", None) or backend.model_name),
             "parent": None,
             "max_model_len": backend.max_model_len,
         }
         return JSONResponse({"object": "list", "data": [card]}, headers=headers())
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest):
+        """vLLM's route: the prompt ids a completion or chat request would get, and their count."""
+        check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise EngineError("give exactly one of `prompt` and `messages`", param="prompt")
+        if req.messages is not None:
+            try:
+                _, ids = render_chat(
+                    backend.tokenizer,
+                    req.messages,
+                    req.tools,
+                    add_generation_prompt=req.add_generation_prompt,
+                    continue_final_message=req.continue_final_message,
+                    chat_template_kwargs=req.chat_template_kwargs,
+                )
+            except RenderError as exc:
+                raise EngineError(str(exc), HTTPStatus.BAD_REQUEST, param=exc.param) from exc
+        else:
+            special = req.add_special_tokens is not False
+            ids = backend.tokenizer.encode(req.prompt, add_special_tokens=special)
+        strs = backend.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+        body = {"count": len(ids), "max_model_len": backend.max_model_len, "tokens": ids, "token_strs": strs}
+        return JSONResponse(body, headers=headers())
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest):
+        check_model(req.model)
+        vocab = len(backend.tokenizer)
+        if bad := [t for t in req.tokens if not 0 <= t < vocab]:
+            raise EngineError(f"token ids out of vocabulary (size {vocab}): {bad[:5]}", param="tokens")
+        return JSONResponse({"prompt": backend.tokenizer.decode(req.tokens)}, headers=headers())
 
     @app.get("/policy_version")
     async def policy_version():
@@ -180,8 +224,28 @@ def create_app(
             headers=headers(),
         )
 
+    def check_admin(request: Request) -> None:
+        if admin_token is None:
+            raise EngineError(
+                "weight updates are off: start the engine with an admin token "
+                "(--admin-token-file or $POLAR_ADMIN_TOKEN)",
+                HTTPStatus.FORBIDDEN,
+            )
+        auth = request.headers.get("authorization", "")
+        given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        if not secrets.compare_digest(given.encode(), admin_token.encode()):
+            raise EngineError(
+                "weight updates need the engine's admin token (Authorization: Bearer <token>)",
+                HTTPStatus.UNAUTHORIZED,
+            )
+
     @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(body: UpdateWeightsFromDiskRequest):
+    async def update_weights_from_disk(request: Request):
+        check_admin(request)  # before the body is even parsed
+        try:
+            body = UpdateWeightsFromDiskRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from exc
         try:
             version = await run_in_threadpool(backend.update_weights_from_disk, body.path)
         except (FileNotFoundError, ValueError, KeyError) as exc:

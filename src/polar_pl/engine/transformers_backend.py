@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from polar_pl.engine.backend import BackendStats, GenerationRequest, SeqDelta
 from polar_pl.engine.scheduler import Scheduler
+from polar_pl.engine.weights import load_state_dict
 
 
 def default_device() -> torch.device:
@@ -122,13 +122,7 @@ class TransformersBackend:
         return self._scheduler.run_exclusive(lambda: self._load(state_dict))
 
     def update_weights_from_disk(self, path: str) -> int:
-        files = sorted(Path(path).glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no *.safetensors files in {path}")
-        state: dict[str, torch.Tensor] = {}
-        for f in files:
-            state.update(load_file(str(f)))
-        return self.update_weights_from_state_dict(state)
+        return self.update_weights_from_state_dict(load_state_dict(path))
 
     def _load(self, state_dict: Mapping[str, torch.Tensor]) -> int:
         # state_dict names tied weights under both names (lm_head.weight and embed_tokens.weight).

@@ -1,8 +1,8 @@
 """VLLMEngine: vLLM's OpenAI server behind the `Engine` handle, launched or connected to.
 
 Launch: `python -m vllm.entrypoints.openai.api_server` from a separate vLLM environment
-($POLAR_VLLM_PYTHON, default /work/main/.venv-vllm/bin/python: vLLM pins its own transformers),
-with the hermes tool parser and dev mode on. Connect: pass `url=` and nothing is launched.
+(vLLM pins its own transformers; see `vllm_python` for where it is looked for), with the hermes
+tool parser and dev mode on. Connect: pass `url=` and nothing is launched.
 
 Weights and versions use what vLLM 0.32 serves with VLLM_SERVER_DEV_MODE=1:
 - from disk: `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}`
@@ -17,8 +17,11 @@ Weights and versions use what vLLM 0.32 serves with VLLM_SERVER_DEV_MODE=1:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,15 +32,36 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from polar_pl.engine.embedded import save_state_dict
 from polar_pl.engine.process import ServerProcess, healthy
+from polar_pl.engine.weights import save_state_dict
 from polar_pl.utils.serving import free_port
 
-DEFAULT_VLLM_PYTHON = "/work/main/.venv-vllm/bin/python"
+NO_VLLM = (
+    "no Python with vLLM found: set engine.python, or $POLAR_VLLM_PYTHON (`make vllm-env` builds "
+    ".venv-vllm), or put an environment with vLLM's `vllm` script on PATH"
+)
 
 
-def vllm_python() -> str:
-    return os.environ.get("POLAR_VLLM_PYTHON", DEFAULT_VLLM_PYTHON)
+def vllm_python() -> str | None:
+    """The interpreter that runs vLLM, for `engine.python: null`: $POLAR_VLLM_PYTHON, else this
+    interpreter if it imports vllm, else the one behind a `vllm` script on PATH; None if none."""
+    if configured := os.environ.get("POLAR_VLLM_PYTHON"):
+        return configured
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    script = shutil.which("vllm")
+    if script is None:
+        return None
+    with open(script, "rb") as f:
+        first = f.readline().decode(errors="replace")
+    python = first[2:].strip().split()[0] if first.startswith("#!") and first[2:].strip() else ""
+    return python if python and Path(python).exists() else None
+
+
+def vllm_installed() -> bool:
+    """Whether `vllm_python()` names an interpreter that exists (tests and benches skip otherwise)."""
+    python = vllm_python()
+    return python is not None and Path(python).exists()
 
 
 class VLLMEngine:
@@ -56,6 +80,7 @@ class VLLMEngine:
         max_model_len: int | None = 32768,
         enforce_eager: bool = True,
         reasoning_parser: str | None = None,
+        logprobs_mode: str = "processed_logprobs",
         extra_args: list[str] | tuple[str, ...] = (),
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 600.0,
@@ -72,6 +97,7 @@ class VLLMEngine:
         self.max_model_len = max_model_len
         self.enforce_eager = enforce_eager
         self.reasoning_parser = reasoning_parser
+        self.logprobs_mode = logprobs_mode
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
         self.startup_timeout = startup_timeout
@@ -91,6 +117,8 @@ class VLLMEngine:
         return self.served_model_name
 
     def command(self) -> list[str]:
+        if self.python is None:
+            raise FileNotFoundError(NO_VLLM)
         cmd = [
             self.python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_dir),
@@ -98,6 +126,9 @@ class VLLMEngine:
             "--host", self.host, "--port", str(self.port),
             "--dtype", self.dtype,
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+            # logprobs of the distribution sampled (after temperature / top-k / top-p), as the
+            # embedded engine reports them and the trainer rebuilds them
+            "--logprobs-mode", self.logprobs_mode,
         ]  # fmt: skip
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
@@ -113,8 +144,12 @@ class VLLMEngine:
                 raise RuntimeError(f"no healthy vLLM server at {self._url}")
             self._version = self._read_version()
             return self
+        if self.python is None:
+            raise FileNotFoundError(NO_VLLM)
         if not Path(self.python).exists():
-            raise FileNotFoundError(f"vLLM python not found: {self.python} (set $POLAR_VLLM_PYTHON)")
+            raise FileNotFoundError(
+                f"engine.python: vLLM python not found: {self.python} (or set $POLAR_VLLM_PYTHON)"
+            )
         if not (self.model_dir / "config.json").exists():
             raise FileNotFoundError(f"engine.model_dir: no config.json in {self.model_dir}")
         self.port = self.port or free_port(self.host)

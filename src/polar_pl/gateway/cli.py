@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import sys
 
 from polar_pl.gateway.call.sidecalls import SideCallRule
+from polar_pl.utils import tokens
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,23 +21,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8787)
     p.add_argument("--store", required=True, metavar="PATH", help="trace store (SQLite file)")
-    p.add_argument(
-        "--admin-token",
-        default=None,
-        help="admin bearer token (default: $POLAR_ADMIN_TOKEN, else generated and printed)",
+    tokens.add_arguments(
+        p,
+        "file holding the admin bearer token (default: $POLAR_ADMIN_TOKEN; neither: a new token is "
+        "written to <store>.admin-token, readable by you only). A missing file is created the same way",
     )
     p.add_argument(
         "--tokenizer-dir",
         default=None,
         help="model dir of the served model, for count_tokens and token-faithful prompts "
-        "(default: ask the engine; token-faithful off)",
+        "(default: the directory the engine reports serving in GET /v1/models, if it is on this machine)",
     )
     p.add_argument(
         "--token-faithful",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="splice sampled tokens into prompts and call the engine's token-in route "
-        "(default: on with --tokenizer-dir)",
+        default=True,
+        help="splice sampled tokens into prompts and call the engine's token-in route (default: on; "
+        "needs the tokenizer; --no-token-faithful re-renders every prompt, so prefix merging breaks "
+        "wherever the template renders an echoed turn differently)",
     )
     p.add_argument(
         "--reasoning-parser",
@@ -46,6 +47,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-tokens-cap", type=int, default=None, help="upper bound on each call's response tokens"
+    )
+    p.add_argument(
+        "--sampling",
+        choices=("recorded", "pinned"),
+        default="recorded",
+        help="recorded: each call states the harness's temperature/top_p/top_k (the trainer rebuilds "
+        "that distribution); pinned: temperature 1, top_p 1, no top_k",
+    )
+    p.add_argument(
+        "--cap-policy",
+        choices=("length", "end_turn"),
+        default="length",
+        help="what a harness is told when --max-tokens-cap cut its response: the truth (length) or "
+        "a normal end of turn (end_turn: for CLIs that exit on a length stop); the record keeps the truth",
     )
     p.add_argument(
         "--pause-timeout",
@@ -73,15 +88,55 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="warning")
 
 
+def engine_tokenizer_dir(upstream: str, timeout: float = 30.0) -> str | None:
+    """The model directory the engine serves (vLLM's and the embedded engine's /v1/models `root`),
+    if it is a tokenizer directory on this machine."""
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            cards = httpx.get(f"{upstream.rstrip('/')}/v1/models", timeout=5).json().get("data") or []
+            break
+        except (httpx.HTTPError, ValueError):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.5)
+    for card in cards:
+        root = Path(str(card.get("root") or ""))
+        if root.is_absolute() and (root / "tokenizer_config.json").exists():
+            return str(root)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     import orjson
     import uvicorn
 
     from polar_pl.gateway.http.app import create_app
 
-    token = args.admin_token or os.environ.get("POLAR_ADMIN_TOKEN")
-    generated = token is None
-    token = token or secrets.token_urlsafe(24)
+    if args.token_faithful and args.tokenizer_dir is None:
+        args.tokenizer_dir = engine_tokenizer_dir(args.upstream[0])
+        if args.tokenizer_dir is None:
+            print(
+                "polar-pl gateway: token-faithful prompts need the served model's tokenizer, and the "
+                f"engine at {args.upstream[0]} does not report a model directory on this machine: pass "
+                "--tokenizer-dir DIR (the engine's model directory) or --no-token-faithful",
+                file=sys.stderr,
+            )
+            return 2
+
+    path = args.admin_token_file
+    if path is None and tokens.admin_token(None) is None:
+        path = f"{os.path.splitext(args.store)[0]}.admin-token"
+    try:
+        token = tokens.admin_token(path, create=True)
+    except (OSError, ValueError) as exc:
+        print(f"polar-pl gateway: {exc}", file=sys.stderr)
+        return 2
     side_rules = None
     if args.side_rules:
         with open(args.side_rules, "rb") as f:
@@ -101,11 +156,14 @@ def run(args: argparse.Namespace) -> int:
         token_faithful=args.token_faithful,
         reasoning_parser=args.reasoning_parser,
         max_tokens_cap=args.max_tokens_cap,
+        sampling=args.sampling,
+        cap_policy=args.cap_policy,
         pause_timeout=args.pause_timeout,
     )
-    print(f"polar-pl gateway on {public} -> {', '.join(args.upstream)} (store {args.store})", flush=True)
-    if generated:
-        print(f"admin token: {token}", flush=True)
+    faithful = f"token-faithful on (tokenizer {args.tokenizer_dir})" if args.token_faithful else "token-faithful off"
+    print(f"polar-pl gateway on {public} -> {', '.join(args.upstream)} (store {args.store}; {faithful})", flush=True)
+    if path is not None:
+        print(f"admin token in {path}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=60)
     return 0
 

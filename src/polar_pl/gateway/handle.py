@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Self
 
 from polar_pl.gateway.call.gate import PAUSE_MODES, PauseMode
-from polar_pl.gateway.http.app import GatewayRuntime, create_app
+from polar_pl.gateway.http.app import create_app
+from polar_pl.gateway.runtime import GatewayRuntime
 from polar_pl.gateway.store.records import SessionInfo, TraceRecord
 from polar_pl.utils.serving import ServerThread, free_port
 
@@ -87,10 +88,10 @@ class Gateway:
         rollout_id: str | None = None,
         harness: str | None = None,
     ) -> SessionHandle:
-        info = self.runtime.sessions.create(
+        info, token = self.runtime.sessions.create(
             task_id=task_id, group_id=group_id, rollout_id=rollout_id, harness=harness
         )
-        return SessionHandle(info.session_id, info.token, f"{self.url}/s/{info.token}", info)
+        return SessionHandle(info.session_id, token, f"{self.url}/s/{token}", info)
 
     def delete_session(self, session_id: str) -> None:
         self.runtime.sessions.delete(session_id)

@@ -10,6 +10,8 @@ from pathlib import Path
 PROVIDERS = ("anthropic", "openai_chat", "openai_responses", "google")
 
 # Env every Node CLI gets: no update checks, no telemetry, no colour codes in captured output.
+# The last four only suit captured output: `polar-pl session new` leaves them out of a person's shell.
+CAPTURE_ONLY_ENV = ("NO_COLOR", "FORCE_COLOR", "CI", "TERM")
 QUIET_ENV = {
     "NO_UPDATE_NOTIFIER": "1",
     "npm_config_update_notifier": "false",

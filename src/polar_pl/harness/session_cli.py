@@ -3,7 +3,10 @@ harness at it, so a person can `eval "$(polar-pl session new ...)"` and run the 
 
 The lines come from the harness's own launch spec (polar_pl.harness), the same one rollouts use;
 config files the spec needs (Codex's config.toml, Pi's models.json, ...) are written under
---home, a per-session directory.
+--home, a per-session directory, and HOME is pointed there: Gemini CLI and Qwen Code read
+`~/.gemini` / `~/.qwen` from HOME (without it Gemini exited 41 "Invalid auth method selected." and
+Qwen wrote into the real home). The variables that only suit captured output (TERM=dumb, CI=1,
+NO_COLOR=1, FORCE_COLOR=0) are left out: they would change the person's shell.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import os
 import shlex
 import sys
 from pathlib import Path
+
+from polar_pl.utils import tokens
 
 # For names that are an API rather than a harness ("a user's own agent").
 GENERIC_ENV = {
@@ -39,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         help="claude_code, codex, qwen_code, pi, gemini_cli, opencode, mini, or openai/anthropic/google",
     )
-    new.add_argument("--admin-token", default=None, help="default: $POLAR_ADMIN_TOKEN")
+    tokens.add_arguments(new, "file holding the gateway's admin token (default: $POLAR_ADMIN_TOKEN)")
     new.add_argument("--provider", default=None, help="API the harness speaks, where it can speak several")
     new.add_argument("--model", default="polar", help="model name the harness asks for")
     new.add_argument("--task-id", default=None)
@@ -57,9 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _register(args) -> dict:
     import httpx
 
-    token = args.admin_token or os.environ.get("POLAR_ADMIN_TOKEN")
+    try:
+        token = tokens.admin_token(args.admin_token_file)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"polar-pl session new: {exc}") from None
     if not token:
-        raise SystemExit("polar-pl session new: pass --admin-token or set POLAR_ADMIN_TOKEN")
+        raise SystemExit("polar-pl session new: pass --admin-token-file or set POLAR_ADMIN_TOKEN")
     r = httpx.post(
         f"{args.gateway.rstrip('/')}/admin/sessions",
         headers={"authorization": f"Bearer {token}"},
@@ -97,7 +105,10 @@ def env_lines(
                 harness_prefix=str(Path(harness_prefix or ".cache/harness").resolve()),
             ),
         )
-        env, files, argv = plan.env, plan.files, plan.argv
+        from polar_pl.harness.base import CAPTURE_ONLY_ENV
+
+        env = {"HOME": str(home)} | {k: v for k, v in plan.env.items() if k not in CAPTURE_ONLY_ENV}
+        files, argv = plan.files, plan.argv
     for path, content in files.items():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_bytes(content)

@@ -46,41 +46,14 @@ from polar_pl.module import advantages as adv_fns
 from polar_pl.module import aggregation as agg_fns
 from polar_pl.module import losses
 from polar_pl.module.logprobs import Sampling, forward_inputs, scorable, token_logprobs
-from polar_pl.module.metrics import batch_metrics, harness_metrics, numeric
+from polar_pl.module.metrics import batch_metrics, harness_metrics, numeric, unit_metrics
 from polar_pl.module.model import Frozen, enable_checkpointing, load_model
 from polar_pl.module.prepare import Prepared, prepare, unit_sums
 from polar_pl.module.rollouts import Rollouts
+from polar_pl.module.validate import check_config
 from polar_pl.module.weight_sync import WeightSync, hf_state_dict
 
 log = logging.getLogger(__name__)
-
-
-def _is(fn: Callable[..., Any] | None, target: Callable[..., Any]) -> bool:
-    return fn is not None and getattr(fn, "func", fn) is target
-
-
-def check_config(*, epochs, minibatches, push_every, micro_batch_size, micro_batch_tokens,
-                 logprob_chunk_tokens, kl, kl_coef, kl_reward, kl_reward_coef) -> None:  # fmt: skip
-    """ValueError naming the module.* key of a bad setting."""
-    for key, value in (("epochs", epochs), ("minibatches", minibatches), ("push_every", push_every)):
-        if int(value) < 1:
-            raise ValueError(f"module.{key}={value}: must be >= 1")
-    for key, value in (
-        ("micro_batch_size", micro_batch_size),
-        ("micro_batch_tokens", micro_batch_tokens),
-        ("logprob_chunk_tokens", logprob_chunk_tokens),
-    ):
-        if value is not None and int(value) < 1:
-            raise ValueError(f"module.{key}={value}: must be >= 1 or null")
-    if kl_coef > 0 and kl is None:
-        raise ValueError("module.kl_coef > 0 needs module.kl (kl_k2, kl_k3 or kl_k3_plus)")
-    if kl_coef > 0 and _is(kl, losses.kl_k1):
-        raise ValueError(
-            "module.kl=kl_k1 has zero expected gradient as a loss: use kl_k2 / kl_k3 / kl_k3_plus, "
-            "or put k1 in the reward (module.kl_reward with module.kl_reward_coef)"
-        )
-    if kl_reward_coef > 0 and kl_reward is None:
-        raise ValueError("module.kl_reward_coef > 0 needs module.kl_reward (e.g. kl_k1)")
 
 
 class GRPOModule(L.LightningModule):
@@ -107,7 +80,7 @@ class GRPOModule(L.LightningModule):
     temperature: the sampling temperature of calls that record no sampling settings (the trainer
         otherwise uses each call's recorded temperature / top_p / top_k).
     lr_scheduler: fn(optimizer) -> an LR scheduler stepped after every optimiser step, or None.
-    weight_sync: a WeightSync (bound to the datamodule's engine in on_fit_start if unbound), or None.
+    weight_sync: a WeightSync (bound to the datamodule's `push_target()` in on_fit_start if unbound), or None.
     """
 
     def __init__(
@@ -195,16 +168,22 @@ class GRPOModule(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.lr_scheduler(opt), "interval": "step"}}
 
     def bind_engine(self, engine: Any) -> None:
-        """Point the weight sync at the engine (the datamodule owns it). on_fit_start does this
-        itself from `trainer.datamodule.engine` when the sync is still unbound."""
+        """Point the weight sync at a push target by hand; on_fit_start binds the datamodule's
+        `push_target()` when the sync is still unbound, so this is only for custom loops."""
         if self.weight_sync is not None:
             self.weight_sync.bind(engine)
 
     def on_fit_start(self) -> None:
-        dm = getattr(self.trainer, "datamodule", None)
-        engine = getattr(dm, "engine", None)
-        if self.weight_sync is not None and self.weight_sync.engine is None and engine is not None:
-            self.weight_sync.bind(engine)
+        # The datamodule's push target pauses the gateway around each push and tells it the new
+        # policy version; the raw engine would do neither, so there is no fallback to it.
+        if self.weight_sync is not None and self.weight_sync.engine is None:
+            dm = getattr(self.trainer, "datamodule", None)
+            if not callable(getattr(dm, "push_target", None)):
+                raise ValueError(
+                    "module.weight_sync is unbound and the datamodule has no push_target(): fit with a "
+                    "RolloutDataModule, or bind_engine(...) before fit"
+                )
+            self.weight_sync.bind(dm.push_target())
         if self.optimizer_steps and self.weight_sync is not None:
             # Resumed (Lightning restores the weights before this hook): the engine started from the
             # initial checkpoint, so it must receive the trained weights before the first rollout.
@@ -273,7 +252,8 @@ class GRPOModule(L.LightningModule):
             fn(old, batch.behavior_logprobs, mask, prep.segments, tok_adv) if fn is not None else None
             for fn in (self.tis, self.off_policy_mask)
         )
-        corr = tis_w if keep_w is None else keep_w if tis_w is None else tis_w * keep_w
+        weights = [w for w in (tis_w, keep_w) if w is not None]
+        corr = functools.reduce(torch.mul, weights) if weights else None
         t1 = time.perf_counter()
         stats = self._optimise(batch, prep, optimizer, scheduler, mask, tok_adv, old, ref, corr)
         t2 = time.perf_counter()
@@ -282,7 +262,7 @@ class GRPOModule(L.LightningModule):
             token_versions=batch.policy_version, current_version=version_now, tis_w=tis_w, keep_w=keep_w,
         )  # fmt: skip
         m.update(stats)
-        m.update(self._unit_metrics(units, adv, penalty, prep))
+        m.update(unit_metrics(units, adv, penalty, prep.truncated_calls))
         m.update({
             "train/tokens_per_s": (batch.total_tokens - batch.padding_tokens) * self.epochs
             / max(t2 - t0 - stats["train/push_s"], 1e-9),
@@ -496,20 +476,6 @@ class GRPOModule(L.LightningModule):
             "train/policy_version": float(self.current_version()),
             **{f"train/{k}": float(v) for k, v in extra.items()},
         }
-
-    @staticmethod
-    def _unit_metrics(units: Rollouts, adv: torch.Tensor, penalty, prep: Prepared) -> dict[str, float]:
-        """Per rollout (unit), not per row: a rollout split into many rows counts once."""
-        present = units.present
-        out = {
-            "train/advantage_abs_mean": float(adv[present].abs().mean()) if present.any() else 0.0,
-            "train/rollouts": float((present & ~units.side).sum()),
-            "train/side_rollouts": float((present & units.side).sum()),
-            "train/truncated_calls": float(prep.truncated_calls),
-        }
-        if penalty is not None:
-            out["train/kl_reward_penalty_mean"] = float(penalty[present].mean())
-        return out
 
     def _rollout_metrics(self, batch: TrainBatch | None) -> dict[str, float]:
         """rollout/* from the datamodule (its `last_metrics` for this batch) and per harness."""

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from polar_pl.datamodule.collate import TrainBatch
+from polar_pl.module.rollouts import Rollouts
 
 QUANTILES = {"p05": 0.05, "p50": 0.5, "p95": 0.95}
 
@@ -65,6 +66,23 @@ def batch_metrics(
         out["train/tis_weight_mean"] = _mean(tis_w, mask)
     if keep_w is not None:
         out["train/off_policy_masked_frac"] = 1.0 - _mean(keep_w, mask)
+    return out
+
+
+def unit_metrics(
+    units: Rollouts, adv: torch.Tensor, penalty: torch.Tensor | None, truncated_calls: int
+) -> dict[str, float]:
+    """Per rollout (statistics unit), not per row: a rollout split into many rows counts once.
+    adv: (K,) advantages; penalty: (K,) KL-in-reward penalties or None."""
+    present = units.present
+    out = {
+        "train/advantage_abs_mean": float(adv[present].abs().mean()) if present.any() else 0.0,
+        "train/rollouts": float((present & ~units.side).sum()),
+        "train/side_rollouts": float((present & units.side).sum()),
+        "train/truncated_calls": float(truncated_calls),
+    }
+    if penalty is not None:
+        out["train/kl_reward_penalty_mean"] = float(penalty[present].mean())
     return out
 
 

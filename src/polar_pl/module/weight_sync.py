@@ -26,8 +26,8 @@ import httpx
 import torch
 from torch import nn
 
-from polar_pl.engine.embedded import save_state_dict
 from polar_pl.engine.protocol import Engine
+from polar_pl.engine.weights import save_state_dict
 
 
 @runtime_checkable

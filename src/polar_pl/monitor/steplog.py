@@ -73,7 +73,7 @@ def step_line(step: int, total: int | None, m: Mapping[str, Any]) -> str:
     if busy is not None:
         line += f" | engine {busy:.0%}"
     if _num(m, "train/skipped"):
-        line += " | skipped: no group had reward spread"
+        line += " | skipped: nothing to train on (equal rewards in every group, or no sampled tokens)"
     return line
 
 

@@ -232,7 +232,7 @@ class RayPools:
                 reward=0.0,
                 error=f"{why}; {t.attempt + 1} attempt(s), max_retries={self.max_retries}",
                 failed_stage="infra",
-                info={"attempt": t.attempt, "masked": True, "cause": INFRA},
+                info={"attempt": t.attempt, "masked": True, "cause": INFRA, "infra_kind": "worker"},
             )
         )
 

@@ -6,6 +6,7 @@ DOCKER_HOST, or a private dockerd (--dockerd-root) started for the import and st
 dockerd: run the private engine in the foreground for `sandbox=docker` runs (DOCKER_HOST=...).
 cleanup: remove leftover sandboxes after a crash: labelled containers, temporary workspaces,
 relay folders and cgroups (of one --owner, or all).
+images / gc: per-task images of task sets, made present ahead of a run / removed after (images_cli.py).
 """
 
 from __future__ import annotations
@@ -31,10 +32,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--owner", default=None, help="only sandboxes of this owner (default: all)")
     c.add_argument("--docker-host", default=os.environ.get("DOCKER_HOST"), help="engine socket URL")
     c.add_argument("--dockerd-root", default=None, help="also clean the private dockerd at this root")
+    from polar_pl.sandbox import images_cli
+
+    images_cli.add_arguments(sub)
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"build-image": _build, "cleanup": _cleanup, "dockerd": _dockerd}[args.action](args)
+    from polar_pl.sandbox import images_cli
+
+    actions = {"build-image": _build, "cleanup": _cleanup, "dockerd": _dockerd, "images": images_cli.images,
+               "gc": images_cli.gc}  # fmt: skip
+    return actions[args.action](args)
 
 
 def _dockerd(args: argparse.Namespace) -> int:

@@ -7,6 +7,9 @@ storage overlay2 with a vfs fallback when overlay cannot be mounted.
 
     with DockerDaemon(root=".cache/dockerd") as engine:
         client = docker.DockerClient(base_url=engine.url)
+
+`tcp="127.0.0.1:PORT"` with `tls=(ca, server cert, server key)` also listens on TCP with mutual TLS
+(`--tlsverify`): how a remote Docker host is reached (clients need a certificate signed by `ca`).
 """
 
 from __future__ import annotations
@@ -47,7 +50,16 @@ class DockerDaemon:
     """A dockerd owned by this process. `root` keeps images between runs (the data root lives there);
     the socket and exec root go to a short path under /run (unix socket paths are length-limited)."""
 
-    def __init__(self, root: str | Path = ".cache/dockerd", storage_driver: str | None = None) -> None:
+    def __init__(
+        self,
+        root: str | Path = ".cache/dockerd",
+        storage_driver: str | None = None,
+        tcp: str | None = None,
+        tls: tuple[str, str, str] | None = None,
+    ) -> None:
+        if tcp and not tls:
+            raise ValueError("a TCP socket without TLS would hand root to anyone who can connect: give tls")
+        self.tcp, self.tls = tcp, tls
         self.root = Path(root).resolve()
         tag = hashlib.sha1(str(self.root).encode()).hexdigest()[:10]
         self.run_dir = Path("/run" if os.access("/run", os.W_OK) else "/tmp") / f"polar-dockerd-{tag}"
@@ -62,6 +74,10 @@ class DockerDaemon:
     @property
     def url(self) -> str:
         return f"unix://{self.sock}"
+
+    @property
+    def tcp_url(self) -> str | None:
+        return f"tcp://{self.tcp}" if self.tcp else None
 
     def start(self, timeout: float = 60.0) -> DockerDaemon:
         if os.geteuid() != 0:
@@ -92,6 +108,10 @@ class DockerDaemon:
             f"--pidfile={self.pidfile}", f"--host={self.url}", "--iptables=false", "--ip6tables=false",
             "--bridge=none", f"--storage-driver={driver}", "--log-level=warn",
         ]  # fmt: skip
+        if self.tcp:
+            ca, cert, key = self.tls
+            cmd += [f"--host=tcp://{self.tcp}", "--tlsverify", f"--tlscacert={ca}", f"--tlscert={cert}",
+                    f"--tlskey={key}"]  # fmt: skip
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout

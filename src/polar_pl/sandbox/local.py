@@ -1,8 +1,10 @@
 """The local backend: commands run as a process group in a fresh temporary workspace on the host.
 
-Optional isolation with bubblewrap (`isolation="bwrap"`): the whole host filesystem read-only, the
-sandbox's own root (workspace, home, tmp) writable, a private /tmp, and a private network namespace
-with only loopback, where a relay forwards the gateway's port to the host gateway (see relay.py).
+`isolation="bwrap"` (the default): every exec is a bubblewrap sandbox (bwrap.py: a view of only the
+runtime, read-only, plus this sandbox's workspace, home and tmp; uid 1000 without capabilities, host
+`nobody` when run by root; a private network namespace with only loopback, where a relay forwards the
+gateway's port to the host gateway, see relay.py). `isolation="none"` runs commands as the calling
+user on the host, with its network and filesystem: for trusted code only (`sandbox=unsafe_local`).
 Optional cgroup limits (memory, pids, cpus) need root; as root every sandbox gets a cgroup anyway,
 so stop() kills all its processes, also those that left the process group.
 Paths are the same inside and outside: the workspace is bound at its host path.
@@ -21,17 +23,21 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Self
 
-from polar_pl.sandbox import cgroups, gitdiff
-from polar_pl.sandbox.image import default_harness_prefix
+from polar_pl.sandbox import bwrap, cgroups, gitdiff, userns
+from polar_pl.sandbox.image import MINI_DEPS, default_harness_prefix
 from polar_pl.sandbox.protocol import ExecResult
 from polar_pl.sandbox.relay import Relay, inside_url, unix_to_tcp
 
-ISOLATIONS = ("none", "bwrap")
+ISOLATIONS = ("bwrap", "none")
 TMP_PREFIX = "polar-sbx-"
-RELAY_SCRIPT = str(Path(__file__).with_name("relay.py"))
+
+
+class UnsafeSandboxWarning(UserWarning):
+    """A sandbox without isolation: the agent runs as the calling user (root in CI) on the host."""
 
 
 class LocalSandbox:
@@ -39,7 +45,7 @@ class LocalSandbox:
 
     def __init__(
         self,
-        isolation: str = "none",
+        isolation: str = "bwrap",
         memory: str | int | None = None,
         pids: int | None = None,
         cpus: float | None = None,
@@ -47,25 +53,47 @@ class LocalSandbox:
         base_dir: str | None = None,
         harness_prefix: str | None = None,
         default_timeout: float | None = None,
+        python_packages: tuple[str, ...] | list[str] = MINI_DEPS,
     ) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"sandbox.isolation={isolation!r}: allowed values are {ISOLATIONS}")
         if isolation == "bwrap" and not shutil.which("bwrap"):
-            raise ValueError("sandbox.isolation='bwrap' needs bubblewrap: apt-get install bubblewrap")
+            raise ValueError(
+                "sandbox.isolation='bwrap' needs bubblewrap: apt-get install bubblewrap "
+                "(or sandbox=docker; sandbox=unsafe_local runs the agent unisolated on the host)"
+            )
+        if isolation == "none":
+            warnings.warn(
+                "sandbox isolation is off (sandbox=unsafe_local): the agent runs as "
+                f"{'root' if os.geteuid() == 0 else 'you'} on this host, with its files, processes and network",
+                UnsafeSandboxWarning,
+                stacklevel=2,
+            )
         self.isolation = isolation
         self.limits = cgroups.Limits(parse_bytes(memory), pids, cpus)
         if self.limits.any and not cgroups.available():
-            raise ValueError("sandbox limits (memory/pids/cpus) on the local backend need root and cgroups")
+            warnings.warn(
+                "sandbox.memory/pids/cpus need root and a writable cgroup hierarchy: running without them",
+                stacklevel=2,
+            )
+            self.limits = cgroups.Limits()
         self.owner = owner
         self.base_dir = base_dir
         self.harness_prefix = default_harness_prefix(harness_prefix)  # absolute: execs run elsewhere
         self.default_timeout = default_timeout
-        self.python = [sys.executable]
+        self._runtime = bwrap.runtime(tuple(python_packages)) if isolation == "bwrap" else None
+        # As root the sandbox user is host nobody, which must own the writable part of the sandbox.
+        self._owner = (bwrap.NOBODY, bwrap.NOBODY) if self._runtime and os.geteuid() == 0 else None
+        self.python = (
+            ["env", f"PYTHONPATH={bwrap.PYDEPS_IN}", self._runtime.python]
+            if self._runtime
+            else [sys.executable]
+        )
         self.root: Path | None = None
         self.workdir = ""
         self.home = ""
         self._cgroup: cgroups.Cgroup | None = None
-        self._relays: dict[tuple[str, int], tuple[Relay, str]] = {}
+        self._relays: dict[tuple[str, int], tuple[Relay, str, int]] = {}  # -> relay, socket, port inside
         self._pgids: set[int] = set()
         self._spawn_lock = threading.Lock()
         self._stopped = False
@@ -73,8 +101,12 @@ class LocalSandbox:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{self.owner}-", dir=self.base_dir))
-        for sub in ("workspace", "home", "tmp", "state"):
+        for sub in ("workspace", "home", "tmp", "state", "run"):
             (self.root / sub).mkdir()
+            if sub != "run":
+                self._chown(self.root / sub)
+        for name, text in bwrap.passwd_files().items():
+            (self.root / "run" / name).write_text(text)
         self.workdir = str(self.root / "workspace")
         self.home = str(self.root / "home")
         # A cgroup even without limits when we may make one: stop() then kills every process the
@@ -92,7 +124,7 @@ class LocalSandbox:
         if self._cgroup is not None:
             self._cgroup.remove()
             self._cgroup = None
-        for relay, _ in self._relays.values():
+        for relay, _, _ in self._relays.values():
             relay.close()
         self._relays.clear()
         if self.root is not None:
@@ -111,10 +143,10 @@ class LocalSandbox:
         """Make `url` (a gateway on this host) reachable from inside; returns the URL to use inside."""
         if self.isolation == "none":
             return url
-        inside, host, port = inside_url(url)
+        inside, host, port, port_in = inside_url(url, shift_privileged=True)
         if (host, port) not in self._relays:
-            sock = str(self._root / "state" / f"gw-{port}.sock")
-            self._relays[(host, port)] = (unix_to_tcp(sock, host, port), sock)
+            sock = str(self._root / "run" / f"gw-{port}.sock")
+            self._relays[(host, port)] = (unix_to_tcp(sock, host, port), sock, port_in)
         return inside
 
     # -- exec ----------------------------------------------------------------------------------
@@ -127,12 +159,25 @@ class LocalSandbox:
         timeout: float | None = None,
         stdin: str | None = None,
     ) -> ExecResult:
+        return self._run(command, env=env, workdir=workdir, timeout=timeout, stdin=stdin)
+
+    def _run(
+        self,
+        command: str | list[str],
+        *,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        timeout: float | None = None,
+        stdin: str | None = None,
+        system: bool = False,
+    ) -> ExecResult:
+        """exec; `system` also binds state/ (the baseline git dir), which the agent never sees."""
         argv = ["bash", "-lc", command] if isinstance(command, str) else list(command)
         full_env = self._base_env() | (env or {})
         cwd = workdir or self.workdir
         if not os.path.isabs(cwd):
             cwd = os.path.join(self.workdir, cwd)
-        argv = self._wrap(argv, cwd)
+        argv, fds = self._wrap(argv, cwd, system)
         timeout = timeout if timeout is not None else self.default_timeout
         t0 = time.monotonic()
         with self._spawn_lock:  # spawn and register atomically with respect to stop()
@@ -146,6 +191,7 @@ class LocalSandbox:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
+                pass_fds=fds,
             )
             self._pgids.add(proc.pid)
         timed_out = False
@@ -173,38 +219,48 @@ class LocalSandbox:
 
     def _base_env(self) -> dict[str, str]:
         keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TERM", "TZ")}
+        user = "polar" if self._runtime else os.environ.get("USER", "root")
         return keep | {
             "HOME": self.home,
             "TMPDIR": str(self._root / "tmp"),
-            "USER": os.environ.get("USER", "root"),
+            "USER": user,
+            "LOGNAME": user,
             "PATH": keep.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
         }
 
-    def _wrap(self, argv: list[str], cwd: str) -> list[str]:
-        if self.isolation == "bwrap":
-            root = str(self._root)
-            for (_, port), (_, sock) in self._relays.items():
+    def _wrap(self, argv: list[str], cwd: str, system: bool) -> tuple[list[str], tuple[int, ...]]:
+        """(command line, file descriptors it inherits)."""
+        fds: tuple[int, ...] = ()
+        if self._runtime is not None:
+            root = self._root
+            for _, sock, port in () if system else self._relays.values():  # baseline/diff need no gateway
                 relay = [
-                    sys.executable,
+                    self._runtime.python,
                     "-I",
                     "-S",
-                    RELAY_SCRIPT,
+                    bwrap.RELAY_IN,
                     "tcp2unix",
                     f"127.0.0.1:{port}",
                     sock,
                     "--",
                 ]
                 argv = relay + argv
+            ns = userns.namespaces(*self._owner) if self._owner else None
+            fds = ns or ()
+            writable = [str(root / d) for d in ("workspace", "home", "tmp", *(("state",) if system else ()))]
+            readonly = [(str(root / "run"), str(root / "run"))] + [
+                (str(root / "run" / name), f"/etc/{name}") for name in ("passwd", "group")
+            ]
             argv = [
-                "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                "--tmpfs", "/tmp", "--bind", root, root, "--unshare-net", "--unshare-pid",
-                "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--chdir", cwd, "--", *argv,
+                *bwrap.argv(self._runtime, writable=writable, readonly=readonly,
+                            harness_prefix=self.harness_prefix, cwd=cwd, userns=ns),
+                *argv,
             ]  # fmt: skip
         if self._cgroup is not None:
             # Join the cgroup before exec so that every descendant is limited and killable.
             joins = " ".join(f"echo $$ > {f};" for f in self._cgroup.procs_files)
             argv = ["sh", "-c", f'{joins} exec "$@"', "polar-cg", *argv]
-        return argv
+        return argv, fds
 
     def _kill_tree(self, pgid: int) -> None:
         _killpg(pgid)
@@ -220,10 +276,22 @@ class LocalSandbox:
             raise ValueError(f"path {path!r} is outside the sandbox root {root}")
         return p
 
+    def _chown(self, path: Path) -> None:
+        if self._owner is not None:
+            os.chown(path, *self._owner, follow_symlinks=False)
+
+    def _mkdirs(self, path: Path) -> None:
+        """mkdir -p, each new folder owned by the sandbox user."""
+        missing = [p for p in (path, *path.parents) if not p.exists()]
+        for p in reversed(missing):
+            p.mkdir()
+            self._chown(p)
+
     def put_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         p = self._path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
+        self._mkdirs(p.parent)
         p.write_bytes(data)
+        self._chown(p)
         p.chmod(mode)
 
     def get_file(self, path: str) -> bytes:
@@ -231,28 +299,35 @@ class LocalSandbox:
 
     def put_archive(self, src: Path, dest: str) -> None:
         target = self._path(dest)
-        target.mkdir(parents=True, exist_ok=True)
+        self._mkdirs(target)
+        owner = self._owner
+
+        def owned(info: tarfile.TarInfo, where: str) -> tarfile.TarInfo:
+            info = tarfile.tar_filter(info, where)
+            return info.replace(uid=owner[0], gid=owner[1], uname="", gname="") if owner else info
+
         # Through tar, not copytree, so the semantics (symlinks, modes) match the docker backend.
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             tar.add(str(src), arcname=".")
         buf.seek(0)
         with tarfile.open(fileobj=buf, mode="r") as tar:
-            tar.extractall(target, filter="tar")
+            tar.extractall(target, filter=owned, numeric_owner=True)
+        self._chown(target)
 
     def get_archive(self, src: str, dest: Path) -> None:
         shutil.copytree(self._path(src), dest, symlinks=True, dirs_exist_ok=True)
 
     # -- diff ----------------------------------------------------------------------------------
     def baseline(self) -> str:
-        res = self.exec(["bash", "-c", gitdiff.baseline_script(self._git_dir, self.workdir)])
+        res = self._run(["bash", "-c", gitdiff.baseline_script(self._git_dir, self.workdir)], system=True)
         if res.exit_code != 0:
             raise RuntimeError(f"baseline commit failed: {res.stderr.strip()}")
         return res.stdout.strip()
 
     def diff(self, exclude: tuple[str, ...] = ()) -> str:
         script = gitdiff.diff_script(self._git_dir, self.workdir, gitdiff.HARNESS_STATE_DIRS + exclude)
-        res = self.exec(["bash", "-c", script])
+        res = self._run(["bash", "-c", script], system=True)
         if res.exit_code != 0:
             raise RuntimeError(f"workspace diff failed: {res.stderr.strip()}")
         return res.stdout

@@ -10,15 +10,15 @@ an interrupted run from its output directory.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from polar_pl.sft.run import generate
 
-# conf/ sits at the repository root (src layout); POLAR_CONF_DIR or Hydra's --config-dir override it.
-CONF = os.environ.get("POLAR_CONF_DIR") or str(Path(__file__).resolve().parents[3] / "conf")
+# The package's configs (polar_pl/conf, the checkout's conf/); POLAR_CONF_DIR or Hydra's
+# --config-dir override them.
+CONF = os.environ.get("POLAR_CONF_DIR") or "pkg://polar_pl.conf"
 
 
 @hydra.main(version_base=None, config_path=CONF, config_name="sft")

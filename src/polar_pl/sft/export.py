@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from polar_pl.datamodule.pools import INFRA_FAILURE
 from polar_pl.sft.conversation import turn_counts
 from polar_pl.sft.log import RolloutLog, write_atomic
 
@@ -102,7 +103,10 @@ def _mean(xs: list[float]) -> float:
 def compute_stats(log: RolloutLog, chat: list[dict[str, Any]], tokens: list[dict[str, Any]],
                   num_groups: int) -> dict[str, Any]:  # fmt: skip
     """Attempts, acceptance, turns per trajectory, tokens and chain breaks (merge stats)."""
-    attempts = list(log.attempts())
+    every = list(log.attempts())
+    # infrastructure failures are not the model's attempts: counted apart, out of the rates
+    infra = Counter(a["info"].get("infra_kind", "unknown") for a in every if a["status"] == INFRA_FAILURE)
+    attempts = [a for a in every if a["status"] != INFRA_FAILURE]
     accepted = [a for a in attempts if a["reason"] == "accepted"]
     breaks_accepted: Counter[str] = Counter()
     breaks_all: Counter[str] = Counter()
@@ -119,6 +123,7 @@ def compute_stats(log: RolloutLog, chat: list[dict[str, Any]], tokens: list[dict
         "groups_total": num_groups,
         "complete": len(log.groups) >= num_groups,
         "attempts": len(attempts),
+        "infra_failures": dict(sorted(infra.items())),
         "accepted": len(accepted),
         "acceptance_rate": len(accepted) / len(attempts) if attempts else 0.0,
         "rejected": dict(sorted(Counter(a["reason"] for a in attempts if a["reason"] != "accepted").items())),
@@ -195,6 +200,8 @@ tokens = load_dataset("json", data_files="tokens.jsonl", split="train")
 {rows}
 
 `rejected` counts attempts by reason (below_threshold, timeout, failed, no_rows, unreadable);
+`infra_failures` counts, by kind, attempts the infrastructure lost (sandbox start, image, exec,
+copy, host): they are not in `attempts`, the acceptance rate or the mean reward;
 turns are counted in each trajectory's chat conversation (the system prompt is not a turn);
 `breaks` are the merge strategy's chain breaks in the accepted attempts.
 

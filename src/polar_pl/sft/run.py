@@ -79,7 +79,8 @@ def fingerprint(
 
 
 def verdict(result: RolloutResult, threshold: float) -> str:
-    """Why an attempt is kept or not: accepted | failed | timeout | no_rows | below_threshold."""
+    """Why an attempt is kept or not: accepted | failed | timeout | infra_failure | no_rows |
+    below_threshold."""
     if result.status != OK:
         return result.status
     if not result.rows:

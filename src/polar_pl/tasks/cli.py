@@ -1,7 +1,9 @@
 """`polar-pl tasks`: list a task source, run the suite's self-check, export SWE-bench JSONL.
 
-polar-pl tasks list [--source builtin|learnable|swebench --data-files F]
-polar-pl tasks check [--ids calc-1 ...] [--difficulty hard] [--sandbox local|docker] [--json OUT]
+polar-pl tasks list [--source builtin|learnable|swebench|harbor --data-files F] [DIR]
+polar-pl tasks check [--ids calc-1 ...] [--difficulty hard] [--sandbox local|docker] [--runner pytest]
+                     [--json OUT]
+polar-pl tasks check --source harbor [DIR]   (solution/solve.sh passes, the empty attempt fails)
 polar-pl tasks export --out suite.jsonl
 """
 
@@ -28,11 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("export", "write the tasks as SWE-bench-format JSONL"),
     ):
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("--source", choices=("builtin", "learnable", "swebench"), default="builtin")
+        p.add_argument("--source", choices=("builtin", "learnable", "swebench", "harbor"), default="builtin")
+        p.add_argument("path", nargs="?", help="--source harbor: a task folder or a folder of them")
         p.add_argument("--data-files", nargs="+", help="JSONL / parquet files for --source swebench")
         p.add_argument("--repos-dir", help="directory of owner__name checkouts for --source swebench")
         p.add_argument("--ids", nargs="+", help="only these instance ids")
         p.add_argument("--difficulty", nargs="+", choices=("easy", "medium", "hard"))
+        p.add_argument("--runner", choices=("unittest", "pytest"), default="unittest",
+                       help="test runner for the built-in suite (the same tests either way)")
         if name == "check":
             p.add_argument("--sandbox", choices=("local", "docker"), default="local")
             p.add_argument("--docker-host", help="Docker engine URL (default: DOCKER_HOST)")
@@ -46,7 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _source(args: argparse.Namespace) -> TaskSource:
     common = {"instance_ids": args.ids, "difficulty": args.difficulty}
     if args.source == "builtin":
-        return BuiltinTaskSource(**common)
+        return BuiltinTaskSource(**common, runner=args.runner)
+    if args.source == "harbor":
+        from polar_pl.tasks.harbor import HarborTaskSource
+
+        return HarborTaskSource(args.path, **common)
     if args.source == "learnable":
         from polar_pl.tasks.learnable import LearnableTaskSource
 
@@ -61,9 +70,9 @@ def _sandbox_factory(args: argparse.Namespace):
         from polar_pl.sandbox.local import LocalSandbox
 
         return lambda: LocalSandbox(owner="tasks-check")
-    from polar_pl.sandbox.docker import DockerSandbox
+    from polar_pl.sandbox.docker_factory import DockerSandboxes
 
-    return lambda: DockerSandbox(image=args.image, docker_host=args.docker_host, owner="tasks-check")
+    return DockerSandboxes(image=args.image, docker_host=args.docker_host, owner="tasks-check")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,6 +83,11 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
+    if args.tasks_command == "check" and args.source == "harbor":
+        if args.sandbox != "docker":
+            console.print("[red]error:[/red] Harbor tasks run in their own images: use --sandbox docker")
+            return 2
+        return _check_harbor(console, source, tasks, args)
     if args.tasks_command == "list":
         _list(console, tasks)
         return 0
@@ -104,7 +118,8 @@ def _export(tasks: list[Task], out: Path) -> None:
                 "FAIL_TO_PASS": json.dumps(list(t.fail_to_pass)),
                 "PASS_TO_PASS": json.dumps(list(t.pass_to_pass)),
                 "setup_commands": list(t.setup_commands), "test_runner": t.test_runner,
-                "repo_path": t.repo_path, "difficulty": t.difficulty,
+                "repo_path": t.repo_path, "difficulty": t.difficulty, "image": t.image,
+                "image_context": t.image_context,
             }  # fmt: skip
             f.write(json.dumps(row) + "\n")
 
@@ -145,6 +160,37 @@ def _check(console: Console, source: TaskSource, tasks: list[Task], args: argpar
             {"instance_id": c.task.instance_id, "difficulty": c.task.difficulty, "ok": c.ok,
              "seconds": round(c.seconds, 3), "reference": c.reference.to_dict(),
              "unpatched": c.unpatched.to_dict()} for c in checks
+        ], indent=2))  # fmt: skip
+    return 0 if not bad else 1
+
+
+def _check_harbor(console: Console, source: TaskSource, tasks: list[Task], args: argparse.Namespace) -> int:
+    from polar_pl.tasks.suite_check import check_harbor
+
+    factory = _sandbox_factory(args)
+    verifier = source.make_evaluator(factory)
+    t0 = time.monotonic()
+    try:
+        checks = check_harbor(tasks, verifier, workers=args.workers)
+    finally:
+        verifier.close()
+        factory.close()
+    table = Table(title=f"Harbor self-check ({len(tasks)} tasks, {args.workers} workers)")
+    for col in ("task", "solution", "empty attempt", "check s"):
+        table.add_column(col)
+    for c in checks:
+        ref, empty = c.reference, c.unpatched
+        table.add_row(c.task.instance_id, f"{ref.status} ({ref.reward:g})", f"{empty.status} ({empty.reward:g})",
+                      f"{c.seconds:.1f}", style="" if c.ok else "red")  # fmt: skip
+    console.print(table)
+    bad = [c for c in checks if not c.ok]
+    for c in bad:
+        console.print(f"[red]{c.task.instance_id}[/red]: {c.problem()}")
+    console.print(f"{len(checks) - len(bad)}/{len(checks)} tasks ok in {time.monotonic() - t0:.1f}s wall")
+    if args.json:
+        args.json.write_text(json.dumps([
+            {"instance_id": c.task.instance_id, "ok": c.ok, "seconds": round(c.seconds, 3),
+             "solution": c.reference.to_dict(), "empty": c.unpatched.to_dict()} for c in checks
         ], indent=2))  # fmt: skip
     return 0 if not bad else 1
 

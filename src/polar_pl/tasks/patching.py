@@ -5,7 +5,8 @@ patch's index lines), then `git apply` with reduced context and whitespace toler
 `patch --fuzz` when the image has it. Afterwards every test file the agent touched is reverted to
 the baseline (or deleted, if the agent created it) before the task's test patch goes in, so a patch
 that edits the tests cannot make them pass. "Test file" means a file the test patch touches, a file
-the test ids load, or test-run hooks such as conftest.py (see `protected_paths`).
+the test ids load, or test-run hooks such as conftest.py or a .pth file (see `protected_paths`).
+The evaluator then writes the task's own copy of them over the result (trusted.py).
 """
 
 from __future__ import annotations
@@ -52,7 +53,10 @@ def is_test_path(path: str) -> bool:
 
 
 # Files that configure or hook into the test run wherever they are; never part of a fix.
-_TEST_INFRA = ("conftest.py", "pytest.ini", "sitecustomize.py", "usercustomize.py")
+_TEST_INFRA = ("conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "sitecustomize.py", "usercustomize.py")
+# Where a patch may never write: git's own files (config can run programs: fsmonitor, hooks) and the
+# evaluation kit's folder.
+_FORBIDDEN_DIRS = (".git", ".polar_eval")
 
 
 def protected_paths(test_patch: str, test_ids: tuple[str, ...]) -> set[str]:
@@ -75,7 +79,13 @@ def protected_paths(test_patch: str, test_ids: tuple[str, ...]) -> set[str]:
 
 
 def must_restore(path: str, protected: set[str]) -> bool:
-    return path in protected or PurePosixPath(path).name in _TEST_INFRA
+    name = PurePosixPath(path).name
+    return path in protected or name in _TEST_INFRA or name.endswith(".pth")
+
+
+def forbidden_paths(patch: str) -> list[str]:
+    """Paths of the patch inside .git/ or the evaluation kit's folder."""
+    return sorted(p for p in patch_paths(patch) if set(PurePosixPath(p).parts) & set(_FORBIDDEN_DIRS))
 
 
 def apply_patch(sandbox: Sandbox, patch: str, *, name: str = "agent", timeout: float = 60.0) -> ApplyOutcome:

@@ -5,10 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-# resolved / unresolved: the tests ran. The others say why they did not (reward is then 0).
-EvalStatus = Literal["resolved", "unresolved", "empty_patch", "no_answer", "patch_failed", "timeout", "error"]
+# resolved / unresolved: the tests ran. tampering: the attempt reached for the evaluation itself
+# (reward 0, trained on). The others say why the tests did not run (reward 0; "error" is masked).
+# infra_failure: the evaluation sandbox could not be had or used (see polar_pl.sandbox.infra); masked.
+EvalStatus = Literal[
+    "resolved", "unresolved", "tampering", "empty_patch", "no_answer", "patch_failed", "timeout", "error",
+    "infra_failure",
+]
 TestKind = Literal["FAIL_TO_PASS", "PASS_TO_PASS"]
-Outcome = Literal["passed", "failed", "error", "skipped", "missing", "timeout"]
+Outcome = Literal["passed", "xfail", "failed", "xpass", "error", "skipped", "missing", "timeout"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +25,7 @@ class TestOutcome:
 
     @property
     def passed(self) -> bool:
-        return self.outcome == "passed"
+        return self.outcome in ("passed", "xfail")  # an expected failure passes, as in SWE-bench
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,8 @@ class EvalResult:
     prewarm_s: float = 0.0  # time spent preparing the evaluation sandbox (overlaps the agent run)
     duration_s: float = 0.0  # time evaluate() itself took
     log: str = field(default="", repr=False)  # tail of the test run output
+    infra_kind: str | None = None  # with status infra_failure: which operation failed
+    tampering: tuple[str, ...] = ()  # what the guard caught (status "tampering")
 
     @property
     def resolved(self) -> bool:
@@ -58,6 +65,7 @@ class EvalResult:
             "reason": self.reason,
             "patch_method": self.patch_method,
             "restored_test_files": list(self.restored_test_files),
+            "tampering": list(self.tampering),
             "prewarm_s": round(self.prewarm_s, 3),
             "duration_s": round(self.duration_s, 3),
             "tests": [

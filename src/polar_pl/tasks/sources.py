@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from polar_pl.tasks.evaluator import Evaluator, SandboxEvaluator, SandboxFactory
-from polar_pl.tasks.task import Task, TaskFormatError, task_from_row
+from polar_pl.tasks.task import TEST_RUNNERS, Task, TaskFormatError, task_from_row
 
 EvaluatorPartial = Callable[..., Evaluator]
 
@@ -159,7 +159,8 @@ def _diagnose_jsonl(data_files: list[str]) -> None:
 
 
 class BuiltinTaskSource(_Source):
-    """The shipped bug-fix suite (see `polar_pl.tasks.builtin`)."""
+    """The shipped bug-fix suite (see `polar_pl.tasks.builtin`); `runner` picks the test runner
+    (unittest, or pytest running the same tests by node id)."""
 
     def __init__(
         self,
@@ -167,10 +168,14 @@ class BuiltinTaskSource(_Source):
         difficulty: Sequence[str] | str | None = None,
         instance_ids: Sequence[str] | None = None,
         limit: int | None = None,
+        runner: str = "unittest",
     ) -> None:
         super().__init__(evaluator, difficulty, instance_ids, limit)
+        if runner not in TEST_RUNNERS:
+            raise ValueError(f"task.runner is {runner!r}; allowed: {', '.join(TEST_RUNNERS)}")
+        self.runner = runner
 
     def _load(self) -> list[Task]:
         from polar_pl.tasks.builtin import load_suite
 
-        return load_suite()
+        return load_suite(self.runner)

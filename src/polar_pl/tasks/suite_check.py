@@ -58,3 +58,40 @@ def check_suite(tasks: list[Task], evaluator: SandboxEvaluator, workers: int = 2
     """Check every task (in parallel); results in the order of `tasks`."""
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="polar-check") as pool:
         return list(pool.map(lambda t: check_task(t, evaluator), tasks))
+
+
+@dataclass(frozen=True, slots=True)
+class HarborCheck:
+    """A Harbor task's self-check: its solution/solve.sh passes, the empty attempt does not."""
+
+    task: Task
+    reference: EvalResult  # the oracle's workspace diff, verified like an agent's
+    unpatched: EvalResult  # the empty attempt
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.reference.resolved and not self.unpatched.resolved
+
+    def problem(self) -> str:
+        if not self.reference.resolved:
+            return f"solution: {self.reference.status}: {self.reference.reason[:300]}"
+        if self.unpatched.resolved:
+            return f"the empty attempt passes: {self.unpatched.reason[:300]}"
+        return ""
+
+
+def check_harbor_task(task, verifier) -> HarborCheck:
+    t0 = time.monotonic()
+    try:
+        patch = verifier.run_oracle(task)
+    except (RuntimeError, ValueError) as exc:
+        failed = EvalResult(task.instance_id, 0.0, "error", f"solution/solve.sh: {exc}")
+        return HarborCheck(task, failed, verifier.evaluate_attempt(task, ""), time.monotonic() - t0)
+    reference = verifier.evaluate_attempt(task, patch)
+    return HarborCheck(task, reference, verifier.evaluate_attempt(task, ""), time.monotonic() - t0)
+
+
+def check_harbor(tasks: list[Task], verifier, workers: int = 2) -> list[HarborCheck]:
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="polar-check") as pool:
+        return list(pool.map(lambda t: check_harbor_task(t, verifier), tasks))

@@ -8,6 +8,12 @@ and where the repository snapshot comes from (`repo_path`: a directory of plain 
 git repository that holds `base_commit`). `FAIL_TO_PASS` / `PASS_TO_PASS` may be
 JSON-encoded strings, as SWE-bench ships them, or real lists.
 
+A row may name its container image (`image`, or the `image_name` / `docker_image` fields that
+SWE-smith, SWE-rebench and R2E-Gym rows carry; see images.py for the SWE-bench and SWE-Gym naming
+schemes) and a build context (`image_context`: a directory with a Dockerfile) for when the image
+can be neither found nor pulled. A task with an image and no `repo_path` finds its repository in
+the image (at the image's WORKDIR, `/testbed` for SWE-bench images).
+
 Answer-scored tasks (the learnable family) have no repository: their reward comes from the agent's
 final answer text, checked by the verifier named in `answer_check`.
 """
@@ -25,6 +31,7 @@ DIFFICULTIES: tuple[str, ...] = ("easy", "medium", "hard")
 
 # SWE-bench fields we keep verbatim in `extra` when present (they do not change evaluation).
 _PASSTHROUGH = ("version", "environment_setup_commit", "created_at", "hints_text")
+IMAGE_FIELDS = ("image", "image_name", "docker_image")  # ours, SWE-smith / SWE-rebench, R2E-Gym
 
 
 class TaskFormatError(ValueError):
@@ -63,6 +70,8 @@ class Task:
     repo_path: str | None = None  # host directory (plain files) or local git repo holding base_commit
     difficulty: str | None = None
     answer_check: AnswerCheck | None = None
+    image: str | None = None  # the container image agent and evaluator sandboxes start from
+    image_context: str | None = None  # host directory with a Dockerfile that builds `image`
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -142,12 +151,15 @@ def task_from_row(row: Mapping[str, Any], *, origin: str = "", repo_path: str | 
         raise TaskFormatError(iid, "setup_commands", "must be a list of shell command strings", origin)
     f2p = _test_list(row.get("FAIL_TO_PASS", row.get("fail_to_pass")), iid, "FAIL_TO_PASS", origin)
     p2p = _test_list(row.get("PASS_TO_PASS", row.get("pass_to_pass")), iid, "PASS_TO_PASS", origin)
+    image, image_context = _image_fields(row, iid, origin)
     if patch_scored and not f2p:
         raise TaskFormatError(iid, "FAIL_TO_PASS", "is empty: nothing would show the fix", origin)
     test_command = row.get("test_command", row.get("test_cmd"))
     if test_command is not None and (not isinstance(test_command, str) or not test_command.strip()):
         raise TaskFormatError(iid, "test_command", "must be a non-empty shell command string", origin)
     row_repo_path = row.get("repo_path")
+    if row_repo_path is None and image is not None:
+        repo_path = None  # the repository is in the image (repos_dir applies to image-less rows)
     if row_repo_path is not None and not isinstance(row_repo_path, str):
         raise TaskFormatError(iid, "repo_path", "must be a string path", origin)
     return Task(
@@ -165,5 +177,20 @@ def task_from_row(row: Mapping[str, Any], *, origin: str = "", repo_path: str | 
         repo_path=row_repo_path or repo_path,
         difficulty=difficulty,
         answer_check=answer_check,
+        image=image,
+        image_context=image_context,
         extra={k: row[k] for k in _PASSTHROUGH if row.get(k) is not None},
     )
+
+
+def _image_fields(row: Mapping[str, Any], iid: str, origin: str) -> tuple[str | None, str | None]:
+    image = next((row[k] for k in IMAGE_FIELDS if row.get(k) is not None), None)
+    name = next((k for k in IMAGE_FIELDS if row.get(k) is not None), "image")
+    if image is not None and (not isinstance(image, str) or not image.strip() or " " in image):
+        raise TaskFormatError(iid, name, "must be an image reference such as repo/name:tag", origin)
+    context = row.get("image_context")
+    if context is not None and not isinstance(context, str):
+        raise TaskFormatError(iid, "image_context", "must be a directory path holding a Dockerfile", origin)
+    if context is not None and image is None:
+        raise TaskFormatError(iid, "image_context", "needs an image name to tag the build with", origin)
+    return image, context

@@ -1,36 +1,36 @@
-"""Running a task's FAIL_TO_PASS and PASS_TO_PASS tests in a sandbox and reading per-test outcomes.
+"""Running a task's tests in the evaluation sandbox so that the code under test cannot decide them.
 
-`unittest` tasks (the built-in suite; images with only python3 + git) use our stdlib runner, which
-writes one outcome per id to a JSON file. `pytest` tasks (SWE-bench instances) run
-`python -m pytest -rA` and are read from the short summary, the way SWE-bench's log parsers do.
+The host puts the task's own test files (from `trusted.py`, never the agent's) and the in-sandbox
+kit (`inside/`: supervisor, runner, guard, pytest plugin, and for images without pytest the pytest
+bundle) into the sandbox, then runs the supervisor once with a fresh key in its environment. The
+supervisor runs one fresh child process per test file and answers with one MACed line; the host
+accepts outcomes only from that line (key and nonce checked), never from what the tests print.
+The pytest log printed by the children is still read, with SWE-bench's parser, to catch forged
+`PASSED` lines. Outcomes: passed, xfail, failed, error, skipped, missing, timeout, xpass.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
-import re
+import posixpath
 import secrets
 import shlex
 from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 
 from polar_pl.sandbox.protocol import Sandbox
 from polar_pl.tasks.results import TestOutcome
 from polar_pl.tasks.task import Task
 
-RUNNER_PATH = ".polar_eval/unittest_runner.py"
-PYTEST_COMMAND = "python3 -m pytest -rA -p no:cacheprovider --no-header -q"
-_PYTEST_LINE = re.compile(
-    r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+)(?:\s+-\s+(.*))?$", re.MULTILINE
-)
-_PYTEST_MAP = {
-    "PASSED": "passed",
-    "XFAIL": "passed",
-    "FAILED": "failed",
-    "XPASS": "failed",
-    "ERROR": "error",
-    "SKIPPED": "skipped",
-}
+KIT_DIR = ".polar_eval"
+CONFIG_DIR = f"{KIT_DIR}/cfg"
+_SOURCES = {"polar_guard": "guard.py", "polar_runner": "runner.py", "polar_pytest_plugin": "pytest_plugin.py"}
+_PYTEST_ARGS = ("-p", "no:cacheprovider", "-o", "enable_assertion_pass_hook=true", "-rA", "-q")
+STARTUP_S = 60.0  # per child: interpreter, pytest import and collection
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,63 +38,155 @@ class TestRun:
     outcomes: tuple[TestOutcome, ...]
     timed_out: bool
     log: str
+    tampering: tuple[str, ...] = ()
+    error: str = ""  # the supervisor gave no valid report (reward 0, status error)
 
 
-def runner_source() -> bytes:
-    return resources.files("polar_pl.tasks").joinpath("unittest_runner.py").read_bytes()
+@cache
+def _kit_file(name: str) -> bytes:
+    return resources.files("polar_pl.tasks.inside").joinpath(name).read_bytes()
 
 
-def install_runner(sandbox: Sandbox) -> None:
-    """Put the stdlib runner into the sandbox (done while pre-warming)."""
-    sandbox.put_file(RUNNER_PATH, runner_source())
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
-def run_tests(sandbox: Sandbox, task: Task, *, timeout: float, per_test_timeout: float = 60.0) -> TestRun:
-    """Run the task's tests; every requested id gets an outcome ("missing" if never reported)."""
+def group_by_file(task: Task, trusted: dict[str, bytes]) -> list[list[str]]:
+    """Test ids grouped by the file that holds them, in the task's order (one child each)."""
+    groups: dict[str, list[str]] = {}
+    for test_id in task.test_ids:
+        groups.setdefault(_test_file(test_id, trusted), []).append(test_id)
+    return list(groups.values())
+
+
+def _test_file(test_id: str, trusted: dict[str, bytes]) -> str:
+    if "::" in test_id or test_id.endswith(".py"):
+        return test_id.split("::", 1)[0]
+    parts = test_id.split(".")
+    for k in range(len(parts), 0, -1):
+        stem = "/".join(parts[:k])
+        if f"{stem}.py" in trusted:
+            return f"{stem}.py"
+    return "/".join(parts[:-2] or parts[:1])
+
+
+def pytest_command(task: Task) -> tuple[str, list[str]]:
+    """(python, extra pytest args) from the task's test command: `[python -m] pytest ARGS`."""
+    if not task.test_command:
+        return "python3", []
+    argv = shlex.split(task.test_command)
+    if len(argv) >= 3 and argv[1:3] == ["-m", "pytest"]:
+        return argv[0], argv[3:]
+    if argv and posixpath.basename(argv[0]) in ("pytest", "py.test"):
+        return "python3", argv[1:]
+    raise ValueError(
+        f"task {task.instance_id!r}: test_command {task.test_command!r} must be `pytest ARGS` or "
+        "`PYTHON -m pytest ARGS` (the evaluator runs pytest itself, one process per test file)"
+    )
+
+
+def _spec(task: Task, sandbox: Sandbox, trusted: dict[str, bytes], timeout_s: float, nonce: str) -> dict:
+    spec = {
+        "nonce": nonce, "workspace": sandbox.workdir, "mode": task.test_runner,
+        "files": group_by_file(task, trusted), "timeout_s": timeout_s, "startup_s": STARTUP_S,
+        "trusted": {rel: _sha(data) for rel, data in trusted.items()},
+        "sources": {name: (f, _sha(_kit_file(f))) for name, f in _SOURCES.items()},
+        # Plugins come only from `-p NAME` in the task's test command: faster, and the same run
+        # whatever else the image has installed.
+        "env": {"HOME": sandbox.home, "LANG": "C.UTF-8", "PY_COLORS": "0", "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+    }  # fmt: skip
     if task.test_runner == "pytest":
-        raw, timed_out, log = _run_pytest(sandbox, task, timeout)
-    else:
-        raw, timed_out, log = _run_unittest(sandbox, task, timeout, per_test_timeout)
-    outcomes = []
+        from polar_pl.tasks.pytest_bundle import bundle
+
+        extra = pytest_command(task)[1]
+        config = next(p for p in trusted if p.startswith(f"{CONFIG_DIR}/"))
+        spec["pytest_args"] = [*_PYTEST_ARGS, "--rootdir", sandbox.workdir, "-c", config, *extra]
+        spec["bundle"] = ("pytest-bundle.zip", _sha(bundle()))
+    return spec
+
+
+def install_kit(sandbox: Sandbox, task: Task, trusted: dict[str, bytes], timeout_s: float, nonce: str) -> None:
+    """Write the kit and the spec into the sandbox (after the agent's patch and the test files)."""
+    for f in _SOURCES.values():
+        sandbox.put_file(f"{KIT_DIR}/{f}", _kit_file(f))
+    sandbox.put_file(f"{KIT_DIR}/supervisor.py", _kit_file("supervisor.py"))
+    spec = _spec(task, sandbox, trusted, timeout_s, nonce)
+    if "bundle" in spec:
+        from polar_pl.tasks.pytest_bundle import bundle
+
+        sandbox.put_file(f"{KIT_DIR}/pytest-bundle.zip", bundle())
+    sandbox.put_file(f"{KIT_DIR}/spec.json", json.dumps(spec).encode())
+
+
+def run_tests(
+    sandbox: Sandbox, task: Task, trusted: dict[str, bytes], *, timeout: float, per_test_timeout: float = 60.0
+) -> TestRun:
+    """Run the task's tests through the supervisor; every requested id gets an outcome."""
+    key, nonce = secrets.token_bytes(32), secrets.token_hex(16)
+    install_kit(sandbox, task, trusted, per_test_timeout, nonce)
+    spec_sha = _sha(sandbox.get_file(f"{KIT_DIR}/spec.json"))
+    python = pytest_command(task)[0] if task.test_runner == "pytest" else "python3"
+    res = sandbox.exec(
+        [python, "-I", "-B", f"{KIT_DIR}/supervisor.py", f"{KIT_DIR}/spec.json"],
+        env={"POLAR_EVAL_KEY": key.hex()}, timeout=timeout,
+    )  # fmt: skip
+    log = res.stderr[-8000:]
+    report, problem = read_report(res.stdout, key, nonce, spec_sha)
+    if report is None:
+        if res.timed_out:
+            return TestRun(_outcomes(task, {}, {}, timed_out=True), True, log)
+        if problem.startswith("tampering"):
+            return TestRun(_outcomes(task, {}, {}), False, log, (problem.removeprefix("tampering: "),))
+        if res.exit_code < 0 or res.exit_code > 128:
+            why = f"the evaluation supervisor was killed (exit {res.exit_code}) before reporting"
+            return TestRun(_outcomes(task, {}, {}), False, log, (why,))
+        return TestRun(_outcomes(task, {}, {}), False, log, error=f"{problem} (exit {res.exit_code}): {log[-600:]}")
+    outcomes = _outcomes(task, report["results"], report["fatal"])
+    tampering = list(report["tampering"])
+    if task.test_runner == "pytest":
+        tampering += forged_log_lines(report["log"], outcomes)
+    return TestRun(outcomes, False, (report["log"][-8000:] + log)[-8000:], tuple(tampering))
+
+
+def read_report(stdout: str, key: bytes, nonce: str, spec_sha: str) -> tuple[dict | None, str]:
+    """The supervisor's report if exactly one authentic one is there; else (None, why)."""
+    lines = [line for line in stdout.splitlines() if line.startswith("POLAR-REPORT ")]
+    if not lines:
+        return None, "the evaluation supervisor gave no report"
+    if len(lines) > 1:
+        return None, "tampering: more than one evaluation report on the supervisor's output"
+    try:
+        _, b64, mac = lines[0].split(" ")
+        payload = base64.b64decode(b64, validate=True)
+    except ValueError:
+        return None, "tampering: a malformed evaluation report"
+    if not hmac.compare_digest(hmac.new(key, payload, hashlib.sha256).hexdigest(), mac):
+        return None, "tampering: an evaluation report not signed with this evaluation's key"
+    report = json.loads(payload)
+    if report.get("nonce") != nonce or report.get("spec_sha") != spec_sha:
+        return None, "tampering: an evaluation report from another run"
+    return report, ""
+
+
+def _outcomes(task: Task, results: dict, fatal: dict, *, timed_out: bool = False) -> tuple[TestOutcome, ...]:
+    out = []
     for kind, ids in (("FAIL_TO_PASS", task.fail_to_pass), ("PASS_TO_PASS", task.pass_to_pass)):
         for test_id in ids:
-            got = raw.get(test_id)
+            got = results.get(test_id)
             if got is None:
-                outcome = "timeout" if timed_out else "missing"
-                outcomes.append(TestOutcome(test_id, kind, outcome, "no result reported"))
+                outcome = "timeout" if timed_out else "error" if test_id in fatal else "missing"
+                out.append(TestOutcome(test_id, kind, outcome, fatal.get(test_id, "no result reported")))
             else:
-                outcomes.append(TestOutcome(test_id, kind, got["outcome"], got.get("detail", "")))
-    return TestRun(tuple(outcomes), timed_out, log)
+                out.append(TestOutcome(test_id, kind, got["outcome"], got.get("detail", "")))
+    return tuple(out)
 
 
-def _run_unittest(
-    sandbox: Sandbox, task: Task, timeout: float, per_test_timeout: float
-) -> tuple[dict, bool, str]:
-    nonce = secrets.token_hex(8)
-    ids_path, out_path = f".polar_eval/ids-{nonce}.json", f".polar_eval/out-{nonce}.json"
-    sandbox.put_file(ids_path, json.dumps(list(task.test_ids)).encode())
-    res = sandbox.exec(
-        f"python3 -I {RUNNER_PATH} {ids_path} {out_path} {per_test_timeout:g}", timeout=timeout
-    )
-    log = (res.stdout + res.stderr)[-8000:]
-    try:
-        raw = json.loads(sandbox.get_file(out_path))
-    except (OSError, ValueError, KeyError) as exc:  # no file: the runner died before the first test
-        log += f"\n[polar] no results file: {exc!r}"
-        raw = {}
-    return raw, res.timed_out, log
+def forged_log_lines(log: str, outcomes: tuple[TestOutcome, ...]) -> list[str]:
+    """Tests the printed pytest summary (read with SWE-bench's parser) calls passing although the
+    runner recorded otherwise: someone printed forged result lines."""
+    from swebench.harness.log_parsers.python import parse_log_pytest
 
-
-def _run_pytest(sandbox: Sandbox, task: Task, timeout: float) -> tuple[dict, bool, str]:
-    ids = " ".join(shlex.quote(t) for t in task.test_ids)
-    res = sandbox.exec(f"{task.test_command or PYTEST_COMMAND} {ids}", timeout=timeout)
-    log = res.stdout + res.stderr
-    return parse_pytest_summary(log), res.timed_out, log[-8000:]
-
-
-def parse_pytest_summary(log: str) -> dict[str, dict[str, str]]:
-    """Map test id -> outcome from the `-rA` short test summary lines."""
-    out: dict[str, dict[str, str]] = {}
-    for status, test_id, detail in _PYTEST_LINE.findall(log):
-        out[test_id] = {"outcome": _PYTEST_MAP[status], "detail": detail or ""}
-    return out
+    claimed = parse_log_pytest(log, None)
+    forged = [t.test_id for t in outcomes if claimed.get(t.test_id) in ("PASSED", "XFAIL") and not t.passed]
+    return [f"the test output claims {', '.join(forged[:3])} passed"] if forged else []

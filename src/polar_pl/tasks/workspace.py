@@ -83,12 +83,29 @@ def _is_git_repo(path: Path) -> bool:
     return probe.returncode == 0 and Path(path, probe.stdout.strip()).resolve().parent == path.resolve()
 
 
+def new_sandbox(factory, task: Task) -> Sandbox:
+    """A fresh (not started) sandbox for `task`: from the task's own image when it has one, which
+    only a backend whose factory says `per_task_images` (sandbox=docker) can do."""
+    if task.image is None:
+        return factory()
+    if not getattr(factory, "per_task_images", False):
+        raise PrepareError(
+            f"task {task.instance_id!r} runs in its own image {task.image!r}: use sandbox=docker "
+            f"(this sandbox backend, {getattr(factory, 'func', factory)!r}, has no images)"
+        )
+    owned = tuple(getattr(task, "owned_paths", ()))  # paths of the task format (Harbor's /logs, /tests)
+    extra = {"owned_paths": owned} if owned else {}
+    return factory(image=task.image, image_context=task.image_context, **extra)
+
+
 def prepare_workspace(task: Task, sandbox: Sandbox, *, setup_timeout: float = 600.0) -> None:
-    """Copy the snapshot into a started sandbox, run setup commands, and commit the baseline."""
-    with tempfile.TemporaryDirectory(prefix="polar-snap-") as tmp:
-        snap = Path(tmp) / "repo"
-        materialize_snapshot(task, snap)
-        sandbox.put_archive(snap, sandbox.workdir)
+    """Copy the snapshot into a started sandbox, run setup commands, and commit the baseline.
+    A task whose image holds its repository (an image and no repo_path) gets no snapshot."""
+    if task.repo_path is not None or task.image is None:
+        with tempfile.TemporaryDirectory(prefix="polar-snap-") as tmp:
+            snap = Path(tmp) / "repo"
+            materialize_snapshot(task, snap)
+            sandbox.put_archive(snap, sandbox.workdir)
     for cmd in task.setup_commands:
         res = sandbox.exec(cmd, timeout=setup_timeout)
         if res.exit_code != 0:

@@ -6,6 +6,8 @@
   smoke      the scripted two-turn shell-tool task every harness can run (`SHELL_TOOL`)
   clitrace   a real harness CLI doing a three-turn tool task through a fresh gateway: merge stats
   sandbox    pytest fixtures for a private Docker engine and the sandbox leftover check
+  hosts      a second (TLS, TCP) engine as a remote host, a local registry, wheel-built per-task
+             images, a TCP proxy that can cut a host off (and their session fixtures)
 
 This is the only package allowed to import pytest (a `test` extra, not a runtime dependency).
 """

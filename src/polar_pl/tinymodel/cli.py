@@ -22,6 +22,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fine-tune on generated chat/tool-use conversations so tool calls are well formed",
     )
     parser.add_argument("--warm-start-minutes", type=float, default=3.0, help="CPU minutes for --warm-start")
+    parser.add_argument(
+        "--harness",
+        default=None,
+        help="fine-tune --base for this CLI harness, inside its real request (needs the CLI installed)",
+    )
+    parser.add_argument("--base", default=None, help="with --harness: the warm-started model to start from")
+    parser.add_argument(
+        "--harness-prefix", default=None, help="where the CLIs are installed (default: $POLAR_HARNESS_PREFIX)"
+    )
+    parser.add_argument("--if-missing", action="store_true", help="keep an existing model at --out")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     if args.warm_start_minutes <= 0:
         print("error: --warm-start-minutes must be positive", file=sys.stderr)
         return 2
+    if args.harness is not None:
+        return _run_harness(args)
     try:
         out = build_tiny_model(
             args.out,
@@ -39,6 +51,31 @@ def run(args: argparse.Namespace) -> int:
             warm_start_minutes=args.warm_start_minutes,
         )
     except (ValueError, ImportError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    record = json.loads((out / BUILD_RECORD).read_text())
+    print(json.dumps({"out": str(out), **record}, indent=2))
+    return 0
+
+
+def _run_harness(args: argparse.Namespace) -> int:
+    import os
+
+    from polar_pl.tinymodel.build import BUILD_RECORD, build_harness_model
+
+    prefix = args.harness_prefix or os.environ.get("POLAR_HARNESS_PREFIX")
+    if args.base is None or prefix is None:
+        print(
+            "error: --harness needs --base DIR and --harness-prefix (or $POLAR_HARNESS_PREFIX)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        out = build_harness_model(
+            args.out, args.harness, args.base, prefix, seed=args.seed,
+            minutes=args.warm_start_minutes, if_missing=args.if_missing,
+        )  # fmt: skip
+    except (ValueError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     record = json.loads((out / BUILD_RECORD).read_text())

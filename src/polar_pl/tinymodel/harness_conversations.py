@@ -19,7 +19,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from polar_pl.tasks.learnable import _ECHO_WORDS, _TOPICS, _UPPER_TEMPLATES, file_task_prompt
+from polar_pl.tasks.learnable import _ECHO_WORDS, _TOPICS, _UPPER_TEMPLATES, file_task_prompt, learnable_task
 
 SHELL_NAMES = ("Bash", "bash", "exec_command", "run_shell_command", "shell")
 COMMAND_ARGS = ("command", "cmd")
@@ -86,9 +86,9 @@ def _caps(text: str, rng: random.Random) -> str:
     return text.upper() if rng.random() < 0.5 else text
 
 
-def uppercase_example(rng: random.Random) -> Example:
+def uppercase_example(rng: random.Random, task: str | None = None) -> Example:
     topic = rng.choice(_TOPICS)
-    task = rng.choice(_UPPER_TEMPLATES).format(topic=topic)
+    task = task or rng.choice(_UPPER_TEMPLATES).format(topic=topic)
     answer = rng.choice(_SENTENCES).format(topic=topic)
     return Example(task, (("assistant", {"role": "assistant", "content": _caps(answer, rng)}),))
 
@@ -100,10 +100,10 @@ def echo_example(rng: random.Random) -> Example:
     return Example(task, (("assistant", {"role": "assistant", "content": answer}),))
 
 
-def file_example(rng: random.Random, harness: str, tool: ShellTool, index: int) -> Example:
-    word = rng.choice(_ECHO_WORDS).upper()
+def file_example(rng: random.Random, harness: str, tool: ShellTool, index: int, word: str | None = None) -> Example:
+    word = word or rng.choice(_ECHO_WORDS).upper()
     written = rng.choice([word, word, word.lower(), word.title(), rng.choice(_ECHO_WORDS).upper()])
-    command = f"printf %s {shlex.quote(written)} > {ANSWER_FILE}"
+    command = f"echo {shlex.quote(written)} > {ANSWER_FILE}"
     call = {
         "id": f"call_{index}_{rng.randrange(16**8):08x}",
         "type": "function",
@@ -135,4 +135,19 @@ def examples(harness: str, tools: list[dict[str, Any]], seed: int, count: int) -
             out.append(echo_example(rng))
         else:
             out.append(file_example(rng, harness, tool, i))
+    return out
+
+
+def task_examples(harness: str, tools: list[dict[str, Any]], seed: int, n_upper: int, per_task: int) -> dict[str, list[Example]]:
+    """Examples for the learnable tasks RL will use, by prompt: every `file` task (one per word)
+    and the first `n_upper` `uppercase` tasks of `seed` (the task source's own prompts)."""
+    rng = random.Random(seed)
+    tool = shell_tool(tools)
+    out: dict[str, list[Example]] = {}
+    for word in _ECHO_WORDS:
+        task = file_task_prompt(word.upper())
+        out[task] = [file_example(rng, harness, tool, i, word.upper()) for i in range(per_task)]
+    for i in range(n_upper):
+        task = learnable_task("uppercase", i, seed).prompt
+        out.setdefault(task, [uppercase_example(rng, task) for _ in range(per_task)])
     return out

@@ -11,22 +11,24 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from polar_pl.tinymodel.harness_warmstart import Context, compute_kvs
+from polar_pl.tinymodel.harness_capture import HarnessPrompt
+from polar_pl.tinymodel.harness_data import Group, probe_contexts
+from polar_pl.tinymodel.harness_warmstart import compute_kvs
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 @torch.no_grad()
 def sample_after(
-    model: PreTrainedModel, ctx: Context, n: int, max_new: int, eos: int, temperature: float, seed: int
+    model: PreTrainedModel, ctx: Group, n: int, max_new: int, eos: int, temperature: float, seed: int
 ) -> list[list[int]]:
-    """n continuations of ctx (whose KV is computed) until eos or max_new tokens."""
+    """n continuations of the request `ctx.prefix` (its KV computed) until eos or max_new tokens."""
     gen = torch.Generator().manual_seed(seed)
-    p = len(ctx.ids)
+    p = len(ctx.prefix)
     # The context's last token is run again to get the first next-token logits.
     kv = [(k[:, :, : p - 1].expand(n, -1, -1, -1), v[:, :, : p - 1].expand(n, -1, -1, -1)) for k, v in ctx.kv]
     cache = DynamicCache(ddp_cache_data=kv)
-    token = torch.full((n, 1), ctx.ids[-1])
+    token = torch.full((n, 1), ctx.prefix[-1])
     out: list[list[int]] = [[] for _ in range(n)]
     done = [False] * n
     for step in range(max_new):
@@ -53,10 +55,11 @@ def _caps_share(text: str) -> float:
 
 
 def evaluate(
-    model: PreTrainedModel, tok, contexts: list[Context], shell: str, samples: int = 4, seed: int = 0
+    model: PreTrainedModel, tok, prompt: HarnessPrompt, shell: str, samples: int = 4, seed: int = 0
 ) -> dict[str, Any]:
-    """Rates over `samples` sampled (temperature 1) continuations of each held-out context."""
+    """Rates over `samples` sampled (temperature 1) continuations of RL's tasks in the request."""
     eos = tok.convert_tokens_to_ids("<|im_end|>")
+    contexts = [Group("probe", ids, task=task) for task, ids in probe_contexts(tok, prompt, seed)]
     compute_kvs(model, contexts)
     ended, calls_ok, file_n, caps, upper_n, answers = 0, 0, 0, [], 0, []
     total = 0
@@ -66,10 +69,10 @@ def evaluate(
             text = tok.decode(ids, skip_special_tokens=False)
             answers.append(text[:120])
             ended += ids[-1] == eos
-            if "answer.txt" in ctx.task:
+            if "answer.txt" in (ctx.task or ""):
                 file_n += 1
                 calls_ok += _well_formed(text, shell)
-            elif "CAPITAL" in ctx.task or "caps" in ctx.task or "UPPERCASE" in ctx.task:
+            else:
                 upper_n += 1
                 caps.append(_caps_share(text.replace("<|im_end|>", "")))
     return {

@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse
-from jinja2 import Environment, FileSystemLoader, select_autoescape
+from jinja2 import Environment, FileSystemLoader, Undefined, select_autoescape
 
 from polar_pl.viewer import data
 
@@ -22,7 +22,7 @@ TEMPLATES = Path(__file__).with_name("templates")
 
 def _env() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["jinja"]))
-    env.filters["num"] = lambda v, fmt=".3f": "-" if v is None else format(v, fmt)
+    env.filters["num"] = lambda v, fmt=".3f": "-" if v is None or isinstance(v, Undefined) else format(v, fmt)
     return env
 
 

@@ -9,13 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixture_paths import CAPTURES
 
 from polar_pl.gateway.call.volatile import strip_volatile
-from polar_pl.gateway.providers.anthropic.adapter import adapter
+from polar_pl.gateway.providers import get_adapter
 from polar_pl.gateway.providers.base import RequestError
 from polar_pl.gateway.providers.thinking_signature import decode_signature, encode_signature
 
-CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
+adapter = get_adapter("anthropic")
+
 RECORDS = sorted(
     p
     for p in CAPTURES.glob("*/*.request.record.json")

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from polar_pl.gateway.providers.anthropic.adapter import adapter
+from polar_pl.gateway.providers import get_adapter
+
+adapter = get_adapter("anthropic")
 
 BODY = {"model": "claude-x", "max_tokens": 64, "messages": [{"role": "user", "content": "make f.txt"}]}
 

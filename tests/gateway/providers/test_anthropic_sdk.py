@@ -6,18 +6,17 @@ Claude Code / pi / Qwen Code requests replayed with their streams checked by the
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import anthropic
 import httpx
 import pytest
+from fixture_paths import CAPTURES
 from reasoning_proxy import reasoning_proxy
 
 from polar_pl.gateway.handle import Gateway
 from polar_pl.testing.scripted import Reply, ToolCall
 from polar_pl.utils.serving import ServerThread
 
-CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 TOOLS = [
     {
         "name": "Bash",

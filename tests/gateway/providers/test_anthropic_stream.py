@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixture_paths import CAPTURES
 
-from polar_pl.gateway.providers.anthropic.adapter import adapter
+from polar_pl.gateway.providers import get_adapter
 from polar_pl.gateway.providers.thinking_signature import decode_signature
 
-CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
+adapter = get_adapter("anthropic")
+
 ANTHROPIC_STREAMS = sorted(
     p
     for p in CAPTURES.glob("*/*.response-from-recorder.sse.txt")

@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixture_paths import CAPTURES
 
+from polar_pl.gateway.providers import get_adapter
 from polar_pl.gateway.providers.base import RequestError
-from polar_pl.gateway.providers.google.adapter import adapter
 from polar_pl.gateway.providers.google.schema import schema_to_json_schema
 
-CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
+adapter = get_adapter("google")
+
 RECORDS = sorted(
     p for p in CAPTURES.glob("*/*.request.record.json") if "/models/" in json.loads(p.read_text())["path"]
 )

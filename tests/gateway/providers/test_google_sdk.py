@@ -6,10 +6,10 @@ uses it, countTokens, errors, and the recorded Gemini CLI / pi requests replayed
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
+from fixture_paths import CAPTURES
 from google import genai
 from google.genai import errors, types
 from reasoning_proxy import reasoning_proxy
@@ -18,7 +18,6 @@ from polar_pl.gateway.handle import Gateway
 from polar_pl.testing.scripted import Reply, ToolCall
 from polar_pl.utils.serving import ServerThread
 
-CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 BASH = types.FunctionDeclaration(
     name="run_shell_command",
     description="Run a shell command",

@@ -9,12 +9,12 @@ own stream accumulator; records are read back from the gateway's trace store.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from fixture_paths import CAPTURES, HARNESS_PREFIX
 from test_openai_responses_grammar import check_stream, parse_sse
 
 from polar_pl.gateway.handle import Gateway
@@ -35,7 +35,6 @@ TOOLS = [
     {"type": "web_search"},
 ]
 WRITE = {"path": "f.txt", "content": "hello"}
-CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 CAPTURED = sorted(CAPTURES.glob("*/*responses*.request.body.json"))
 
 
@@ -222,7 +221,7 @@ def test_cli_over_responses_runs_a_tool_task(name, tiny_model_dir, tmp_path):
     from polar_pl.harness.run import run_harness
     from polar_pl.sandbox.local import LocalSandbox
 
-    prefix = Path(__file__).resolve().parents[3] / ".cache" / "harness"
+    prefix = HARNESS_PREFIX
     harness = build_harness(name, provider="openai_responses")
     if not harness.is_installed(prefix):
         pytest.skip(f"{name} is not installed: polar-pl harness install {name} --prefix {prefix}")

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixture_paths import CAPTURES
 
-CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
 RECORDED = sorted(CAPTURES.glob("*/*responses*.response-from-recorder.sse.txt"))
 
 TERMINAL = {

@@ -10,7 +10,9 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from test_openai_responses_grammar import check_stream, parse_sse
 
-from polar_pl.gateway.providers.openai_responses.adapter import adapter
+from polar_pl.gateway.providers import get_adapter
+
+adapter = get_adapter("openai_responses")
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 TOOLS = [{"type": "function", "name": "write", "parameters": {"type": "object"}}]

@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixture_paths import CAPTURES
 
+from polar_pl.gateway.providers import get_adapter
 from polar_pl.gateway.providers.base import RequestError
-from polar_pl.gateway.providers.openai_responses.adapter import adapter
 
-CAPTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "harness-captures"
+adapter = get_adapter("openai_responses")
+
 BODIES = sorted(CAPTURES.glob("*/*responses*.request.body.json"))
 
 

@@ -7,12 +7,12 @@ reasoning re-rendered from what the CLI sent back (a thinking signature, or thou
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fixture_paths import HARNESS_PREFIX
 from reasoning_proxy import reasoning_proxy
 
 from polar_pl.gateway.handle import Gateway
@@ -22,10 +22,6 @@ from polar_pl.harness.run import run_harness
 from polar_pl.testing.scripted import Reply, ToolCall, serve_scripted
 from polar_pl.testing.smoke import ANSWER, PROMPT, RESULT_FILE, SHELL_TOOL
 from polar_pl.utils.serving import ServerThread
-
-HARNESS_PREFIX = Path(
-    os.environ.get("POLAR_HARNESS_PREFIX", Path(__file__).resolve().parents[3] / ".cache" / "harness")
-)
 
 
 def thinking_script(harness: str, content: str):

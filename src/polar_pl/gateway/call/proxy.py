@@ -10,7 +10,11 @@ the partial response.
 
 Every engine call passes the engine gate (call/gate.py) first: it counts calls in flight and holds new
 ones while a weight update has paused the gateway. A `max_tokens_cap` bounds each call's response
-length whatever the harness asks for (Claude Code asks for 32000).
+length whatever the harness asks for (Claude Code asks for 32000). `cap_policy` says what the
+harness is told when the cap (not its own limit) cut a response: `length` reports the truth
+(max_tokens / length / MAX_TOKENS), which Claude Code and Codex turn into an error exit;
+`end_turn` reports a normal end of turn, so the harness carries on with the answer it got. The
+record keeps the truth either way (finish_reason "length", and a note).
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ from starlette.responses import Response
 
 from polar_pl.gateway.call.capture import CallCapture
 from polar_pl.gateway.call.gate import EngineGate
+from polar_pl.gateway.call.sampling import check_policy, settle_sampling
 from polar_pl.gateway.call.sidecalls import SideCallRule, classify
 from polar_pl.gateway.call.stats import GatewayStats
 from polar_pl.gateway.call.volatile import strip_volatile
-from polar_pl.gateway.faithful.history import CompletionStream, TokenFaithful
-from polar_pl.gateway.faithful.prompt import FaithfulPrompt, completion_body
+from polar_pl.gateway.faithful.completion import CompletionStream, completion_body
+from polar_pl.gateway.faithful.history import TokenFaithful
+from polar_pl.gateway.faithful.prompt import FaithfulPrompt
 from polar_pl.gateway.http.errors import error_response, upstream_status
 from polar_pl.gateway.providers import ProviderAdapter, RequestError
 from polar_pl.gateway.store.records import SessionInfo, TraceRecord
@@ -48,6 +54,7 @@ CAPTURE_FIELDS = {
     "top_logprobs": 0,
     "return_token_ids": True,
 }
+CAP_POLICIES = ("length", "end_turn")
 # What an adapter raises when it trips over input it did not expect (not a RequestError).
 ADAPTER_BUGS = (KeyError, TypeError, ValueError, AttributeError, IndexError)
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -71,12 +78,27 @@ class CallInFlight:
     call_kind: str = "main"
     replica: Replica | None = None
     faithful: FaithfulPrompt | None = None
+    end_turn_at_cap: bool = False  # cap_policy end_turn and the gateway's cap bounds this call
+
+    def for_harness(self, finish_reason: str | None) -> str | None:
+        """The finish reason the harness is told (cap_policy end_turn: a cut at the cap is a stop)."""
+        if self.end_turn_at_cap and finish_reason == "length":
+            return "stop"
+        return finish_reason
+
+    def chunk_for_harness(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        choices = chunk.get("choices") if self.end_turn_at_cap else None
+        if not choices or not any(c.get("finish_reason") == "length" for c in choices):
+            return chunk
+        return {**chunk, "choices": [{**c, "finish_reason": self.for_harness(c.get("finish_reason"))} for c in choices]}
 
     def record(
         self, cap: CallCapture | None, raw_response: str, status: str = "ok", error: str | None = None
     ) -> TraceRecord:
         cap = cap or CallCapture()
         notes = self.notes
+        if self.end_turn_at_cap and cap.finish_reason == "length":
+            notes = [*notes, "cap_policy end_turn: cut at the response cap, the harness was told end of turn"]
         if cap.response_ids and len(cap.logprobs) != len(cap.response_ids):
             notes = [*notes, f"engine sent {len(cap.logprobs)} logprobs for {len(cap.response_ids)} tokens"]
         s = self.session
@@ -119,10 +141,15 @@ class Proxy:
         side_rules: tuple[SideCallRule, ...],
         faithful: TokenFaithful | None = None,
         max_tokens_cap: int | None = None,
+        sampling: str = "recorded",
+        cap_policy: str = "length",
         gate: EngineGate | None = None,
     ):
         if max_tokens_cap is not None and (not isinstance(max_tokens_cap, int) or max_tokens_cap < 1):
             raise ValueError(f"max_tokens_cap: {max_tokens_cap!r}; allowed: a positive integer or None")
+        if cap_policy not in CAP_POLICIES:
+            raise ValueError(f"cap_policy: {cap_policy!r}; allowed: {', '.join(CAP_POLICIES)}")
+        self.cap_policy = cap_policy
         self.store = store
         self.sessions = sessions
         self.pool = pool
@@ -134,6 +161,7 @@ class Proxy:
 
         self.faithful = faithful
         self.max_tokens_cap = max_tokens_cap
+        self.sampling = check_policy(sampling)
         self.gate = gate or EngineGate()
         self.stats = GatewayStats()
 
@@ -216,7 +244,9 @@ class Proxy:
         if side:
             call.call_kind = "side"
             call.notes.append(f"side call: {side}")
-        self._cap_max_tokens(chat, call.notes)
+        capped = self._cap_max_tokens(chat, call.notes)
+        call.end_turn_at_cap = capped and self.cap_policy == "end_turn"
+        settle_sampling(chat, self.sampling, call.notes)
         if self.faithful is None:
             call.engine_body = {**chat, **CAPTURE_FIELDS}
         else:  # the record keeps the chat body; the engine gets its token-in equivalent
@@ -228,28 +258,30 @@ class Proxy:
             if call.faithful.anchor is not None and call.faithful.rendered_if_different is not None:
                 call.notes.append(f"token-faithful: sampled tokens of call {call.faithful.anchor} spliced in")
         if not await self.gate.enter():
-            status = 529 if provider == "anthropic" else 503
+            status = adapter.retryable_status(503)
             return await self._fail(call, status, "engine paused for a weight update; retry shortly")
         try:
             stream = await self.open_engine_stream(call)
         except UpstreamError as exc:
             self.gate.leave()
-            return await self._fail(call, upstream_status(provider, exc), exc.message)
+            return await self._fail(call, upstream_status(adapter, exc), exc.message)
         call.replica.served += 1
         if call.norm.stream:
             media = call.norm.extra.get("media_type", "text/event-stream")
             return RelayResponse(self._relay(call, stream), media, SSE_HEADERS)
         return await self._collect(call, stream)
 
-    def _cap_max_tokens(self, chat: dict[str, Any], notes: list[str]) -> None:
-        """max_tokens = min(requested or cap, cap); a clipped request is noted in the record."""
+    def _cap_max_tokens(self, chat: dict[str, Any], notes: list[str]) -> bool:
+        """max_tokens = min(requested or cap, cap); a clipped request is noted in the record.
+        True when the cap, not the harness's own max_tokens, bounds the response."""
         cap = self.max_tokens_cap
         if cap is None:
-            return
+            return False
         requested = chat.pop("max_completion_tokens", None) or chat.get("max_tokens")
         chat["max_tokens"] = min(requested or cap, cap)
         if requested is not None and requested > cap:
             notes.append(f"max_tokens capped: requested {requested}, sent {cap}")
+        return requested is None or requested > cap
 
     async def _fail(
         self, call: CallInFlight, status: int, message: str, cap: CallCapture | None = None
@@ -265,15 +297,19 @@ class Proxy:
             async for chunk in stream:
                 cap.add(chunk)
         except UpstreamError as exc:
-            status = upstream_status(call.provider, exc)
+            status = upstream_status(call.adapter, exc)
             resp = error_response(call.provider, status, exc.message)
             await _durable(self._append(call.record(cap, resp.body.decode(), "error", exc.message)))
             return resp
         finally:
             self._engine_done(call)
             stream.close(abort=cap.finish_reason is None)
+        completion = cap.completion()
+        completion["choices"] = [
+            {**c, "finish_reason": call.for_harness(c.get("finish_reason"))} for c in completion.get("choices", [])
+        ]
         try:
-            body = orjson.dumps(call.adapter.from_chat(cap.completion(), call.norm))
+            body = orjson.dumps(call.adapter.from_chat(completion, call.norm))
         except ADAPTER_BUGS as exc:  # the sampled tokens are still recorded
             return await self._fail(call, 500, f"gateway error: {type(exc).__name__}: {exc}", cap)
         await _durable(self._append(call.record(cap, body.decode())))
@@ -295,20 +331,20 @@ class Proxy:
                 parts = []
                 for chunk in batch:
                     cap.add(chunk)
-                    if piece := translator.feed(chunk):
+                    if piece := translator.feed(call.chunk_for_harness(chunk)):
                         parts.append(piece)
                 if parts:
                     out = parts[0] if len(parts) == 1 else b"".join(parts)
                     sent.append(out)
                     yield out
-            tail = translator.finish(cap.finish_reason, cap.usage_or_counted())
+            tail = translator.finish(call.for_harness(cap.finish_reason), cap.usage_or_counted())
             sent.append(tail)
             fut = self._append(call.record(cap, b"".join(sent).decode()))
             recorded = True
             await _durable(fut)  # durable before the harness sees the end
             yield tail
         except UpstreamError as exc:
-            tail = translator.error(upstream_status(call.provider, exc), exc.message)
+            tail = translator.error(upstream_status(call.adapter, exc), exc.message)
             sent.append(tail)
             fut = self._append(call.record(cap, b"".join(sent).decode(), "error", exc.message))
             recorded = True

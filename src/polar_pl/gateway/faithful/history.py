@@ -4,9 +4,7 @@
 the prompt of call n is built from calls < n, so a store read per call is not needed; a session
 first seen by this process, e.g. after a gateway restart, is read from the store once), builds the
 prompt with `faithful.faithful_prompt` off the event loop (rendering a long conversation takes
-milliseconds), and `CompletionStream` shows the engine's `/v1/completions` stream to the rest of
-the proxy as `chat.completion.chunk`s (`faithful.CompletionToChat`), so capture and the provider
-adapters are the same on both paths.
+milliseconds). The engine's token-in stream is shown to the proxy as chat chunks in completion.py.
 """
 
 from __future__ import annotations
@@ -16,9 +14,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from polar_pl.gateway.faithful.prompt import CompletionToChat, FaithfulPrompt, faithful_prompt
+from polar_pl.gateway.faithful.prompt import FaithfulPrompt, faithful_prompt
 from polar_pl.gateway.store.records import TraceRecord
-from polar_pl.gateway.upstream.client import ChatStream
 
 # A harness session rarely makes more calls than this; older ones are only needed as anchors of a
 # conversation that has moved on (their successors carry the same spliced tokens).
@@ -66,26 +63,3 @@ class TokenFaithful:
 
     def sessions(self) -> int:
         return len(self._history)
-
-
-class CompletionStream:
-    """A ChatStream over an engine `/v1/completions` stream (chunks translated on the way)."""
-
-    def __init__(self, stream: ChatStream, chat: dict[str, Any], reasoning_parser: str | None = None) -> None:
-        self._stream = stream
-        self._translate = CompletionToChat(chat, reasoning_parser)
-        self.policy_version = stream.policy_version
-
-    async def batches(self):
-        async for batch in self._stream.batches():
-            out = [c for chunk in batch for c in self._translate.feed(chunk)]
-            if out:
-                yield out
-
-    async def __aiter__(self):
-        async for batch in self.batches():
-            for chunk in batch:
-                yield chunk
-
-    def close(self, abort: bool = False) -> None:
-        self._stream.close(abort)

@@ -19,11 +19,7 @@ with the token the template closes the turn with (`<|im_end|>`), that token is n
 response cut by length gets the template's `<|im_end|>` as glue. Because the anchor call's prompt
 was built the same way, every earlier sampled turn is kept as sampled, and the next call's prompt
 extends the chain by construction: zero drift. With no matching record the plain render is used.
-
-`completion_body` turns the chat body into the engine's token-in `/v1/completions` request, and
-`CompletionToChat` turns that endpoint's stream back into `chat.completion.chunk`s, parsing tool
-calls with the engine's `HermesStreamParser`, so the rest of the gateway (capture, provider
-adapters) cannot tell the two paths apart.
+The engine then gets the prompt through its token-in route (completion.py).
 """
 
 from __future__ import annotations
@@ -34,9 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from polar_pl.chat.reasoning import ReasoningStream, check_reasoning_parser, thinking_enabled
-from polar_pl.chat.render import conversation_for_template, render_chat
-from polar_pl.chat.toolparse import HermesStreamParser, parse_tool_calls
+from polar_pl.chat.render import conversation_for_template, render_chat, render_marked
+from polar_pl.chat.toolparse import parse_tool_calls
 from polar_pl.gateway.store.records import TraceRecord
 
 _MARK = f"polarfaithful{uuid.uuid4().hex}"
@@ -78,10 +73,10 @@ def faithful_prompt(
         return FaithfulPrompt(rendered, rendered)
     k, rec = found
     marked = [*messages[:k], {"role": "assistant", "content": _MARK}, *messages[k + 1 :]]
-    text, _ = render_chat(tokenizer, marked, tools, chat_template_kwargs=kwargs)
+    text, shield = render_marked(tokenizer, marked, tools, chat_template_kwargs=kwargs)
     if text.count(_MARK) != 1:
         return FaithfulPrompt(rendered, rendered)
-    tail = tokenizer.encode(text[text.index(_MARK) + len(_MARK) :], add_special_tokens=False)
+    tail = shield.encode(text[text.index(_MARK) + len(_MARK) :])
     response = list(rec.response_ids)
     if tail and response and response[-1] == tail[0] and tail[0] in set(tokenizer.all_special_ids):
         tail = tail[1:]  # the sampled end-of-turn token is the template's: keep the sampled one only
@@ -185,104 +180,3 @@ def _same_turn(tokenizer: Any, response_ids: list[int], msg: dict[str, Any]) -> 
     if e.calls != s.calls or e.content.strip() != s.content.strip():
         return False
     return not e.reasoning or (s.reasoning or "").strip() == e.reasoning.strip()
-
-
-# ---- the token-in engine call --------------------------------------------------------------
-
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "n",
-                  "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos")  # fmt: skip
-
-
-def uses_tool_parser(chat: dict[str, Any]) -> bool:
-    """The engine parses tool calls when tools are given and tool_choice is not "none"."""
-    choice = chat.get("tool_choice")
-    effective = choice if choice is not None else ("auto" if chat.get("tools") else "none")
-    return bool(chat.get("tools")) and effective != "none"
-
-
-def completion_body(
-    chat: dict[str, Any], prompt_ids: list[int], *, model: str | None = None
-) -> dict[str, Any]:
-    """The `/v1/completions` request equivalent to the chat body, with a token-id prompt."""
-    body: dict[str, Any] = {k: chat[k] for k in _SAMPLING_KEYS if chat.get(k) is not None}
-    body.update(
-        model=model or chat.get("model"),
-        prompt=prompt_ids,
-        max_tokens=chat.get("max_completion_tokens") or chat.get("max_tokens"),  # None: up to the context
-        stream=True,
-        stream_options={"include_usage": True},
-        logprobs=0,
-        return_token_ids=True,
-        # as the engine's chat path: tool tags must survive detokenization when tools may be parsed
-        skip_special_tokens=not uses_tool_parser(chat),
-    )
-    return body
-
-
-class CompletionToChat:
-    """Per-stream state: `/v1/completions` chunks in, `chat.completion.chunk` dicts out (n=1).
-
-    reasoning_parser: the engine's (vLLM `--reasoning-parser`, e.g. "qwen3"); with it the
-    `<think>` block goes to `delta.reasoning` exactly as the engine's chat route would send it."""
-
-    def __init__(self, chat: dict[str, Any], reasoning_parser: str | None = None) -> None:
-        self.parser = HermesStreamParser() if uses_tool_parser(chat) else None
-        thinking = check_reasoning_parser(reasoning_parser) and thinking_enabled(
-            chat.get("chat_template_kwargs")
-        )
-        self.reasoner = ReasoningStream() if thinking else None
-        self.text = ""
-        self.content_sent = 0
-        self.started = False
-
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """Chat chunks for one completions chunk (the first one also opens the assistant turn)."""
-        base = {k: chunk.get(k) for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-        if "policy_version" in chunk:
-            base["policy_version"] = chunk["policy_version"]
-        out: list[dict[str, Any]] = []
-        choices = chunk.get("choices") or []
-        if not choices:  # the usage chunk
-            return [{**chunk, "object": "chat.completion.chunk"}]
-        ch = choices[0]
-        if not self.started:
-            self.started = True
-            first = base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}]}  # fmt: skip
-            first["prompt_token_ids"] = ch.get("prompt_token_ids")
-            out.append(first)
-        piece = ch.get("text") or ""
-        self.text += piece
-        # the engine's chat route, step for step: reasoning split first, then tools on the content
-        reasoning, content = self.reasoner.feed(self.text) if self.reasoner else (None, self.text)
-        delta = None
-        if content is not None and piece:
-            if self.parser is not None:
-                delta = self.parser.feed(content)
-            elif len(content) > self.content_sent:
-                delta = {"content": content[self.content_sent :]}
-                self.content_sent = len(content)
-        if reasoning:
-            delta = {"reasoning": reasoning, **(delta or {})}
-        delta = delta or {}
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": _chat_logprobs(ch.get("logprobs")),
-                                  "finish_reason": None, "token_ids": ch.get("token_ids")}  # fmt: skip
-        finish = ch.get("finish_reason")
-        if finish is not None:
-            if self.parser is not None and self.parser.tools_streamed and finish == "stop":
-                finish = "tool_calls"
-            choice["finish_reason"] = finish
-            choice["stop_reason"] = ch.get("stop_reason")
-        out.append(base | {"choices": [choice]})
-        return out
-
-
-def _chat_logprobs(lp: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not lp:
-        return None
-    return {
-        "content": [
-            {"token": t, "logprob": v, "bytes": list(t.encode()), "top_logprobs": []}
-            for t, v in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], strict=False)
-        ]
-    }

@@ -1,4 +1,5 @@
-"""The gateway's FastAPI app: admin routes and health here; harness traffic in harness_routes.py.
+"""The gateway's FastAPI app: admin routes and health here; harness traffic in harness_routes.py;
+the state both share in ../runtime.py.
 
 Harness traffic (every path outside /admin and /health) skips FastAPI's routing and middleware:
 `GatewayFastAPI.__call__` hands it to the raw-ASGI handler, the hot path measured in
@@ -19,93 +20,14 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from polar_pl.chat.reasoning import check_reasoning_parser
-from polar_pl.gateway.call.gate import PAUSE_MODES, EngineGate
-from polar_pl.gateway.call.proxy import Proxy
-from polar_pl.gateway.call.sidecalls import DEFAULT_SIDE_RULES, SideCallRule
-from polar_pl.gateway.faithful.history import TokenFaithful
+from polar_pl.gateway.call.gate import PAUSE_MODES
 from polar_pl.gateway.http.detect import provider_from_headers, provider_from_path, split_session_path
 from polar_pl.gateway.http.errors import error_response
 from polar_pl.gateway.http.harness_routes import HarnessRoutes
-from polar_pl.gateway.store.sessions import SessionRegistry
-from polar_pl.gateway.store.traces import TraceStore
-from polar_pl.gateway.upstream.client import make_client
-from polar_pl.gateway.upstream.replicas import ReplicaPool
-from polar_pl.gateway.upstream.tokencount import TokenCounter
+from polar_pl.gateway.runtime import GatewayRuntime
 
 log = logging.getLogger(__name__)
 ADMIN_PATHS = ("/admin/", "/health")
-
-
-class GatewayRuntime:
-    """Everything the routes share: store, sessions, replicas, upstream client, proxy."""
-
-    def __init__(
-        self,
-        upstreams: list[str],
-        store_path: str | Path,
-        *,
-        admin_token: str,
-        tokenizer_dir: str | Path | None = None,
-        model: str | None = None,
-        side_rules: tuple[SideCallRule, ...] | None = None,
-        client: str = "aiohttp",
-        store_synchronous: str = "NORMAL",
-        public_url: str | None = None,
-        health_interval: float = 2.0,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 600.0,
-        token_faithful: bool | None = None,
-        max_tokens_cap: int | None = None,
-        pause_timeout: float = 300.0,
-        reasoning_parser: str | None = None,
-    ):
-        """token_faithful: splice sampled tokens into prompts and call the engine's token-in
-        route (faithful/); None = on when the gateway has a tokenizer (tokenizer_dir), since
-        both engines (vLLM, embedded) accept token prompts. max_tokens_cap: upper bound on each
-        call's response length (None: the harness's request). pause_timeout: how long a call
-        waits at a paused gate before a 503 / 529 with Retry-After. reasoning_parser: the
-        engine's (vLLM `--reasoning-parser`, "qwen3"), applied to token-in answers as the engine
-        applies it to chat answers."""
-        self.admin_token = admin_token
-        self.public_url = public_url.rstrip("/") if public_url else None
-        self.store = TraceStore(store_path, synchronous=store_synchronous)
-        self.sessions = SessionRegistry(self.store)
-        # read_timeout bounds the wait for each engine chunk (a stuck engine -> 504), not the call
-        self.client = make_client(client, connect_timeout=connect_timeout, read_timeout=read_timeout)
-        self.pool = ReplicaPool(upstreams, self.client, model=model, health_interval=health_interval)
-        self.counter = TokenCounter(tokenizer_dir, self.client)
-        if token_faithful is None:
-            token_faithful = tokenizer_dir is not None
-        if token_faithful and tokenizer_dir is None:
-            raise ValueError("token_faithful: needs tokenizer_dir (the served model's directory)")
-        self.gate = EngineGate(wait_timeout=pause_timeout)
-        self.loop: asyncio.AbstractEventLoop | None = None  # the serving loop, set at startup
-        self.proxy = Proxy(
-            store=self.store,
-            sessions=self.sessions,
-            pool=self.pool,
-            client=self.client,
-            side_rules=tuple(DEFAULT_SIDE_RULES if side_rules is None else side_rules),
-            faithful=TokenFaithful(
-                self.counter.tokenizer, check_reasoning_parser(reasoning_parser), load=self.store.records
-            )
-            if token_faithful
-            else None,
-            max_tokens_cap=max_tokens_cap,
-            gate=self.gate,
-        )
-
-    def stats(self) -> dict[str, float]:
-        snap = self.proxy.stats.snapshot() | self.gate.snapshot()
-        snap["gateway/token_faithful"] = float(self.proxy.faithful is not None)
-        snap["gateway/healthy_replicas"] = float(sum(r.healthy for r in self.pool.replicas))
-        return snap
-
-    async def aclose(self) -> None:
-        await self.pool.stop()
-        await self.client.close()
-        self.store.close()
 
 
 class GatewayFastAPI(FastAPI):
@@ -120,10 +42,9 @@ class GatewayFastAPI(FastAPI):
             await super().__call__(scope, receive, send)
 
 
-def _session_json(info, base: str) -> dict[str, Any]:
+def _session_json(info) -> dict[str, Any]:
     d = asdict(info)
-    d.pop("token")
-    d["base_url"] = f"{base}/s/{info.token}"
+    d.pop("token_hash")  # the token went to whoever created the session, and only to them
     return d
 
 
@@ -132,7 +53,7 @@ def create_app(
 ) -> FastAPI:
     """Build the gateway app. options: tokenizer_dir, model, side_rules, client ("aiohttp" or
     "httpx"), store_synchronous, public_url, health_interval, connect_timeout, read_timeout,
-    token_faithful, max_tokens_cap, pause_timeout, reasoning_parser (see GatewayRuntime)."""
+    token_faithful, max_tokens_cap, cap_policy, sampling, pause_timeout, reasoning_parser (see GatewayRuntime)."""
     rt = GatewayRuntime(
         upstreams, store_path, admin_token=admin_token or secrets.token_urlsafe(24), **options
     )
@@ -184,14 +105,14 @@ def create_app(
         bad = [k for k, v in fields.items() if v is not None and not isinstance(v, str)]
         if bad:
             return JSONResponse({"error": f"{', '.join(bad)}: must be strings"}, 400)
-        info = rt.sessions.create(
+        info, token = rt.sessions.create(
             **fields, meta=body.get("meta") if isinstance(body.get("meta"), dict) else None
         )
         return JSONResponse(
             {
                 "session_id": info.session_id,
-                "token": info.token,
-                "base_url": f"{base_of(request)}/s/{info.token}",
+                "token": token,
+                "base_url": f"{base_of(request)}/s/{token}",
             }
         )
 
@@ -199,7 +120,7 @@ def create_app(
     async def list_sessions(request: Request) -> Response:
         if denied := admin_denied(request):
             return denied
-        return JSONResponse([_session_json(s, base_of(request)) for s in rt.sessions.all()])
+        return JSONResponse([_session_json(s) for s in rt.sessions.all()])
 
     @app.get("/admin/sessions/{session_id}")
     async def get_session(session_id: str, request: Request) -> Response:
@@ -208,7 +129,7 @@ def create_app(
         info = rt.sessions.get(session_id)
         if info is None:
             return JSONResponse({"error": f"no session {session_id}"}, 404)
-        d = _session_json(info, base_of(request))
+        d = _session_json(info)
         d["calls"] = rt.store.count(session_id)
         return JSONResponse(d)
 

@@ -78,5 +78,10 @@ def detect_provider(path: str, headers: Mapping[str, str], body: Any = None) -> 
     return provider_from_path(path) or provider_from_headers(headers) or provider_from_body(body)
 
 
+def provider_for_models(path: str, headers: Mapping[str, str]) -> str | None:
+    """`GET .../models` carries no body: Google's under /v1beta/, else the headers (None: OpenAI)."""
+    return "google" if "/v1beta/" in path else provider_from_headers(headers)
+
+
 def is_count_tokens(path: str) -> bool:
-    return path.rstrip("/").endswith("/messages/count_tokens")
+    return path.rstrip("/").endswith("/messages/count_tokens") or ":countTokens" in path

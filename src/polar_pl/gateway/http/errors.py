@@ -1,8 +1,8 @@
 """Provider-shaped error responses and the engine-failure -> HTTP status map.
 
 Every error a harness sees comes from here, in its provider's shape (the adapter's `error_body`),
-with `Retry-After` where retrying can help. Engine down or broken -> 502 (Anthropic: 529
-`overloaded_error`, which Claude Code retries with backoff), engine timeout -> 504, an engine 4xx
+with `Retry-After` where retrying can help. Engine down or broken -> 502 (or the status the API's
+clients retry: the adapter's `retryable_status`, Anthropic's 529), engine timeout -> 504, an engine 4xx
 (prompt too long, bad parameter) -> the same 4xx.
 """
 
@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
+from polar_pl.gateway.providers import ProviderAdapter
 from polar_pl.gateway.upstream.client import UpstreamError
 
 RETRY_AFTER_S = 2
@@ -52,9 +53,9 @@ def error_response(provider: str | None, status: int, message: str) -> Response:
     )
 
 
-def upstream_status(provider: str, err: UpstreamError) -> int:
+def upstream_status(adapter: ProviderAdapter, err: UpstreamError) -> int:
     if err.kind == "timeout":
         return 504
     if err.kind == "http" and err.status is not None and 400 <= err.status < 500 and err.status != 404:
         return 400 if err.status == 422 else err.status
-    return 529 if provider == "anthropic" else 502
+    return adapter.retryable_status(502)

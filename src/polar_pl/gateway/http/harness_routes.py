@@ -10,7 +10,6 @@ Any unexpected exception becomes a provider-shaped 500, never a traceback.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
 import orjson
@@ -21,16 +20,15 @@ from polar_pl.gateway.http.detect import (
     detect_provider,
     find_token,
     is_count_tokens,
+    provider_for_models,
     provider_from_headers,
     provider_from_path,
     split_session_path,
 )
 from polar_pl.gateway.http.errors import error_response
 from polar_pl.gateway.providers import RequestError, UnknownProvider, get_adapter
+from polar_pl.gateway.runtime import GatewayRuntime
 from polar_pl.gateway.upstream.client import UpstreamError
-
-if TYPE_CHECKING:
-    from polar_pl.gateway.http.app import GatewayRuntime
 
 log = logging.getLogger(__name__)
 
@@ -96,76 +94,40 @@ class HarnessRoutes:
             adapter = get_adapter(provider)
         except UnknownProvider as exc:
             return error_response(provider, 501, str(exc))
-        if is_count_tokens(sub) or ":countTokens" in sub:
-            return await self.count_tokens(session, provider, adapter, sub, query, body)
+        if is_count_tokens(sub):
+            return await self.count_tokens(session, adapter, sub, query, body)
         return await self.rt.proxy.model_call(
             session=session, provider=provider, adapter=adapter, path=sub, query=query, body=body
         )
 
-    async def count_tokens(self, session, provider, adapter, path, query, body) -> Response:
+    async def count_tokens(self, session, adapter, path, query, body) -> Response:
         """Not a model call (nothing recorded): the prompt rendered and tokenized as the engine would."""
         rt = self.rt
         try:
             raw = orjson.loads(body)
             if not isinstance(raw, dict):
                 raise RequestError("request body must be a JSON object")
-            if provider == "google" and isinstance(raw.get("generateContentRequest"), dict):
-                raw = raw["generateContentRequest"]
-            raw = {"max_tokens": 1, **raw} if provider == "anthropic" else raw
-            norm = adapter.to_chat(raw, path=path, query=query)
+            norm = adapter.to_chat(adapter.count_tokens_body(raw), path=path, query=query)
         except (RequestError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            return error_response(provider, 400, f"invalid request: {exc}")
+            return error_response(adapter.name, 400, f"invalid request: {exc}")
         chat = dict(norm.chat)
         strip_volatile(chat)
         rep = rt.pool.pick(session.session_id)
         try:
             n = await rt.counter.count(chat, rep.url, await rt.pool.model_for(rep))
         except UpstreamError as exc:
-            return error_response(provider, 502, f"token count failed: {exc.message}")
+            return error_response(adapter.name, 502, f"token count failed: {exc.message}")
         except ValueError as exc:  # the template cannot render these messages
-            return error_response(provider, 400, f"token count failed: {exc}")
-        return JSONResponse({"totalTokens": n} if provider == "google" else {"input_tokens": n})
+            return error_response(adapter.name, 400, f"token count failed: {exc}")
+        return JSONResponse(adapter.count_tokens_answer(n))
 
     async def list_models(self, sub: str, headers: dict[str, str]) -> Response:
         """The served model, in the shape of the API that asks (no token needed: read-only)."""
         pool = self.rt.pool
         rep = next((r for r in pool.replicas if r.healthy), pool.replicas[0])
-        provider = "google" if "/v1beta/" in sub else provider_from_headers(headers)
+        provider = provider_for_models(sub, headers)
         try:
             name = await pool.model_for(rep)
         except UpstreamError as exc:
             return error_response(provider, 502, exc.message)
-        if provider == "google":
-            return JSONResponse(
-                {
-                    "models": [
-                        {
-                            "name": f"models/{name}",
-                            "displayName": name,
-                            "supportedGenerationMethods": ["generateContent", "countTokens"],
-                        }
-                    ]
-                }
-            )
-        if provider == "anthropic":
-            return JSONResponse(
-                {
-                    "data": [
-                        {
-                            "type": "model",
-                            "id": name,
-                            "display_name": name,
-                            "created_at": "1970-01-01T00:00:00Z",
-                        }
-                    ],
-                    "has_more": False,
-                    "first_id": name,
-                    "last_id": name,
-                }
-            )
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [{"id": name, "object": "model", "created": 0, "owned_by": "polar_pl"}],
-            }
-        )
+        return JSONResponse(get_adapter(provider or "openai_chat").models_body(name))

@@ -1,8 +1,12 @@
-"""Provider adapters, one file per API, found by name.
+"""Provider adapters: one package per API, each laid out the same way
 
-Modules are imported on first use, so a missing or broken adapter affects only its own API. Each
-module exposes a module-level `adapter` instance (a ProviderAdapter); a module that only defines
-a `...Adapter` class is instantiated once.
+    <api>/adapter.py    the ProviderAdapter class (thin: it only wires the three below)
+    <api>/request.py    provider request -> the engine's chat body (NormalizedRequest)
+    <api>/response.py   engine chat completion -> provider response; error shape; model list
+    <api>/stream.py     engine chat chunks -> the provider's event grammar (per-stream state)
+
+and found one way: `get_adapter(name)`, through the table below. Adapter modules are imported on
+first use, so a missing or broken adapter affects only its own API.
 """
 
 from __future__ import annotations
@@ -11,11 +15,11 @@ import importlib
 
 from polar_pl.gateway.providers.base import ProviderAdapter, RequestError
 
-PROVIDER_MODULES: dict[str, str] = {
-    "anthropic": "polar_pl.gateway.providers.anthropic.adapter",
-    "openai_chat": "polar_pl.gateway.providers.openai_chat.adapter",
-    "openai_responses": "polar_pl.gateway.providers.openai_responses.adapter",
-    "google": "polar_pl.gateway.providers.google.adapter",
+ADAPTERS: dict[str, str] = {
+    "anthropic": "polar_pl.gateway.providers.anthropic.adapter:AnthropicAdapter",
+    "openai_chat": "polar_pl.gateway.providers.openai_chat.adapter:OpenAIChatAdapter",
+    "openai_responses": "polar_pl.gateway.providers.openai_responses.adapter:OpenAIResponsesAdapter",
+    "google": "polar_pl.gateway.providers.google.adapter:GoogleAdapter",
 }
 
 _cache: dict[str, ProviderAdapter] = {}
@@ -26,29 +30,21 @@ class UnknownProvider(LookupError):
 
 
 def get_adapter(name: str) -> ProviderAdapter:
-    """The adapter for a provider name; raises UnknownProvider if it is not available."""
+    """The adapter for a provider name (one instance per process); raises UnknownProvider if it
+    is not available."""
     adapter = _cache.get(name)
     if adapter is not None:
         return adapter
-    module_name = PROVIDER_MODULES.get(name)
-    if module_name is None:
-        raise UnknownProvider(f"unknown provider {name!r}; known: {', '.join(PROVIDER_MODULES)}")
+    where = ADAPTERS.get(name)
+    if where is None:
+        raise UnknownProvider(f"unknown provider {name!r}; known: {', '.join(ADAPTERS)}")
+    module_name, _, class_name = where.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise UnknownProvider(f"provider {name!r} is not available: {exc}") from exc
-    adapter = getattr(module, "adapter", None) or getattr(module, "ADAPTER", None)
-    if adapter is None:
-        classes = [
-            v
-            for k, v in vars(module).items()
-            if k.endswith("Adapter") and isinstance(v, type) and v.__module__ == module.__name__
-        ]
-        if not classes:
-            raise UnknownProvider(f"provider module {module_name} defines no adapter")
-        adapter = classes[0]()
-    _cache[name] = adapter
+    adapter = _cache[name] = getattr(module, class_name)()
     return adapter
 
 
-__all__ = ["PROVIDER_MODULES", "ProviderAdapter", "RequestError", "UnknownProvider", "get_adapter"]
+__all__ = ["ADAPTERS", "ProviderAdapter", "RequestError", "UnknownProvider", "get_adapter"]

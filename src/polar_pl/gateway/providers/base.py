@@ -3,8 +3,10 @@
 Every provider API (Anthropic Messages, OpenAI Chat, OpenAI Responses, Google generateContent) is
 one adapter: it turns the harness's request into an OpenAI Chat Completions request for the engine,
 and turns the engine's answer (a full chat completion, or a stream of chat completion chunks) back
-into the provider's own response or event grammar. The gateway core owns everything else: auth,
-sessions, calling the engine (always streaming, with logprobs and token ids), capture, errors.
+into the provider's own response or event grammar. Everything that differs between APIs (error
+shapes and statuses, model lists, count-tokens bodies) is a method here, so the gateway core never
+branches on a provider name. The core owns everything else: auth, sessions, calling the engine
+(always streaming, with logprobs and token ids), capture.
 """
 
 from __future__ import annotations
@@ -68,3 +70,16 @@ class ProviderAdapter(Protocol):
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         """Called for any error: the provider's error JSON for this HTTP status."""
+
+    def retryable_status(self, status: int) -> int:
+        """Called when the engine is down (502) or paused for a weight update (503): the status
+        this API's clients retry with backoff (Anthropic: 529 `overloaded_error`)."""
+
+    def models_body(self, name: str) -> dict[str, Any]:
+        """Called for `GET .../models`: the served model, listed in this API's shape."""
+
+    def count_tokens_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Called for a count-tokens request: the request `to_chat` takes from its body."""
+
+    def count_tokens_answer(self, n: int) -> dict[str, Any]:
+        """Called with the prompt's token count: this API's count-tokens answer."""

@@ -7,6 +7,7 @@ engine reported for the call.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -71,12 +72,18 @@ class TraceRecord:
         return [self.policy_version] * len(self.response_ids)
 
 
+def hash_token(token: str) -> str:
+    """What the store keeps of a session token. Tokens are 192 random bits: one SHA-256 is enough."""
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
-    """A registered session (one harness run on one task)."""
+    """A registered session (one harness run on one task). The token itself is handed out once,
+    when the session is created; the gateway and its store keep only `token_hash`."""
 
     session_id: str
-    token: str
+    token_hash: str
     task_id: str | None = None
     group_id: str | None = None
     rollout_id: str | None = None
@@ -84,3 +91,10 @@ class SessionInfo:
     created: float = 0.0
     deleted: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SessionInfo:
+        d = dict(d)
+        if "token" in d:  # a store written before tokens were hashed
+            d["token_hash"] = hash_token(d.pop("token"))
+        return cls(**d)

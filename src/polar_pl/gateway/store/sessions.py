@@ -1,6 +1,8 @@
 """Session registry: unguessable tokens, per-session call counters, persisted in the trace store.
 
-A token is the only credential a harness holds; it maps to exactly one live session. Deleted
+A token is the only credential a harness holds; it maps to exactly one live session. The registry
+and the store know a session by the token's hash only: the token is returned once, by `create`, so
+whoever can read the store (or this process's session list) cannot act as a session. Deleted
 sessions keep their records but their token stops working.
 """
 
@@ -11,7 +13,7 @@ import time
 import uuid
 from dataclasses import replace
 
-from polar_pl.gateway.store.records import SessionInfo
+from polar_pl.gateway.store.records import SessionInfo, hash_token
 from polar_pl.gateway.store.traces import TraceStore
 
 
@@ -19,12 +21,12 @@ class SessionRegistry:
     def __init__(self, store: TraceStore):
         self._store = store
         self._by_id: dict[str, SessionInfo] = {}
-        self._by_token: dict[str, str] = {}
+        self._by_hash: dict[str, str] = {}
         self._next_call: dict[str, int] = {}
         for info in store.sessions():  # a restarted gateway keeps serving its sessions
             self._by_id[info.session_id] = info
             if not info.deleted:
-                self._by_token[info.token] = info.session_id
+                self._by_hash[info.token_hash] = info.session_id
 
     def create(
         self,
@@ -34,10 +36,12 @@ class SessionRegistry:
         rollout_id: str | None = None,
         harness: str | None = None,
         meta: dict | None = None,
-    ) -> SessionInfo:
+    ) -> tuple[SessionInfo, str]:
+        """(the session, its token): the token is not kept anywhere but in the caller's hands."""
+        token = f"plr-{secrets.token_urlsafe(24)}"
         info = SessionInfo(
             session_id=f"sess-{uuid.uuid4().hex[:16]}",
-            token=f"plr-{secrets.token_urlsafe(24)}",
+            token_hash=hash_token(token),
             task_id=task_id,
             group_id=group_id,
             rollout_id=rollout_id,
@@ -47,9 +51,9 @@ class SessionRegistry:
         )
         self._store.put_session(info)
         self._by_id[info.session_id] = info
-        self._by_token[info.token] = info.session_id
+        self._by_hash[info.token_hash] = info.session_id
         self._next_call[info.session_id] = 0
-        return info
+        return info, token
 
     def get(self, session_id: str) -> SessionInfo | None:
         return self._by_id.get(session_id)
@@ -57,7 +61,7 @@ class SessionRegistry:
     def by_token(self, token: str | None) -> SessionInfo | None:
         if not token:
             return None
-        sid = self._by_token.get(token)
+        sid = self._by_hash.get(hash_token(token))
         return self._by_id.get(sid) if sid else None
 
     def delete(self, session_id: str) -> SessionInfo | None:
@@ -66,7 +70,7 @@ class SessionRegistry:
             return None
         info = replace(info, deleted=True)
         self._by_id[session_id] = info
-        self._by_token.pop(info.token, None)
+        self._by_hash.pop(info.token_hash, None)
         self._store.put_session(info)
         return info
 

@@ -14,7 +14,9 @@ chosen by measurement (bench/gateway.py):
   thread commits whatever is queued in one transaction (group commit: far fewer than one fsync
   per request under load).
 
-Sessions live in the same database, so a restarted gateway still knows its tokens.
+Sessions live in the same database, so a restarted gateway still knows its sessions: each by the
+hash of its token (records.hash_token), never the token (stores written before are rewritten on
+open, with secure_delete so the old bytes are zeroed).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class TraceStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.inline = synchronous in ("OFF", "NORMAL")
         self._write_conn = _open(self.path, synchronous)
+        _hash_legacy_tokens(self._write_conn)
         self._read_conn = _open(self.path, synchronous)
         self._read_lock = threading.Lock()
         self._write_lock = threading.Lock()
@@ -122,7 +125,7 @@ class TraceStore:
         with self._read_lock:
             self._read_conn.execute(
                 "INSERT OR REPLACE INTO sessions(session_id, token, data) VALUES (?, ?, ?)",
-                (info.session_id, info.token, data),
+                (info.session_id, info.token_hash, data),
             )
 
     def _writer(self) -> None:
@@ -219,8 +222,25 @@ class TraceStore:
         out = []
         for (data,) in self._rows("SELECT data FROM sessions"):
             d: dict[str, Any] = orjson.loads(data)
-            out.append(SessionInfo(**d))
+            out.append(SessionInfo.from_dict(d))
         return out
+
+
+def _hash_legacy_tokens(conn: sqlite3.Connection) -> None:
+    """Replace the plain session tokens of an older store by their hashes, zeroing the old bytes."""
+    rows = conn.execute("SELECT session_id, data FROM sessions WHERE token NOT LIKE 'sha256:%'").fetchall()
+    if not rows:
+        return
+    conn.execute("PRAGMA secure_delete=ON")
+    conn.execute("BEGIN")
+    for session_id, data in rows:
+        info = SessionInfo.from_dict(orjson.loads(data))
+        conn.execute(
+            "UPDATE sessions SET token=?, data=? WHERE session_id=?",
+            (info.token_hash, orjson.dumps(asdict(info)), session_id),
+        )
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the WAL held the old pages too
 
 
 def _read_only(path: str | Path) -> sqlite3.Connection:
@@ -239,7 +259,7 @@ def read_sessions(path: str | Path) -> list[SessionInfo]:
         rows = conn.execute("SELECT data FROM sessions ORDER BY rowid").fetchall()
     finally:
         conn.close()
-    return [SessionInfo(**orjson.loads(r[0])) for r in rows]
+    return [SessionInfo.from_dict(orjson.loads(r[0])) for r in rows]
 
 
 def read_records(path: str | Path, session_id: str | None = None) -> list[TraceRecord]:

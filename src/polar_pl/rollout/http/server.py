@@ -18,8 +18,8 @@ from polar_pl.rollout.tasks import TaskQueue
 from polar_pl.tasks.task import Task, task_from_row
 
 FEEDS = ("config", "queue")
-# conf/ sits at the repository root (src layout); POLAR_CONF_DIR overrides it.
-CONF = os.environ.get("POLAR_CONF_DIR") or str(Path(__file__).resolve().parents[4] / "conf")
+# The package's config groups (polar_pl/conf, as train.py uses them); POLAR_CONF_DIR overrides it.
+CONF = os.environ.get("POLAR_CONF_DIR") or str(Path(__file__).resolve().parents[2] / "conf")
 
 
 def compose_config(overrides: Sequence[str], run_dir: str | Path) -> DictConfig:

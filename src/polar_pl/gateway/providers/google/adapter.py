@@ -1,9 +1,7 @@
-"""Google generateContent adapter (`/v1beta/models/{model}:generateContent`, `:streamGenerateContent`).
-
-Gemini CLI and pi speak it. Requests are converted in `request.py`, streams in
-`stream.py`; this module holds the adapter the gateway core looks up (`adapter`), the
-non-streaming response conversion and the error shape. The model name comes from the path.
-"""
+"""The ProviderAdapter for Google generateContent (`/v1beta/models/{model}:generateContent`,
+`:streamGenerateContent`, `:countTokens`; Gemini CLI and pi): requests are converted in request.py,
+answers in response.py, streams in stream.py (which also holds the error shape). The model name
+comes from the path."""
 
 from __future__ import annotations
 
@@ -11,53 +9,8 @@ from typing import Any
 
 from polar_pl.gateway.providers.base import NormalizedRequest, RequestError
 from polar_pl.gateway.providers.google.request import parse_path, request_to_chat
-from polar_pl.gateway.providers.google.stream import (
-    GoogleStream,
-    error_payload,
-    finish_reason_for,
-    function_call_part,
-    new_response_id,
-    sign_parts,
-    usage_metadata,
-)
-
-
-def response_from_chat(response: dict[str, Any], model: str, include_thoughts: bool) -> dict[str, Any]:
-    """A full engine chat completion -> a GenerateContentResponse with one candidate."""
-    choice = (response.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
-    parts = message_parts(message, include_thoughts)
-    candidate: dict[str, Any] = {"index": 0}
-    if parts:
-        candidate["content"] = {"role": "model", "parts": parts}
-    candidate["finishReason"] = finish_reason_for(choice.get("finish_reason"))
-    usage = response.get("usage") or {}
-    prompt_tokens = usage.get("prompt_tokens")
-    if prompt_tokens is None and isinstance(response.get("prompt_token_ids"), list):
-        prompt_tokens = len(response["prompt_token_ids"])
-    return {
-        "candidates": [candidate],
-        "usageMetadata": usage_metadata(prompt_tokens, usage.get("completion_tokens")),
-        "modelVersion": model,
-        "responseId": new_response_id(),
-    }
-
-
-def message_parts(message: dict[str, Any], include_thoughts: bool) -> list[dict[str, Any]]:
-    """Engine assistant message -> parts in generation order: thought, text, functionCall."""
-    parts: list[dict[str, Any]] = []
-    reasoning = message.get("reasoning_content") or message.get("reasoning")
-    if reasoning and include_thoughts:
-        parts.append({"text": reasoning, "thought": True})
-    if message.get("content"):
-        parts.append({"text": message["content"]})
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") or {}
-        parts.append(
-            function_call_part(call.get("id"), function.get("name") or "", function.get("arguments"))
-        )
-    sign_parts(parts, [reasoning] if reasoning else [], set())
-    return parts
+from polar_pl.gateway.providers.google.response import models_list, response_from_chat
+from polar_pl.gateway.providers.google.stream import GoogleStream, error_payload
 
 
 class GoogleAdapter:
@@ -87,5 +40,15 @@ class GoogleAdapter:
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         return error_payload(status, message)
 
+    def retryable_status(self, status: int) -> int:
+        return status
 
-adapter = GoogleAdapter()
+    def models_body(self, name: str) -> dict[str, Any]:
+        return models_list(name)
+
+    def count_tokens_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        inner = body.get("generateContentRequest")  # countTokens may wrap the whole request
+        return inner if isinstance(inner, dict) else body
+
+    def count_tokens_answer(self, n: int) -> dict[str, Any]:
+        return {"totalTokens": n}

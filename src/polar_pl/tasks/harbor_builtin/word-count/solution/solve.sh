@@ -1,0 +1,6 @@
+#!/bin/bash
+cat > /app/count.py <<'PY'
+import sys
+
+print(len(open(sys.argv[1]).read().split()))
+PY

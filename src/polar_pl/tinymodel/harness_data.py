@@ -1,0 +1,174 @@
+"""Warm-start rows inside a harness's captured request: no-grad prefixes and trained segments.
+
+A row is (prefix, segment, labels): the prefix's KV is computed without gradients (it is shared by
+many rows and can be ~15k tokens), the segment is trained with the loss on assistant tokens.
+Rows that share a prefix form a `Group`:
+
+- `shared` mode (the task sits near the end of the request, as in pi: system prompt and tools,
+  then the user's task): one group whose prefix is what every task's request has in common; the
+  segment is the task text onward, so the model learns to read the task. Any task can be used.
+- `per_task` mode (a long block follows the task, as Claude Code's ~3k-token environment block):
+  one group per task whose prefix is that task's whole request; the segment is the assistant's
+  part only. The tasks are the learnable tasks RL will use (harness_conversations.task_examples).
+- `short`: the same tasks behind a one-paragraph system prompt and the shell tool alone, in shared
+  mode: cheap steps that teach the formats.
+
+Assistant turns and tool-result glue are rendered in a stub conversation (they render the same
+whatever came before), so building thousands of rows never re-renders a 50 KB request.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from polar_pl.chat.render import render_chat
+from polar_pl.tinymodel.harness_capture import HarnessPrompt
+from polar_pl.tinymodel.harness_conversations import Example, examples, shell_tool, task_examples
+
+IGNORE = -100
+IM_END = "<|im_end|>"
+MAX_SEGMENT_PROMPT = 256  # prompt tokens after the shared prefix that a shared-mode row may train on
+_STUB = [{"role": "user", "content": "."}]
+
+
+@dataclass(slots=True)
+class Group:
+    """Rows behind one no-grad prefix; `kv` is its KV under the current weights (per layer
+    (1, H, T, D)), recomputed by the trainer as the weights move."""
+
+    family: str
+    prefix: list[int]
+    rows: list[tuple[list[int], list[int]]] = field(default_factory=list)  # (segment ids, labels)
+    task: str | None = None
+    kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+
+def _assistant_text(tok, turn: dict[str, Any]) -> str:
+    """What the model writes for `turn`: a history turn of a stub conversation (a user message
+    follows, so the template adds no thinking block), cut after its end-of-turn token."""
+    ctx, _ = render_chat(tok, _STUB)
+    full, _ = render_chat(tok, [*_STUB, turn, *_STUB], add_generation_prompt=False)
+    if not full.startswith(ctx):
+        raise ValueError("the chat template does not extend its own generation prompt")
+    return full[len(ctx) :].split(IM_END)[0] + IM_END
+
+
+def _tool_glue(tok, turn: dict[str, Any], text: str, result: dict[str, Any]) -> str:
+    """The template's text from the end of an assistant turn through the tool result to the next
+    generation prompt."""
+    ctx, _ = render_chat(tok, _STUB)
+    full, _ = render_chat(tok, [*_STUB, turn, result])
+    if not full.startswith(ctx + text):
+        raise ValueError("re-rendering the conversation changed its earlier text")
+    return full[len(ctx) + len(text) :]
+
+
+def render_tail(tok, ex: Example, memo: dict[str, str] | None = None) -> tuple[str, list[tuple[int, int]]]:
+    """The text after the request's generation prompt, and its trainable character spans."""
+    memo = {} if memo is None else memo
+    tail, spans, last = "", [], None
+    for kind, turn in ex.turns:
+        if kind == "assistant":
+            key = json.dumps(turn, sort_keys=True)
+            text = memo.get(key) or memo.setdefault(key, _assistant_text(tok, turn))
+            spans.append((len(tail), len(tail) + len(text)))
+            tail += text
+            last = (turn, text)
+        else:
+            tail += _tool_glue(tok, last[0], last[1], turn)
+    return tail, spans
+
+
+def tail_tokens(tok, tail: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    enc = tok(tail, add_special_tokens=False, return_offsets_mapping=True)
+    ids = enc["input_ids"]
+    offsets = enc["offset_mapping"]
+    labels = [t if any(a <= s < b for a, b in spans) else IGNORE for t, (s, _) in zip(ids, offsets, strict=True)]
+    return ids, labels
+
+
+def lcp(seqs: list[list[int]]) -> int:
+    """Length of the prefix all sequences share, leaving at least one token in each."""
+    n = min(len(s) for s in seqs) - 1
+    first = seqs[0]
+    for s in seqs[1:]:
+        n = next((i for i in range(n) if s[i] != first[i]), n)
+    return n
+
+
+def _workdir(rng: random.Random) -> str:
+    return f"/tmp/polar-sbx-default-{rng.randrange(36**8):08x}/workspace"
+
+
+def long_groups(tok, prompt: HarnessPrompt, seed: int, n_upper: int, per_task: int, shared_rows: int) -> list[Group]:
+    """Groups inside the real request: one shared-mode group if every task's request differs from
+    the others only near its end, else one per-task group per learnable task."""
+    rng = random.Random(seed)
+    memo: dict[str, str] = {}
+    by_task = task_examples(prompt.harness, prompt.tools, seed, n_upper, per_task)
+    workdir = _workdir(rng)
+    ctx = {t: render_chat(tok, prompt.with_task(t, workdir), prompt.tools)[1] for t in by_task}
+    shared = lcp(list(ctx.values()))
+    if max(len(c) for c in ctx.values()) - shared <= MAX_SEGMENT_PROMPT:
+        group = Group("long", next(iter(ctx.values()))[:shared])
+        for ex in examples(prompt.harness, prompt.tools, seed + 2, shared_rows):
+            if ex.task not in ctx:
+                ctx[ex.task] = render_chat(tok, prompt.with_task(ex.task, workdir), prompt.tools)[1]
+            group.rows.append(_segment(tok, ctx[ex.task][shared:], ex, memo))
+        return [group]
+    groups = []
+    for task, exs in by_task.items():
+        ids = render_chat(tok, prompt.with_task(task, _workdir(rng)), prompt.tools)[1]
+        groups.append(Group("long", ids, [_segment(tok, [], ex, memo) for ex in exs], task=task))
+    return groups
+
+
+def short_group(tok, prompt: HarnessPrompt, seed: int, count: int) -> Group:
+    """The tasks behind a short system prompt and the shell tool alone (its required arguments,
+    descriptions cut short): cheap rows for the formats."""
+    tool = shell_tool(prompt.tools)
+    tools = [_short_tool(t) for t in prompt.tools if t["function"]["name"] == tool.name]
+    system = next((m["content"] for m in prompt.messages if m["role"] == "system"), "")[:240]
+    memo: dict[str, str] = {}
+    exs = examples(prompt.harness, prompt.tools, seed + 1, count)
+    ctx: dict[str, list[int]] = {}
+    for ex in exs:
+        if ex.task not in ctx:
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": ex.task}]
+            ctx[ex.task] = render_chat(tok, messages, tools)[1]
+    shared = lcp(list(ctx.values()))
+    group = Group("short", next(iter(ctx.values()))[:shared])
+    group.rows = [_segment(tok, ctx[ex.task][shared:], ex, memo) for ex in exs]
+    return group
+
+
+def _segment(tok, prompt_ids: list[int], ex: Example, memo: dict[str, str]) -> tuple[list[int], list[int]]:
+    ids, labels = tail_tokens(tok, *render_tail(tok, ex, memo))
+    return prompt_ids + ids, [IGNORE] * len(prompt_ids) + labels
+
+
+def _short_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    fn = tool["function"]
+    params = fn.get("parameters") or {}
+    required = list(params.get("required") or [])
+    props = {
+        k: {**v, "description": str(v.get("description") or "")[:60]}
+        for k, v in (params.get("properties") or {}).items()
+        if k in required
+    }
+    parameters = {"type": "object", "properties": props, "required": required}
+    description = (fn.get("description") or "")[:120]
+    return {"type": "function", "function": {**fn, "description": description, "parameters": parameters}}
+
+
+def probe_contexts(tok, prompt: HarnessPrompt, seed: int) -> list[tuple[str, list[int]]]:
+    """(task, full request ids) for two file tasks and two capital-letter tasks RL will use."""
+    rng = random.Random(seed + 5)
+    tasks = list(task_examples(prompt.harness, prompt.tools, seed, 2, 1))
+    picked = [t for t in tasks if "answer.txt" in t][:2] + [t for t in tasks if "answer.txt" not in t][:2]
+    return [(t, render_chat(tok, prompt.with_task(t, _workdir(rng)), prompt.tools)[1]) for t in picked]

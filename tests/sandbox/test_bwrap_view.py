@@ -1,0 +1,59 @@
+"""The bubblewrap view works wherever the checkout and its venv live, and shows only the runtime."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import polar_pl
+from polar_pl.testing.sandbox import OWNER
+
+pytestmark = pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
+
+RUN = """
+import sys
+import polar_pl
+from polar_pl.sandbox.local import LocalSandbox
+
+checkout, url, owner = sys.argv[1:]
+assert polar_pl.__file__.startswith(checkout), polar_pl.__file__
+with LocalSandbox(owner=owner) as sb:
+    inside = sb.expose_gateway(url)
+    probe = "import sniffio, sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())"
+    res = sb.exec([*sb.python, "-c", probe, inside + "/ping"])
+    print("agent:", res.exit_code, res.stdout.strip(), res.stderr.strip()[-500:])
+    res = sb.exec(["ls", checkout, sys.executable])
+    print("checkout:", res.exit_code, res.stderr.strip())
+"""
+
+
+def test_checkout_and_venv_under_tmp(tmp_path, gateway_stub):
+    """`bwrap: execvp /tmp/.../.venv/bin/python: No such file or directory`: the sandbox's own /tmp
+    hid a venv under /tmp. Now a checkout and venv there run the agent's python (with a package of
+    its closure, bound from the venv) and reach the
+    gateway, and the checkout and venv themselves stay out of the sandbox's view."""
+    assert str(tmp_path).startswith("/tmp/")
+    checkout = tmp_path / "checkout"
+    shutil.copytree(
+        Path(polar_pl.__file__).parent,
+        checkout / "src" / "polar_pl",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    venv = checkout / ".venv"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python*/site-packages"))
+    deps = [p for p in sys.path if p.endswith("site-packages")]  # openai etc., from the test's venv
+    (site / "checkout.pth").write_text("\n".join([str(checkout / "src"), *deps]) + "\n")
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", RUN, str(checkout), gateway_stub, OWNER],
+        check=False, capture_output=True, text=True, timeout=120, cwd=checkout,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+    assert lines["agent"].startswith("0 pong"), lines["agent"]
+    code, err = lines["checkout"].split(" ", 1)
+    assert code != "0" and "No such file or directory" in err, lines["checkout"]
