@@ -1,6 +1,7 @@
 """Peak trainer memory of one GRPO update on the tiny model, by row length: bounded (chunked
 LM head / log-softmax / entropy, activation checkpointing, micro-batches by tokens) against the
-unbounded baseline (whole-sequence logits, no checkpointing).
+unbounded baseline (whole-sequence logits, no checkpointing); "chunked" is the LM-head chunking
+alone. conf/module/grpo.yaml's defaults are the bounded mode.
 
 Each measurement runs `GRPOModule.update` in a fresh child process on one group of two rollouts:
 a row of L tokens (a quarter prompt, the rest sampled, reward 1) and a short row (reward 0).
@@ -24,6 +25,7 @@ from pathlib import Path
 
 MODES = {
     "bounded": {"logprob_chunk_tokens": 1024, "gradient_checkpointing": True, "micro_batch_tokens": 32768},
+    "chunked": {"logprob_chunk_tokens": 1024, "gradient_checkpointing": False, "micro_batch_tokens": 32768},
     "baseline": {"logprob_chunk_tokens": None, "gradient_checkpointing": False, "micro_batch_tokens": None},
 }
 
@@ -76,15 +78,24 @@ def measure(length: int, mode: str, model_dir: str) -> dict:
     cmd = [sys.executable, __file__, "--child", str(length), mode, "--model-dir", model_dir]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
-        return {"length": length, "mode": mode, "error": out.stderr.strip().splitlines()[-1:] or [str(out.returncode)]}
+        return {
+            "length": length,
+            "mode": mode,
+            "error": out.stderr.strip().splitlines()[-1:] or [str(out.returncode)],
+        }
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lengths", default="2048,8192,16384,32768")
-    ap.add_argument("--baseline-max", type=int, default=16384, help="longest row the baseline runs (its memory grows fast)")
-    default_model = os.environ.get("POLAR_TINY_MODEL", str(Path(__file__).resolve().parents[1] / ".cache" / "tiny-model"))
+    ap.add_argument("--modes", default="bounded,baseline", help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument(
+        "--baseline-max", type=int, default=16384, help="longest row the other modes run (memory grows fast)"
+    )
+    default_model = os.environ.get(
+        "POLAR_TINY_MODEL", str(Path(__file__).resolve().parents[1] / ".cache" / "tiny-model")
+    )
     ap.add_argument("--model-dir", default=default_model)
     ap.add_argument("--child", nargs=2, metavar=("LENGTH", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -93,14 +104,16 @@ def main() -> None:
         return
     print(f"{'row tokens':>10} {'mode':>9} {'before MB':>10} {'peak MB':>9} {'update s':>9}")
     for length in (int(x) for x in args.lengths.split(",")):
-        for mode in ("bounded", "baseline"):
-            if mode == "baseline" and length > args.baseline_max:
+        for mode in args.modes.split(","):
+            if mode != "bounded" and length > args.baseline_max:
                 continue
             r = measure(length, mode, args.model_dir)
             if "error" in r:
                 print(f"{length:>10} {mode:>9} failed: {r['error']}")
                 continue
-            print(f"{length:>10} {mode:>9} {r['before_mb']:>10.0f} {r['peak_mb']:>9.0f} {r['update_s']:>9.1f}")
+            print(
+                f"{length:>10} {mode:>9} {r['before_mb']:>10.0f} {r['peak_mb']:>9.0f} {r['update_s']:>9.1f}"
+            )
 
 
 if __name__ == "__main__":

@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import copy
 from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
 from polar_pl.datamodule.progress import LiveProgress
 from polar_pl.engine.replicas import EngineReplicas
 from polar_pl.monitor.noise import quiet
-from polar_pl.monitor.report import RolloutRecorder, RunReport
-from polar_pl.monitor.steplog import StepLog
 
 
 def build_parts(cfg: DictConfig) -> dict[str, Any]:
@@ -69,22 +65,18 @@ def train(cfg: DictConfig) -> dict[str, float]:
         from polar_pl.tinymodel.build import ensure_harness_model
 
         ws = cfg.warm_start
-        ensure_harness_model(cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes)
-    out_dir = Path(cfg.trainer.default_root_dir)
+        ensure_harness_model(
+            cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes
+        )
     parts = build_parts(cfg)
     dm: RolloutDataModule = parts["datamodule"]
     loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.get("logger") else []
     try:
         module = instantiate(cfg.module)
-        checkpoints = ModelCheckpoint(
-            dirpath=out_dir / "checkpoints",
-            every_n_train_steps=cfg.checkpoint_every,
-            save_last=True,
-            save_top_k=-1,
-        )
-        trainer: L.Trainer = instantiate(
-            cfg.trainer, logger=loggers, callbacks=[StepLog(), RolloutRecorder(out_dir), RunReport(out_dir), CommitBatches(), checkpoints]
-        )
+        # CommitBatches after the configured callbacks: Lightning moves checkpointing last, so a
+        # checkpoint always holds the batch just committed.
+        callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
+        trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=[*callbacks, CommitBatches()])
         for lg in loggers:
             lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
         with LiveProgress(dm.live_metrics, title="rollouts") if dm.progress else nullcontext():

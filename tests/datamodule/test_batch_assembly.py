@@ -101,3 +101,20 @@ def test_dynamic_sampling_gives_up_after_max_groups_drawn() -> None:
     assert dm._issued[0] == [0, 1, 2] and batch.num_rows == 6
     plain = datamodule([group(k, [1.0, 1.0]) for k in range(2)], groups_per_step=1)
     assert plain.next_batch().num_rows == 2 and plain._issued[0] == [0]  # off: zero-variance groups pass
+
+
+def test_merge_metrics_of_a_batch_come_from_summed_counts() -> None:
+    """Each result carries its session's merge counts; the batch's ratios are recomputed from the
+    sums (MergeStats.from_metrics, lost once in a merge: next_batch raised AttributeError)."""
+    from dataclasses import replace
+
+    from polar_pl.datamodule.trajectory import MergeStats
+
+    one = MergeStats(sessions=1, calls=4, rows=2, call_tokens=300, row_tokens=200, breaks={"side_call": 1})
+    assert MergeStats.from_metrics(one.to_metrics()) == one
+    g = group(0, [1.0, 0.0])
+    g = replace(g, results=tuple(replace(r, info={"merge": one.to_metrics()}) for r in g.results))
+    dm = datamodule([g], groups_per_step=1)
+    dm.next_batch()
+    m = dm.last_metrics
+    assert (m["merge/calls_per_row"], m["merge/compression_ratio"], m["merge/sessions"]) == (2.0, 1.5, 2.0)

@@ -59,7 +59,9 @@ class CrashingEvaluator:
         self.inner.discard(handle)
 
 
-def make_dm(tiny_model_dir, tmp_path: Path, *, harness=None, evaluator_wrap=None, tasks=2, **kw) -> RolloutDataModule:
+def make_dm(
+    tiny_model_dir, tmp_path: Path, *, harness=None, evaluator_wrap=None, tasks=2, **kw
+) -> RolloutDataModule:
     source = LearnableTaskSource(n_tasks=tasks)
     sandbox = partial(LocalSandbox, base_dir=str(tmp_path / "sbx"))
     (tmp_path / "sbx").mkdir(exist_ok=True)
@@ -91,7 +93,9 @@ def assert_nothing_left(tmp_path: Path) -> None:
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                where = os.readlink(proc / "cwd") + " " + (proc / "cmdline").read_bytes().decode(errors="replace")
+                where = (
+                    os.readlink(proc / "cwd") + " " + (proc / "cmdline").read_bytes().decode(errors="replace")
+                )
             except OSError:
                 continue
             if root in where:
@@ -148,8 +152,14 @@ def test_full_batch_of_groups(tiny_model_dir, tmp_path):
 
 def test_hanging_harness_times_out_and_keeps_its_partial_trajectory(tiny_model_dir, tmp_path):
     pools = {"init": 2, "ready": 2, "running": 2, "postrun": 2, "run_timeout_s": 20}
-    dm = make_dm(tiny_model_dir, tmp_path, harness=HangAfterCall(max_turns=1, max_tokens=8), pools=pools,
-                 group_size=2, groups_per_step=1)
+    dm = make_dm(
+        tiny_model_dir,
+        tmp_path,
+        harness=HangAfterCall(max_turns=1, max_tokens=8),
+        pools=pools,
+        group_size=2,
+        groups_per_step=1,
+    )
     dm.setup()
     try:
         dm._start_service()

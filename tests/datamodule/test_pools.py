@@ -48,8 +48,14 @@ class SimStages:
         if job.task == "evalcrash":
             raise RuntimeError("evaluator crashed")
         return RolloutResult(
-            job.rollout_id, job.group_id, str(job.task), job.status, float(job.state.get("answer", 0)),
-            error=job.error, failed_stage=job.failed_stage, info={"partial": "answer" not in job.state},
+            job.rollout_id,
+            job.group_id,
+            str(job.task),
+            job.status,
+            float(job.state.get("answer", 0)),
+            error=job.error,
+            failed_stage=job.failed_stage,
+            info={"partial": "answer" not in job.state},
         )
 
     async def cleanup(self, job: RolloutJob) -> None:
@@ -88,7 +94,9 @@ def test_every_stage_worker_gets_a_thread():
 
 
 def make(stages, tasks, g=4, **kw):
-    sizes = kw.pop("sizes", PoolSizes(init=2, ready=2, running=3, postrun=2, run_timeout_s=0.3, cancel_grace_s=0.1))
+    sizes = kw.pop(
+        "sizes", PoolSizes(init=2, ready=2, running=3, postrun=2, run_timeout_s=0.3, cancel_grace_s=0.1)
+    )
     return RolloutService(stages, tasks, group_size=g, sizes=sizes, **kw)
 
 

@@ -316,37 +316,3 @@ def test_streamed_forced_tool_choice_matches_vllm(engines, tool_case, choice):
     ours, ref = (_summary(_stream(eng, body)) for eng in engines)
     assert ours == ref
     assert ours["names"][0] == "write_file" and ours["content"] == ""
-
-
-def test_processed_logprobs_match_the_trainer_on_both_engines(engines, tool_model_dir, tmp_path):
-    """Calls at temperature 0.7 / top_p 0.5 through the gateway: both engines report logprobs of
-    the distribution they sampled (vLLM with --logprobs-mode processed_logprobs) and the trainer,
-    rebuilding it from the recorded settings, agrees to < 0.01 on fresh weights."""
-    from polar_pl.testing.sampling_gap import sample_records, trainer_gap
-
-    for eng in engines:
-        sessions = sample_records(
-            eng, tmp_path / f"{type(eng).__name__}.db", tool_model_dir, temperature=0.7, top_p=0.5
-        )
-        gap = trainer_gap(tool_model_dir, sessions)["train/logprob_gap_mean"]
-        print(f"{type(eng).__name__}: T=0.7 top_p=0.5 trainer-engine gap {gap:.5f}")
-        assert gap < 0.01, (type(eng).__name__, gap)
-
-
-def test_tokenize_and_detokenize_match_vllm(engines, tool_case):
-    """The embedded engine serves vLLM's /tokenize and /detokenize: a gateway without a tokenizer
-    counted Anthropic tokens through /tokenize and got 502 "token count failed: Not Found"."""
-    bodies = [
-        {"model": "tool", "prompt": "Hello <|im_end|> world\n  x"},
-        {"model": "tool", "messages": tool_case.messages, "tools": tool_case.tools},
-        {"model": "tool", "messages": tool_case.messages, "add_generation_prompt": False},
-    ]
-    for body in bodies:
-        ours, ref = (httpx.post(f"{e.url}/tokenize", json=body, timeout=60) for e in engines)
-        assert ours.status_code == ref.status_code == 200, (ours.text, ref.text)
-        a, b = ours.json(), ref.json()
-        assert a["tokens"] == b["tokens"] and a["count"] == b["count"] == len(a["tokens"])
-        assert a["max_model_len"] == b["max_model_len"]
-    ids = a["tokens"]
-    ours, ref = (httpx.post(f"{e.url}/detokenize", json={"model": "tool", "tokens": ids}, timeout=60) for e in engines)
-    assert ours.json() == ref.json()

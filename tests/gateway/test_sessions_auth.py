@@ -46,6 +46,14 @@ def test_admin_routes_need_the_admin_token(gateway):
     for headers in ({}, {"authorization": "Bearer wrong"}):
         assert httpx.post(f"{gateway.url}/admin/sessions", json={}, headers=headers).status_code == 401
         assert httpx.get(f"{gateway.url}/admin/sessions", headers=headers).status_code == 401
+    # Every admin route, not just these two, sits behind the one dependency (it was eight copies).
+    from polar_pl.gateway.http.admin import admin as admin_router
+
+    for route in admin_router.routes:
+        for method in route.methods:
+            path = route.path.replace("{session_id}", "s1")
+            r = httpx.request(method, f"{gateway.url}{path}", headers={"authorization": "Bearer wrong"})
+            assert r.status_code == 401 and "admin token required" in r.json()["error"], (method, path)
 
 
 @pytest.mark.parametrize("case", ["wrong", "missing", "deleted"])

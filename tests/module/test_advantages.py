@@ -45,3 +45,18 @@ def test_nonzero_variance_groups() -> None:
     # group 0 all equal, group 1 spread, group 2 alone, index 5 has no rows, group 3 alone.
     assert nonzero_variance_groups(rewards, group).tolist() == [False, False, True, True, False, False, False]
     assert nonzero_variance_groups(T([0.0, 1e-12]), T([0, 0])).tolist() == [False, False]
+
+
+def test_eps_keeps_a_near_zero_spread_finite() -> None:
+    """A group whose rewards differ by 1e-6 is divided by std + eps, not by ~0."""
+    r, g = T([0.0, 1e-6]), T([0, 0])
+    std = math.sqrt(2 * (0.5e-6) ** 2)
+    a = 0.5e-6 / (std + 1e-6)
+    assert group_mean(r, g).tolist() == pytest.approx([-a, a], rel=1e-3)
+    assert leave_one_out(r, g, std_normalize=True).tolist() == pytest.approx([-2 * a, 2 * a], rel=1e-3)
+
+
+def test_variance_filter_tolerance_is_strict() -> None:
+    assert nonzero_variance_groups(T([0.0, 0.5, 0.0, 0.75]), T([0, 0, 1, 1]), tol=0.5).tolist() == [
+        False, False, True, True,
+    ]  # fmt: skip

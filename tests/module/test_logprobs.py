@@ -176,3 +176,11 @@ def test_single_row_sequences_run_causal_without_a_block_mask() -> None:
     assert torch.allclose(a[rows >= 0], b[rows >= 0], atol=1e-5)
     packed = torch.tensor([[0] * 4 + [1] * 6, [2] * 10])
     assert forward_inputs(pos, packed, None)[0] is pos  # two rows in a sequence: the mask is needed
+
+
+def test_no_needed_column_gives_zeros() -> None:
+    """A micro-batch whose sequences hold no trainable token (excluded side rows, say) asked the
+    LM head for nothing: it crashed with 'range() arg 3 must not be zero'."""
+    ids, pos = batch()
+    lp, ent = token_logprobs(small_model(), ids, pos, need=torch.zeros_like(ids), with_entropy=True)
+    assert (lp == 0).all() and (ent == 0).all()

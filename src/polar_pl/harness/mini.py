@@ -25,12 +25,18 @@ class Mini:
         bash_timeout: float = 120.0,
         temperature: float | None = None,
         max_tokens: int | None = None,
+        work_turns: int = 0,
+        title: bool = False,
+        note_tokens: int | None = None,
     ) -> None:
         self.provider = resolve_provider(self.name, provider, ("openai_chat",))
         self.max_turns = max_turns
         self.bash_timeout = bash_timeout
         self.temperature = temperature
         self.max_tokens = max_tokens
+        if work_turns < 0:
+            raise ValueError(f"harness.work_turns={work_turns}: must be >= 0")
+        self.work_turns, self.title, self.note_tokens = work_turns, title, note_tokens
         self.version = "builtin"
 
     def __repr__(self) -> str:
@@ -40,7 +46,7 @@ class Mini:
         return True
 
     def install(self, prefix: Path) -> None:
-        """Nothing to install: the agent ships with polar_pl (its one dependency is `openai`)."""
+        """Nothing to install: the agent ships with polar_pl (stdlib only)."""
 
     def plan(self, session: GatewaySession, prompt: str, paths: SandboxPaths) -> LaunchPlan:
         script = f"{paths.home}/.polar/mini_agent.py"
@@ -50,6 +56,12 @@ class Mini:
             argv += ["--temperature", str(self.temperature)]
         if self.max_tokens is not None:
             argv += ["--max-tokens", str(self.max_tokens)]
+        if self.work_turns:
+            argv += ["--work-turns", str(self.work_turns)]
+        if self.title:
+            argv.append("--title")
+        if self.note_tokens is not None:
+            argv += ["--note-tokens", str(self.note_tokens)]
         env = {
             "OPENAI_BASE_URL": f"{session.base_url}/v1",
             "OPENAI_API_KEY": session.token,

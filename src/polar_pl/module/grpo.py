@@ -303,10 +303,8 @@ class GRPOModule(L.LightningModule):
         ref_model = self._ref.on(batch.input_ids.device) if self._ref is not None else None
         sampled = batch.loss_mask * scorable(batch.position_ids)
         for idx in self._micro(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device), batch):
-            args, kw = (
-                self._inputs(batch, idx),
-                {"sampling": sampling[idx], "chunk_tokens": self.logprob_chunk_tokens, "need": sampled[idx]},
-            )
+            args = self._inputs(batch, idx)
+            kw = {"sampling": sampling[idx], "chunk_tokens": self.logprob_chunk_tokens, "need": sampled[idx]}
             lp, ent = token_logprobs(self.model, *args, with_entropy=True, **kw)
             olds.append(lp)
             ents.append(ent)
@@ -340,7 +338,8 @@ class GRPOModule(L.LightningModule):
                 mb for mb in torch.tensor_split(order, self.minibatches) if mb.numel() and mask[mb].sum() > 0
             ]
             for mb in mbs:
-                mine, pad = self._share(self._micro(mb, batch))
+                # nothing trainable in a micro-batch: no forward (on every rank alike)
+                mine, pad = self._share([idx for idx in self._micro(mb, batch) if mask[idx].sum() > 0])
                 # x len(mbs): each optimiser step carries its share of the batch at full scale.
                 for idx in mine:
                     self._micro_step(

@@ -162,7 +162,7 @@ def token_logprobs(
         hidden, targets = hidden[:, keep], targets[:, keep]
         params = tuple(p[:, keep] for p in params)
     k = targets.shape[1]
-    cols = k if chunk_tokens is None else max(1, chunk_tokens // max(n, 1))
+    cols = max(k, 1) if chunk_tokens is None else max(1, chunk_tokens // max(n, 1))  # k = 0: nothing needed
     grad = torch.is_grad_enabled()
     logps, ents = [], []
     for c0 in range(0, k, cols):

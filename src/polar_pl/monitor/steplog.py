@@ -89,6 +89,7 @@ class StepLog(L.Callback):
         self._wait_last = 0.0
         self.history: list[dict[str, float]] = []
         self._step = 0
+        self._global_step = 0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # After the datamodule's setup (engine and gateway up): the first step's window holds the
@@ -98,6 +99,7 @@ class StepLog(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._step = int(getattr(trainer.datamodule, "batches_done", batch_idx))  # before commit
+        self._global_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         now = time.monotonic()
@@ -105,6 +107,12 @@ class StepLog(L.Callback):
         wait_total = float(getattr(dm, "wait_total_s", 0.0) or 0.0)
         step_s = now - (self._t_last if self._t_last is not None else now)
         metrics = {k: _num(trainer.callback_metrics, k) for k in trainer.callback_metrics}
+        # callback_metrics keep a key's last value: a skipped batch (no optimiser step) logs no
+        # train/*_s of its own, and train/skipped would stick to every later step.
+        skipped = trainer.global_step == self._global_step
+        metrics["train/skipped"] = 1.0 if skipped else None
+        if skipped:
+            metrics.update({"train/old_logprob_s": 0.0, "train/update_s": 0.0, "train/push_s": 0.0})
         times = step_times(metrics, step_s, wait_total - self._wait_last)
         self._t_last, self._wait_last = now, wait_total
         pl_module.log_dict(times, on_step=True, on_epoch=False, batch_size=1)

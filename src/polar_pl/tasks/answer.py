@@ -34,6 +34,14 @@ def uppercase_fraction(answer: str, params: Mapping[str, Any]) -> float:
     return upper / max(len(letters), int(params.get("min_letters", 1)))
 
 
+def lowercase_fraction(answer: str, params: Mapping[str, Any]) -> float:
+    """Share of the answer's letters that are lowercase; `min_letters` letters are needed for full credit."""
+    letters = [c for c in answer if c.isalpha()]
+    if not letters:
+        return 0.0
+    return sum(c.islower() for c in letters) / max(len(letters), int(params.get("min_letters", 1)))
+
+
 def charset_fraction(answer: str, params: Mapping[str, Any]) -> float:
     """Share of the answer's non-space characters drawn from `params["chars"]`."""
     allowed = set(params["chars"])
@@ -68,6 +76,7 @@ def file_similarity(patch: str, params: Mapping[str, Any]) -> float:
 
 CHECKS: dict[str, AnswerCheckFn] = {
     "uppercase_fraction": uppercase_fraction,
+    "lowercase_fraction": lowercase_fraction,
     "charset_fraction": charset_fraction,
     "similarity": similarity,
 }

@@ -10,7 +10,10 @@ lr 1e-2; see tests/tasks/test_learnable.py).
 
 Other kinds: `echo` (character similarity to a word the prompt quotes) and `digits` (share of
 non-space characters that are digits); harder for a random model, useful once it has learnt
-something. `file` is scored from the workspace, not the answer: the agent must create
+something. `case` alternates `uppercase` tasks (even indices) with their opposite, a reply in
+lowercase letters only (odd indices): the untrained model scores ~0.1 and ~0.9, so a policy that
+ignores the prompt (collapsed onto capitals, or onto anything) cannot beat the ~0.5 it starts at;
+only reading the prompt raises the mean. `file` is scored from the workspace, not the answer: the agent must create
 `answer.txt` holding a given word (character similarity of the file's content, 0 without the
 file) — a task for real CLIs, which write it with their own tools.
 """
@@ -23,7 +26,7 @@ from collections.abc import Sequence
 from polar_pl.tasks.sources import EvaluatorPartial, _Source
 from polar_pl.tasks.task import AnswerCheck, Task
 
-KINDS = ("uppercase", "echo", "digits", "file")
+KINDS = ("uppercase", "echo", "digits", "file", "case")
 
 _TOPICS = (
     "the weather today", "your favourite animal", "a good name for a cat", "what you had for lunch",
@@ -36,6 +39,12 @@ _UPPER_TEMPLATES = (
     "I can only read UPPERCASE text. Say something about {topic} using capital letters only.",
     "Shout your answer in CAPITALS: {topic}?",
 )
+_LOWER_TEMPLATES = (
+    "tell me about {topic}, and write your whole reply in lowercase letters only, no capitals.",
+    "answer in small letters, not a single capital: what do you think of {topic}?",
+    "i can only read lowercase text. say something about {topic} without any capital letter.",
+    "whisper your answer in lowercase: {topic}?",
+)
 _ECHO_WORDS = ("banana", "polaris", "gradient", "sandbox", "harness", "reward", "kernel", "lattice")
 
 
@@ -46,9 +55,12 @@ def file_task_prompt(word: str) -> str:
 def learnable_task(kind: str, index: int, seed: int = 0) -> Task:
     """Task `index` of the family `kind`; deterministic in (kind, index, seed)."""
     rng = random.Random(f"{kind}-{seed}-{index}")
-    if kind == "uppercase":
+    if kind == "uppercase" or (kind == "case" and index % 2 == 0):
         prompt = rng.choice(_UPPER_TEMPLATES).format(topic=rng.choice(_TOPICS))
         check = AnswerCheck("uppercase_fraction", {"min_letters": 8})
+    elif kind == "case":
+        prompt = rng.choice(_LOWER_TEMPLATES).format(topic=rng.choice(_TOPICS))
+        check = AnswerCheck("lowercase_fraction", {"min_letters": 8})
     elif kind == "echo":
         word = rng.choice(_ECHO_WORDS)
         prompt = f"Reply with exactly this word and nothing else: {word}"

@@ -114,6 +114,21 @@ class MergeStats:
             out[f"{prefix}/breaks/{kind.value}"] = self.breaks.get(kind.value, 0)
         return out
 
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, float], prefix: str = "merge") -> MergeStats:
+        """The counts back from `to_metrics` (the ratios are derived, so they are not read)."""
+        counts = {
+            f: int(metrics.get(f"{prefix}/{f}", 0))
+            for f in ("sessions", "calls", "skipped_calls", "rows", "call_tokens", "row_tokens",
+                      "sampled_tokens", "spliced_calls")
+        }  # fmt: skip
+        breaks = {
+            k.removeprefix(f"{prefix}/breaks/"): int(v)
+            for k, v in metrics.items()
+            if k.startswith(f"{prefix}/breaks/") and v
+        }
+        return cls(**counts, breaks=breaks)
+
 
 @dataclass(frozen=True, slots=True)
 class BuildResult:
