@@ -80,6 +80,7 @@ def test_node_killed_mid_run_loses_no_group_and_retries_its_sessions(ray_cluster
     try:
         victim = [w for w in dm.service.worker_status() if w["node"] == doomed.node_id]
         assert len(victim) == 1
+        assert ray.get(dm.service.controller.node.remote()) != doomed.node_id
         dm._start_service()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -16,6 +16,7 @@ from polar_pl.datamodule.service import Group
 from polar_pl.rollout.protocol import RolloutSetup
 
 log = logging.getLogger(__name__)
+HEAD = "node:__internal_head__"  # the resource Ray gives the head node only
 
 
 class RayRollout:
@@ -46,20 +47,19 @@ class RayRollout:
 
     def connect(self, setup: RolloutSetup) -> RayClient:
         import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from polar_pl.rollout.ray_controller import RolloutController
 
         owns = self._init(ray)
         try:
-            here = ray.get_runtime_context().get_node_id()
             controller = (
                 ray.remote(RolloutController)
                 .options(
                     num_cpus=0,
+                    # on the head, whose loss ends the cluster anyway: never on a rollout node that may die
+                    resources={HEAD: 0.001},
                     max_concurrency=16,
                     max_restarts=0,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
                 )
                 .remote(
                     setup, workers_per_node=self.workers_per_node, max_workers=self.max_workers,

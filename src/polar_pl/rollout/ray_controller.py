@@ -82,6 +82,10 @@ class RolloutController:
         jobs it holds now."""
         return [{**w.info, "alive": w.alive, "jobs": len(w.jobs)} for w in self.slots]
 
+    def node(self) -> str:
+        """The node this controller runs on."""
+        return ray.get_runtime_context().get_node_id()
+
     def worker_handle(self, name: str) -> Any:
         """The actor handle of one worker (operators and fault tests kill workers by name)."""
         (slot,) = [w for w in self.slots if w.name == name]
