@@ -9,7 +9,7 @@ PIP_Q := -qq --disable-pip-version-check
 MODEL := .cache/tiny-model
 WARM_MODEL := .cache/tiny-model-warm
 # CLI harnesses run on a tiny model warm-started inside that CLI's own request (conf/harness/*.yaml)
-TEST_HARNESSES := pi claude_code
+BENCH_HARNESSES := pi claude_code
 TRAIN_HARNESS := $(patsubst harness=%,%,$(filter harness=%,$(ARGS)))
 HARNESS_PREFIX := .cache/harness
 export POLAR_TINY_MODEL := $(abspath $(MODEL))
@@ -21,7 +21,7 @@ export POLAR_HARNESS_PREFIX := $(abspath $(HARNESS_PREFIX))
 train: env model sandbox-deps $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis .cache/tiny-model-$(TRAIN_HARNESS)/config.json)
 	$(BIN)/python train.py $(ARGS)
 
-test: test-env model vllm-env harness-clis harness-models sandbox-deps docker-deps browser-deps
+test: test-env model vllm-env harness-clis sandbox-deps docker-deps browser-deps
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
 
 env: $(VENV)/.installed
@@ -50,9 +50,10 @@ model: $(MODEL)/config.json
 $(MODEL)/config.json: | env
 	$(BIN)/polar-pl tiny-model --out $(MODEL)
 
-# The generic warm start (chat and tool-call formats, ~3 CPU min), then one model per CLI the tests
-# train with (~3 CPU min each: the CLI's real request is captured, the model is tuned inside it).
-harness-models: $(foreach h,$(TEST_HARNESSES),.cache/tiny-model-$(h)/config.json)
+# The generic warm start (chat and tool-call formats, ~3 CPU min), then one model per CLI that
+# bench/cli_learning.py trains (~3 CPU min each: the CLI's real request is captured, the model is
+# tuned inside it). `make train ARGS="harness=pi"` builds the one it needs.
+harness-models: $(foreach h,$(BENCH_HARNESSES),.cache/tiny-model-$(h)/config.json)
 $(WARM_MODEL)/config.json: | env
 	$(BIN)/polar-pl tiny-model --out $(WARM_MODEL) --warm-start
 .cache/tiny-model-%/config.json: $(WARM_MODEL)/config.json | harness-clis

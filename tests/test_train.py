@@ -1,10 +1,10 @@
 """`python train.py` end to end on CPU: `train(cfg)` in-process on the composed config (shrunk, as
-lightning-hydra-template's tests/test_train.py does), then as a subprocess: learning sanity (with
-and without weight push), multi-turn learning against its no-push control, a Hydra sweep with one
-W&B offline run per value, and resume from a checkpoint."""
+lightning-hydra-template's tests/test_train.py does), then as a subprocess: learning sanity, a
+Hydra sweep with one W&B offline run per value, and resume from a checkpoint."""
 
 from __future__ import annotations
 
+import collections
 import csv
 import os
 import subprocess
@@ -73,7 +73,9 @@ def test_train_in_process_on_the_composed_config(tiny_model_dir, tmp_path):
     assert rewards_by_step(tmp_path) and (tmp_path / "checkpoints" / "last.ckpt").exists()
     store = TraceStore(tmp_path / "traces.db")
     try:
-        assert len(store.sessions()) == 2  # one group of two attempts
+        # groups of two attempts; the next group may have started while the step trained
+        sizes = collections.Counter(s.group_id for s in store.sessions())
+        assert sizes and max(sizes.values()) == 2, sizes
     finally:
         store.close()
 
@@ -102,8 +104,9 @@ def gain(values: list[float], n: int = 5) -> float:
 def test_learning_sanity_still_learns(tiny_model_dir, tmp_path):
     """`python train.py experiment=sanity`: the mean reward of the last 5 steps beats the first 5
     by a clear margin within 30 steps. (That the rise needs the weight push is shown by the
-    multi-turn test's no-push control, which also covers what this task cannot: prompt-dependent
-    reward, merged multi-call sessions, masked observations, side calls.)"""
+    multi-turn learning test's no-push control in tests/module/test_learning_loop.py, which also
+    covers what this task cannot: a prompt-dependent reward, merged multi-call sessions, masked
+    observation turns, side calls.)"""
     push = tmp_path / "push"
     train("experiment=sanity", "logger=csv", f"hydra.run.dir={push}")
     r_push = rewards_by_step(push)
@@ -113,35 +116,6 @@ def test_learning_sanity_still_learns(tiny_model_dir, tmp_path):
     versions = [int(v) for v in column(push, "train/policy_version")]
     # a push per optimiser step; batches whose groups all score the same (converged) are skipped
     assert versions == sorted(versions) and versions[-1] >= 5
-
-
-ENTROPY_FLOOR = 1.0  # nats; the untrained model starts near 9 (8192 tokens), sanity collapsed to 0.1
-
-
-@pytest.mark.slow
-def test_multiturn_learning_reads_the_prompt_only_when_weights_reach_the_engine(tiny_model_dir, tmp_path):
-    """experiment=multiturn (title side call + three main calls per session, prefix-merged, masked
-    observations; capitals or lowercase by prompt) against multiturn_no_push: the reward rises
-    only with the push, on both task kinds (a prompt-blind policy cannot), and the entropy of the
-    sampled distribution stays above ENTROPY_FLOOR."""
-    push, no_push = tmp_path / "push", tmp_path / "no_push"
-    train("experiment=multiturn", "logger=csv", f"hydra.run.dir={push}")
-    train("experiment=multiturn_no_push", "logger=csv", f"hydra.run.dir={no_push}")
-    r_push, r_none = rewards_by_step(push), rewards_by_step(no_push)
-    upper = column(push, "rollout/reward_by_check/uppercase_fraction")
-    lower = column(push, "rollout/reward_by_check/lowercase_fraction")
-    entropy = column(push, "train/entropy")
-    for name, values in [("push", r_push), ("no push", r_none), ("capitals", upper), ("lowercase", lower),
-                         ("entropy", entropy), ("no-push entropy", column(no_push, "train/entropy"))]:  # fmt: skip
-        print(f"multiturn {name} by step: {curve(values)}")
-    assert len(r_push) == len(r_none) == 20
-    assert gain(r_push) > 0.15 and gain(r_none) < 0.05, (gain(r_push), gain(r_none))
-    assert gain(upper) > 0.2 and gain(lower) > -0.05, (gain(upper), gain(lower))  # not prompt-blind
-    assert min(entropy) > ENTROPY_FLOOR
-    # the structure was there: every session a side call and three merged main calls
-    calls_per_row = column(push, "merge/calls_per_row")  # (1 side + 3 main) calls in 2 rows
-    assert sum(calls_per_row) / len(calls_per_row) > 1.9, calls_per_row
-    assert min(column(push, "train/side_rollouts")) > 0
 
 
 @pytest.mark.slow

@@ -1,10 +1,15 @@
-"""What `python train.py` does with a composed config: build every part from its group, train,
-and tear everything down in `finally` (engine, gateway, pools, sandboxes, loggers)."""
+"""What `python train.py` does with a composed config: sweep what killed runs of the same sandbox
+owner left behind, build every part from its group, train, and tear everything down in `finally`
+(engine, gateway, pools, sandboxes, loggers). SIGTERM / SIGINT end the run promptly (shutdown.py):
+a checkpoint, loggers finalised as "killed", exit code 128 + the signal."""
 
 from __future__ import annotations
 
 import copy
+import logging
+import time
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -16,6 +21,9 @@ from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
 from polar_pl.datamodule.progress import LiveProgress
 from polar_pl.engine.replicas import EngineReplicas
 from polar_pl.monitor.noise import quiet
+from polar_pl.shutdown import GracefulShutdown
+
+log = logging.getLogger(__name__)
 
 
 def build_parts(cfg: DictConfig) -> dict[str, Any]:
@@ -55,12 +63,25 @@ def build_engine(cfg: DictConfig) -> Any:
     return EngineReplicas([instantiate(node) for _ in range(n)])
 
 
+def sweep_leftovers(cfg: DictConfig) -> None:
+    """Remove the sandboxes, cgroups and processes that runs of this sandbox owner left when they
+    were killed (only those whose process is gone: a run still going keeps its sandboxes)."""
+    from polar_pl.sandbox.sweep import sweep
+
+    owner = cfg.sandbox.get("owner")
+    report = sweep(owner, dead_only=True)
+    if not report.empty:
+        log.info("swept what earlier runs of sandbox owner %r left: %s", owner, report)
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Fit GRPO on rollouts; returns the final logged metrics."""
+    """Fit GRPO on rollouts; returns the final logged metrics. Raises SystemExit(128 + signal)
+    when SIGTERM / SIGINT stopped the run."""
     quiet()
     if cfg.get("torch_threads"):
         torch.set_num_threads(int(cfg.torch_threads))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
+    sweep_leftovers(cfg)
     if cfg.get("warm_start"):  # a CLI harness's model: warm-started inside that CLI's request
         from polar_pl.tinymodel.build import ensure_harness_model
 
@@ -68,34 +89,72 @@ def train(cfg: DictConfig) -> dict[str, float]:
         ensure_harness_model(
             cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes
         )
-    parts = build_parts(cfg)
-    dm: RolloutDataModule = parts["datamodule"]
-    loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.get("logger") else []
+    parts: dict[str, Any] = {}
+    loggers: list = []
+    checkpoint = Path(cfg.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    shutdown = GracefulShutdown(_Deferred(parts), checkpoint, **cfg.get("shutdown", {}))
+    shutdown.install()  # from here on: a signal while the run is still being built unwinds it
     try:
-        module = instantiate(cfg.module)
-        # CommitBatches after the configured callbacks: Lightning moves checkpointing last, so a
-        # checkpoint always holds the batch just committed.
-        callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
-        trainer: L.Trainer = instantiate(cfg.trainer, logger=loggers, callbacks=[*callbacks, CommitBatches()])
-        for lg in loggers:
-            lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-        with LiveProgress(dm.live_metrics, title="rollouts") if dm.progress else nullcontext():
-            trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("ckpt_path"))
-        return {k: float(v) for k, v in trainer.logged_metrics.items()}
+        parts.update(build_parts(cfg))
+        loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.get("logger") else []
+        return _fit(cfg, parts["datamodule"], loggers, shutdown)
     finally:
-        dm.teardown()
+        _teardown(parts, loggers, shutdown)
+
+
+def _fit(
+    cfg: DictConfig, dm: RolloutDataModule, loggers: list, shutdown: GracefulShutdown
+) -> dict[str, float]:
+    module = instantiate(cfg.module)
+    # CommitBatches after the configured callbacks: Lightning moves checkpointing last, so a
+    # checkpoint always holds the batch just committed.
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
+    trainer: L.Trainer = instantiate(
+        cfg.trainer, logger=loggers, callbacks=[*callbacks, CommitBatches(), shutdown]
+    )
+    for lg in loggers:
+        lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    with LiveProgress(dm.live_metrics, title="rollouts") if dm.progress else nullcontext():
+        trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("ckpt_path"))
+    return {k: float(v) for k, v in trainer.logged_metrics.items()}
+
+
+def _teardown(parts: dict[str, Any], loggers: list, shutdown: GracefulShutdown) -> None:
+    """Everything the run started, in order, whatever ended it; then the exit a signal asks for."""
+    try:
+        if "datamodule" in parts:
+            parts["datamodule"].teardown()
         for part in ("evaluator", "sandbox"):  # the evaluator first: its sandboxes use the factory's hosts
-            close = getattr(parts[part], "close", None)
+            close = getattr(parts.get(part), "close", None)
             if close is not None:
                 close()
+        status = "success" if shutdown.signum is None else "killed"
         for lg in loggers:
             finalize = getattr(lg, "finalize", None)
             if finalize is not None:
-                finalize("success")
+                finalize(status)
         try:
             import wandb
 
             if wandb.run is not None:
-                wandb.finish()
+                wandb.finish(exit_code=shutdown.exit_code or 0)
         except ImportError:
             pass
+    finally:
+        shutdown.uninstall()
+    if shutdown.signum is not None:
+        took = time.monotonic() - shutdown.t0
+        log.warning("stopped by a signal: finished %.1f s after it, exit code %d", took, shutdown.exit_code)
+        raise SystemExit(shutdown.exit_code)
+
+
+class _Deferred:
+    """The datamodule once it exists: a signal may come while the parts are still being built."""
+
+    def __init__(self, parts: dict[str, Any]) -> None:
+        self.parts = parts
+
+    def interrupt(self, harness_grace_s: float) -> None:
+        dm = self.parts.get("datamodule")
+        if dm is not None:
+            dm.interrupt(harness_grace_s)

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from polar_pl.gateway.call.gate import DrainTimeout
 from polar_pl.gateway.handle import Gateway
 from polar_pl.testing.scripted import Reply, serve_scripted
 
@@ -123,11 +124,37 @@ def test_admin_pause_and_resume_routes(gw) -> None:
     with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {gw.admin_token}"}) as admin:
         assert admin.post("/admin/pause", json={"mode": "sideways"}).status_code == 400
         assert httpx.post(f"{gw.url}/admin/pause").status_code == 401
+        assert admin.post("/admin/pause", json={"timeout": "soon"}).status_code == 400
         r = admin.post("/admin/pause", json={"mode": "keep"})
-        assert r.json() == {"paused": True, "mode": "keep", "in_flight": 0} and gw.paused
-        assert admin.get("/admin/stats").json()["gateway/paused"] == 1.0
+        assert r.json() | {"waited_s": 0} == {
+            "paused": True,
+            "mode": "keep",
+            "in_flight": 0,
+            "waited_for": 0,
+            "waited_s": 0,
+        }
+        assert gw.paused and admin.get("/admin/stats").json()["gateway/paused"] == 1.0
         assert admin.post("/admin/pause").json()["mode"] == "drain"  # idle engine: drained at once
         assert admin.post("/admin/resume").json()["paused"] is False and not gw.paused
+
+
+def test_a_drain_past_its_timeout_says_what_it_waited_for(gw) -> None:
+    """`pause("drain")` had no timeout: a call that never ended (a leaked in-flight count did the
+    same) kept the trainer's weight push waiting for ever."""
+    sids, done = [], []
+    t = call_in_thread(gw, sids, done)
+    wait_for(lambda: gw.stats()["gateway/in_flight"] == 1)
+    with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {gw.admin_token}"}) as admin:
+        r = admin.post("/admin/pause", json={"mode": "drain", "timeout": 0.05})
+    assert r.status_code == 504 and r.json()["waited_for"] == 1 and r.json()["in_flight"] == 1
+    assert "1 still in flight" in r.json()["error"] and gw.paused
+    with pytest.raises(DrainTimeout, match="waited for 1 engine calls"):
+        gw.pause("drain", timeout=0.05)
+    report = gw.pause("drain", timeout=20)  # the call ends: the drain returns
+    assert report.waited_for == 1 and report.in_flight == 0 and report.waited_s > 0
+    gw.resume()
+    t.join(10)
+    assert done and [r.status for r in gw.records(sids[0])] == ["ok"]
 
 
 def test_pause_rejects_an_unknown_mode(gw) -> None:
@@ -186,7 +213,11 @@ def test_cap_policy_end_turn_tells_the_harness_a_normal_stop_and_merges_exactly(
 
     slow_engine.backend.token_delay = 0.0
     with Gateway(
-        [slow_engine.url], tmp_path / "t.db", tokenizer_dir=tiny_model_dir, max_tokens_cap=6, cap_policy="end_turn"
+        [slow_engine.url],
+        tmp_path / "t.db",
+        tokenizer_dir=tiny_model_dir,
+        max_tokens_cap=6,
+        cap_policy="end_turn",
     ) as gw:
         s = gw.create_session()
         client = anthropic.Anthropic(base_url=s.base_url, api_key="unused", max_retries=0)
@@ -195,7 +226,11 @@ def test_cap_policy_end_turn_tells_the_harness_a_normal_stop_and_merges_exactly(
         with client.messages.stream(model="c", max_tokens=32000, messages=first) as stream:
             streamed = stream.get_final_message()
         own = client.messages.create(model="c", max_tokens=3, messages=first)
-        second = [*first, {"role": "assistant", "content": big.content[0].text}, {"role": "user", "content": "go on"}]
+        second = [
+            *first,
+            {"role": "assistant", "content": big.content[0].text},
+            {"role": "user", "content": "go on"},
+        ]
         client.messages.create(model="c", max_tokens=32000, messages=second, timeout=60)
         oa = openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="unused", max_retries=0)
         chat = oa.chat.completions.create(model="m", messages=first)
@@ -204,7 +239,9 @@ def test_cap_policy_end_turn_tells_the_harness_a_normal_stop_and_merges_exactly(
     assert big.stop_reason == streamed.stop_reason == "end_turn" and big.usage.output_tokens == 6
     assert own.stop_reason == "max_tokens"  # the harness's own limit is reported as it is
     assert chat.choices[0].finish_reason == "stop"
-    assert [c.choices[0].finish_reason for c in chat_stream if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert [c.choices[0].finish_reason for c in chat_stream if c.choices and c.choices[0].finish_reason] == [
+        "stop"
+    ]
     assert all(r.finish_reason == "length" for r in records), [r.finish_reason for r in records]
     noted = [any("cap_policy end_turn" in n for n in r.notes) for r in records]
     assert noted == [True, True, False, True, True, True]

@@ -62,10 +62,13 @@ def _two_turn(harness, backend, backend_sandbox, gateway, script, harness_prefix
 
     detail = f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}"
     assert result.exit_code == 0 and not result.timed_out, detail
+    records = gateway.records(handle.session_id)
+    calls = [(r.call_kind, r.path, r.status, r.finish_reason) for r in records]
+    wrote = backend_sandbox.exec(["test", "-f", RESULT_FILE]).exit_code == 0
+    assert wrote, f"{RESULT_FILE} not written; calls {calls}\n{detail}"
     assert backend_sandbox.get_file(RESULT_FILE).decode() == content
     assert "+++ b/result.txt" in result.patch and f"+{content}" in result.patch
     assert result.answer and ANSWER in result.answer, detail
-    records = gateway.records(handle.session_id)
     main = _main_calls(records)
     assert len(main) >= 2, [(r.call_kind, r.path, r.status) for r in records]
     assert all(r.status == "ok" for r in main), [(r.status, r.error) for r in main]

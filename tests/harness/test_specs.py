@@ -63,6 +63,32 @@ def test_impossible_pairs_name_both(name, provider):
     assert f"harness={name}" in str(err.value) and f"provider={provider}" in str(err.value)
 
 
+@pytest.mark.parametrize("name", list(SUPPORTED))
+def test_debug_fast_composes_with_every_harness(name):
+    """`debug=fast` set the mini agent's max_turns / max_tokens and crashed every CLI harness
+    (`unexpected keyword argument 'max_turns'`)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"harness={name}", "debug=fast"], return_hydra_config=True)
+    assert instantiate(cfg.harness).name == name
+    assert cfg.datamodule.gateway_options.max_tokens_cap == 8 and cfg.steps == 2
+
+
+@pytest.mark.parametrize("name", [n for n in SUPPORTED if n != "mini"])
+def test_cli_defaults_come_from_the_harness_conf(name, monkeypatch):
+    """Each CLI's own defaults (chosen by measurement, conf/harness/<name>.yaml) win over the
+    datamodule's: its warm-started model, group size, timeout, response cap and cap policy."""
+    from hydra.core.hydra_config import HydraConfig
+
+    monkeypatch.setenv("POLAR_MODEL_CACHE", "/models")
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"harness={name}"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    assert cfg.warm_start.harness == name and cfg.model_dir == f"/models/tiny-model-{name}"
+    assert cfg.datamodule.group_size == 4 and cfg.datamodule.pools.run_timeout_s in (300, 600)
+    assert cfg.datamodule.options.timeout_policy == "mask"
+    assert cfg.datamodule.gateway_options.cap_policy == "end_turn"
+
+
 def test_unknown_names_are_value_errors():
     with pytest.raises(ValueError, match="allowed values"):
         build_harness("cursor")

@@ -13,7 +13,7 @@ from small_model import small_model
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.logprobs import Sampling, token_logprobs
 from polar_pl.module.losses import cispo_policy_loss, gspo_policy_loss, kl_k3, kl_k3_plus
-from polar_pl.module.offpolicy import mask_sequence, mask_sequence_kl, mask_token, tis_sequence
+from polar_pl.module.offpolicy import mask_sequence, mask_sequence_kl, mask_token, tis_sequence, tis_token
 from polar_pl.module.segments import Segments
 
 L = math.log
@@ -36,14 +36,15 @@ def test_ratio_bounds_are_inclusive() -> None:
 
 
 def test_mask_defaults() -> None:
-    """Defaults keep ratios in [0.5, 2]: 0.45 and 2.2 out, 0.55 and 1.9 in; tis_sequence caps at 2."""
+    """Defaults keep ratios in [0.5, 2]: 0.45 and 2.2 out, 0.55 and 1.9 in; both TIS cap at 2."""
     old = torch.tensor([[L(0.45), L(0.55), L(1.9), L(2.2)]])
     beh, m = torch.zeros(1, 4, dtype=torch.float64), torch.ones(1, 4)
     seg = Segments(torch.arange(4)[None], torch.zeros(4, dtype=torch.long), torch.arange(4))
     assert mask_token(old, beh, m).tolist() == [[0.0, 1.0, 1.0, 0.0]]
     assert mask_sequence(old, beh, m, seg).tolist() == [[0.0, 1.0, 1.0, 0.0]]
-    assert tis_sequence(torch.full((1, 1), 5.0), torch.zeros(1, 1, dtype=torch.float64), torch.ones(1, 1),
-                        one_segment(1)).tolist() == [[2.0]]  # fmt: skip
+    big, zero, one = torch.full((1, 1), 5.0), torch.zeros(1, 1, dtype=torch.float64), torch.ones(1, 1)
+    assert tis_sequence(big, zero, one, one_segment(1)).tolist() == [[2.0]]
+    assert tis_token(big, zero, one).tolist() == [[2.0]]
 
 
 def test_deepseek_mask_edges() -> None:

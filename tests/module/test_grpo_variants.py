@@ -102,8 +102,9 @@ def test_off_policy_mask_and_overlong_in_a_step() -> None:
 
 def test_config_errors_name_the_key() -> None:
     model = small_model()
-    with pytest.raises(ValueError, match="module.kl=kl_k1 has zero expected gradient as a loss"):
-        GRPOModule(model=model, kl=losses.kl_k1, kl_coef=0.1)
+    for k1 in (losses.kl_k1, functools.partial(losses.kl_k1)):  # as config builds it: a partial
+        with pytest.raises(ValueError, match="module.kl=kl_k1 has zero expected gradient as a loss"):
+            GRPOModule(model=model, kl=k1, kl_coef=0.1)
     with pytest.raises(ValueError, match="module.kl_reward_coef > 0 needs module.kl_reward"):
         GRPOModule(model=model, kl_reward_coef=0.1)
     with pytest.raises(ValueError, match="module.micro_batch_tokens=0"):

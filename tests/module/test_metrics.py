@@ -32,16 +32,19 @@ def test_gap_ratio_quantiles_and_staleness() -> None:
     assert m["train/entropy"] == pytest.approx(2.0) and m["train/tis_weight_mean"] == pytest.approx(3.5 / 3)
 
 
-def row(rollout: str, reward: float, harness: str) -> TrajectoryRow:
+def row(rollout: str, reward: float, harness: str, kind: str = "main") -> TrajectoryRow:
     return TrajectoryRow(
-        [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], [-1, 0, 0], "s", rollout, "g", reward, harness=harness
-    )
+        [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], [-1, 0, 0], "s", rollout, "g", reward, harness=harness,
+        meta={"call_kind": kind},
+    )  # fmt: skip
 
 
 def test_harness_rewards_count_rollouts_once() -> None:
-    rows = [row("a1", 1.0, "codex"), row("a1", 1.0, "codex"), row("a2", 0.0, "codex"), row("b1", 0.5, "pi")]
+    rows = [row("a1", 1.0, "codex"), row("a1", 1.0, "codex"), row("a2", 0.0, "codex"), row("b1", 0.5, "pi"),
+            row("a1", 0.0, "codex", kind="side")]  # fmt: skip
     m = harness_metrics(collate(rows, token_budget=8))
-    # codex: rollouts a1 (split into two rows) and a2 -> mean 0.5, not (1 + 1 + 0) / 3.
+    # codex: rollouts a1 (split into two rows, plus a title row at side_reward 0, which used to
+    # overwrite its reward) and a2 -> mean 0.5, not (1 + 1 + 0) / 3 nor 0.
     assert m["rollout/reward_mean/codex"] == 0.5 and m["rollout/pass_rate/codex"] == 0.5
     assert m["rollout/reward_std/codex"] == pytest.approx(math.sqrt(0.5))
     assert m["rollout/reward_mean/pi"] == 0.5 and "rollout/reward_std/pi" not in m

@@ -91,7 +91,9 @@ def test_bind_engine_binds_the_sync(tiny_model_dir, engine) -> None:
     GRPOModule(tiny_model_dir).bind_engine(engine)  # no sync: nothing to bind, no error
 
 
-def test_fit_binds_the_datamodules_push_target_and_never_the_raw_engine(tiny_model_dir, engine, tmp_path) -> None:
+def test_fit_binds_the_datamodules_push_target_and_never_the_raw_engine(
+    tiny_model_dir, engine, tmp_path
+) -> None:
     """on_fit_start used to fall back to `datamodule.engine`, which skips the gateway pause and the
     policy-version hint; the sync is now bound to `datamodule.push_target()` or the fit fails."""
     import lightning as L

@@ -3,7 +3,6 @@ and the node settings of the test cluster."""
 
 from __future__ import annotations
 
-import tempfile
 from functools import partial
 from pathlib import Path
 
@@ -50,8 +49,8 @@ class OneCall(Mini):
 def scripted_dm(engine, tmp_path: Path, *, rollout=None, tasks: int = 2, **kw) -> RolloutDataModule:
     """The real stack on a scripted engine: gateway, local sandboxes, a one-call harness, the
     learnable evaluator, prefix merge."""
-    # short: the bubblewrap relay's unix socket lives under it (AF_UNIX paths are at most 107 bytes)
-    sbx = Path(tempfile.mkdtemp(prefix="sbx-", dir="/tmp"))
+    sbx = tmp_path / "sbx"
+    sbx.mkdir(parents=True, exist_ok=True)
     source = LearnableTaskSource(n_tasks=tasks)
     sandbox = partial(LocalSandbox, base_dir=str(sbx))
     kw.setdefault("pools", {"init": 2, "ready": 2, "running": 2, "postrun": 2, "run_timeout_s": 60})

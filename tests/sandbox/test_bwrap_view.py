@@ -21,7 +21,7 @@ from polar_pl.sandbox.local import LocalSandbox
 
 checkout, url, owner = sys.argv[1:]
 assert polar_pl.__file__.startswith(checkout), polar_pl.__file__
-with LocalSandbox(owner=owner) as sb:
+with LocalSandbox(owner=owner, python_packages=["sniffio"]) as sb:
     inside = sb.expose_gateway(url)
     probe = "import sniffio, sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())"
     res = sb.exec([*sb.python, "-c", probe, inside + "/ping"])
@@ -57,3 +57,48 @@ def test_checkout_and_venv_under_tmp(tmp_path, gateway_stub):
     assert lines["agent"].startswith("0 pong"), lines["agent"]
     code, err = lines["checkout"].split(" ", 1)
     assert code != "0" and "No such file or directory" in err, lines["checkout"]
+
+
+def test_workspace_copied_from_a_private_folder(tmp_path):
+    """`bwrap: Can't chdir to .../workspace: Permission denied`: a repository copied from a 0700
+    folder (pytest's tmp dirs are) made the workspace 0700, owned by the sandbox user, and bwrap
+    changed into it as root without capabilities. The sandbox user changes directory itself now."""
+    from polar_pl.sandbox.local import LocalSandbox
+
+    repo = tmp_path / "repo"
+    (repo / "sub").mkdir(parents=True)
+    (repo / "sub" / "f.txt").write_text("x\n")
+    for d in (repo, repo / "sub"):
+        d.chmod(0o700)
+    with LocalSandbox(owner=OWNER) as sb:
+        sb.put_archive(repo, sb.workdir)
+        assert sb.exec(["pwd"]).stdout.strip() == sb.workdir
+        res = sb.exec(["cat", "f.txt"], workdir="sub")
+        assert (res.exit_code, res.stdout) == (0, "x\n"), res.stderr
+
+
+def test_gateway_reached_from_a_sandbox_under_a_deep_folder(tmp_path, gateway_stub):
+    """`OSError: AF_UNIX path too long`: the relay's socket lives under the sandbox root, and a root
+    deep enough (pytest's long test names) made it longer than a unix socket path may be."""
+    from polar_pl.sandbox.local import LocalSandbox
+
+    base = tmp_path / ("d" * 60) / ("e" * 60)
+    base.mkdir(parents=True)
+    with LocalSandbox(base_dir=str(base), owner=OWNER) as sb:
+        inside = sb.expose_gateway(gateway_stub)
+        assert len(str(sb.root)) > 108
+        probe = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+        res = sb.exec(["python3", "-c", probe, inside + "/ping"])
+    assert res.stdout.strip() == "pong", res.stderr
+
+
+def test_pwd_names_the_working_folder(tmp_path):
+    """OpenCode takes its project folder from $PWD: with a stale one it ran its tools in `/` and
+    could not write a file (bwrap's own --chdir sets PWD; the sandbox user's chdir must too)."""
+    from polar_pl.sandbox.local import LocalSandbox
+
+    with LocalSandbox(base_dir=str(tmp_path), owner=OWNER) as sb:
+        res = sb.exec(["sh", "-c", 'echo "$PWD"; pwd'])
+        sub = sb.exec(["sh", "-c", 'echo "$PWD"'], workdir="sub") if sb.exec("mkdir sub").exit_code == 0 else None
+        assert res.stdout.split() == [sb.workdir, sb.workdir]
+        assert sub is not None and sub.stdout.strip() == f"{sb.workdir}/sub"

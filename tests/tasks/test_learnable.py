@@ -35,6 +35,29 @@ def test_answer_evaluator_results():
     assert (none.status, none.reward) == ("no_answer", 0.0)
 
 
+def _new_file_patch(path: str, content: str) -> str:
+    lines = content.splitlines() or [""]
+    body = "".join(f"+{ln}\n" for ln in lines)
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\nindex 0000000..1111111\n"
+        f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}"
+    )
+
+
+def test_file_kind_is_scored_from_the_workspace_not_the_answer():
+    """Real CLIs write the answer file with their own tools; the final message does not count."""
+    task = learnable_task("file", 0)
+    word = task.answer_check.params["target"]
+    assert word.isupper() and f"the word {word}" in task.prompt
+    ev = AnswerEvaluator()
+    exact = ev.evaluate(ev.prewarm(task), _new_file_patch("answer.txt", word + "\n"), answer=None)
+    assert exact.reward == 1.0 and exact.status == "resolved"
+    lower = ev.evaluate(ev.prewarm(task), _new_file_patch("answer.txt", word.lower()), answer=word)
+    assert lower.reward == 0.5  # the right word in the wrong case
+    elsewhere = ev.evaluate(ev.prewarm(task), _new_file_patch("notes.txt", word), answer=word)
+    assert elsewhere.reward == 0.0  # the right word in the answer or another file scores nothing
+
+
 def test_family_is_deterministic_and_varied():
     a = LearnableTaskSource(n_tasks=8, seed=3).tasks()
     b = LearnableTaskSource(n_tasks=8, seed=3).tasks()

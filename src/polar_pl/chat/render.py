@@ -164,6 +164,18 @@ def render_chat(
     return shield.restore(marked), shield.encode(marked)
 
 
+def _protect(shield: Shield, message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant turn's text is the model's own output: a `<think>` in it was sampled as that
+    token (an engine without a reasoning parser passes `<think>` on as content), so it re-renders
+    as the token. Everything else (system, user, tool results, tool-call arguments the harness
+    echoes as JSON, tool schemas) never becomes a control token."""
+    if message.get("role") != "assistant":
+        return shield.protect(message)
+    if "tool_calls" not in message:
+        return message
+    return {**message, "tool_calls": shield.protect(message["tool_calls"])}
+
+
 def render_marked(
     tokenizer,
     messages: list[Any],
@@ -173,10 +185,10 @@ def render_marked(
     continue_final_message: bool = False,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[str, Shield]:
-    """The rendered text with message-borne control strings as sentinels, and the `Shield` that
+    """The rendered text with control strings from non-assistant messages as sentinels, and the `Shield` that
     encodes it (`shield.encode(text[i:])` gives the ids of any part of it)."""
     shield = Shield(tokenizer)
-    conversation = shield.protect(conversation_for_template(messages))
+    conversation = [_protect(shield, m) for m in conversation_for_template(messages)]
     try:
         text = tokenizer.apply_chat_template(
             conversation,

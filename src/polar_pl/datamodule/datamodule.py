@@ -4,14 +4,17 @@
 backend (`local`: a gateway and the stage pools in this process; `ray`: workers on a Ray
 cluster); `train_dataloader` yields one collated batch of complete GRPO groups per optimisation
 step while the rollouts keep producing the next ones; `teardown` stops everything, also after an
-exception or Ctrl-C. `state_dict` / `load_state_dict` carry the task cursor and the policy version
-across a resume.
+exception or Ctrl-C. `interrupt` (from a signal handler) admits no new rollout and cancels the
+running ones at once; the batches then end. `state_dict` / `load_state_dict` carry the task
+cursor and the policy version across a resume.
 """
 
 from __future__ import annotations
 
 import logging
+import resource
 import tempfile
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
@@ -25,7 +28,7 @@ from polar_pl.datamodule.collate import TrainBatch, collate
 from polar_pl.datamodule.pools import INFRA_FAILURE, PoolSizes
 from polar_pl.datamodule.rollout import RolloutOptions
 from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.datamodule.service import Group
+from polar_pl.datamodule.service import Group, RolloutsStopped
 from polar_pl.datamodule.trajectory import MergeStats
 from polar_pl.gateway.handle import Gateway
 from polar_pl.rollout.local import LocalRollout
@@ -53,6 +56,9 @@ class RolloutDataModule(L.LightningDataModule):
     pause_on_push: while new weights are pushed, new engine calls wait at the gateway; "drain"
         also waits for calls in flight to finish, "keep" lets them run on; None: no pause.
     rollout: where sessions run, a `RolloutBackend` (Hydra group `rollout=`); None: this process.
+    engine_down_s: an engine that has not answered its health check for this long while the
+        trainer waits for rollouts ends the run (`PartDown`; rollout=local) instead of failing every rollout
+        for ever; so does a gateway whose server stopped.
     """
 
     def __init__(
@@ -82,6 +88,7 @@ class RolloutDataModule(L.LightningDataModule):
         progress: bool = True,
         pause_on_push: str | None = "keep",
         rollout: RolloutBackend | None = None,
+        engine_down_s: float = 15.0,
     ) -> None:
         super().__init__()
         self.engine, self.sandbox, self.harness = engine, sandbox, harness
@@ -119,6 +126,11 @@ class RolloutDataModule(L.LightningDataModule):
         self._batch_metrics: deque[dict[str, float]] = deque()
         self._batch_groups: deque[list[Group]] = deque()
         self.wait_total_s = 0.0  # trainer time spent blocked on rollouts, over the run
+        self.interrupted = False
+        self._service_lock = threading.Lock()
+        self.engine_down_s = engine_down_s
+        self._checked_at = 0.0
+        self._engine_down_since: float | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -172,8 +184,12 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _start_service(self) -> RolloutClient:
         """Groups start on first use, after Lightning restored `load_state_dict` on a resume."""
+        if self.interrupted:
+            raise RolloutsStopped("the run is shutting down: no new rollouts")
         assert self.service is not None, "setup() first"
         if not self._started:
+            if hasattr(self.service, "health"):  # rollout=local: its service checks while it waits
+                self.service.health = self._health
             self.service.start_groups(self._resume.get("service", {}))
             self._started = True
             self._stage_mark = (time.monotonic(), {})
@@ -191,10 +207,47 @@ class RolloutDataModule(L.LightningDataModule):
             self._tmp.cleanup()
             self._tmp = None
 
-    def _stop_service(self) -> None:
-        if self.service is not None:
+    def _health(self) -> str | None:
+        """Why no rollout can succeed any more (engine or gateway down), or None; checked at most
+        every 2 s while the trainer waits for rollouts."""
+        now = time.monotonic()
+        if now - self._checked_at < 2.0:
+            return None
+        self._checked_at = now
+        if self.gateway is not None and not self.gateway.alive:
+            return "the gateway's server stopped"
+        if self.engine.health():
+            self._engine_down_since = None
+            return None
+        self._engine_down_since = self._engine_down_since or now
+        down = now - self._engine_down_since
+        if down < self.engine_down_s:
+            return None
+        return f"the engine at {self.engine.url} has not answered its health check for {down:.0f} s"
+
+    def interrupt(self, harness_grace_s: float = 10.0) -> None:
+        """Admit no new rollout from now on and cancel the running ones (their harnesses are
+        killed with their sandboxes), off the calling thread: safe from a signal handler.
+        harness_grace_s: how long the cancelled jobs' cleanups may take."""
+        self.interrupted = True
+        service = self.service
+        if service is not None:
+            service.stop_feeding()
+        threading.Thread(
+            target=self._stop_service, args=(harness_grace_s,), name="rollouts-interrupt", daemon=True
+        ).start()
+
+    def _stop_service(self, timeout: float = 60.0) -> None:
+        with self._service_lock:
+            if self.service is None:
+                return
             try:
-                self.service.close()
+                if self._started:  # a checkpoint after this still knows the cursor
+                    self._resume["service"] = self.service.state_dict()
+            except Exception:  # a lost controller: the last checkpoint's cursor stands
+                log.exception("rollouts: no resume cursor at stop")
+            try:
+                self.service.close(timeout)
             finally:
                 self.service, self.gateway, self._started = None, None, False
 
@@ -264,7 +317,9 @@ class RolloutDataModule(L.LightningDataModule):
             try:
                 box = self.next_batch()
             except BaseException as exc:
-                self.trainer.strategy.broadcast(RuntimeError(f"rank 0 made no batch: {exc!r}"), src=0)
+                stopped = isinstance(exc, RolloutsStopped)  # an interrupt ends every rank's epoch alike
+                why = exc if stopped else RuntimeError(f"rank 0 made no batch: {exc!r}")
+                self.trainer.strategy.broadcast(why, src=0)
                 raise
         box = self.trainer.strategy.broadcast(box, src=0)
         if isinstance(box, BaseException):
@@ -326,10 +381,15 @@ class RolloutDataModule(L.LightningDataModule):
             **{f"rollout/infra_failures/{kind}": float(n) for kind, n in infra.items()},
             "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
             "rollout/pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
+            # this process (trainer; in thread mode also the engine and the gateway), in MiB
+            "sys/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             # share of attempts the evaluator caught reaching for the evaluation itself (reward 0)
             "rollout/tampering": sum(r.info.get("eval_status") == "tampering" for r in results) / len(results)
             if results else 0.0,
             "rollout/sessions": len(every),
+            "rollout/masked": sum(bool(r.info.get("masked")) for r in every),
+            "rollout/harness_error_policy": sum(r.info.get("harness_error") == "policy" for r in every),
+            "rollout/harness_error_infra": sum(r.info.get("harness_error") == "infra" for r in every),
             "rollout/rows": len(rows),
             "rollout/trainable_tokens": sum(r.num_trainable for r in rows),
             "rollout/wait_s": wait_s,
@@ -392,7 +452,9 @@ class RolloutDataModule(L.LightningDataModule):
 
     # ---- resume ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        version = self.engine.policy_version() if self.service is not None else self._resume.get("policy_version", 0)
+        # rank 0 owns the engine (also after an interrupt closed the rollouts); other ranks carry rank 0's
+        rank0 = self._rank()[0] == 0
+        version = self.engine.policy_version() if rank0 else self._resume.get("policy_version", 0)
         state: dict[str, Any] = {
             "policy_version": int(version),
             "batches_done": self.batches_done,
@@ -434,7 +496,11 @@ class _Batches(IterableDataset):
 
     def __iter__(self) -> Iterator[TrainBatch]:
         for _ in range(max(0, self.dm.steps - self.dm.batches_done)):
-            yield self.dm.shared_batch()
+            try:
+                batch = self.dm.shared_batch()
+            except RolloutsStopped:  # interrupted: the epoch (and, with should_stop, the run) ends
+                return
+            yield batch
 
 
 class PausingEngine:
@@ -459,8 +525,8 @@ class PausingEngine:
             version = update(*args)
             gateway.set_policy_version(version)
             return version
-        gateway.pause(mode)
-        try:
+        try:  # a drain that times out leaves the gateway paused: resume it all the same
+            gateway.pause(mode)
             version = update(*args)
             gateway.set_policy_version(version)
             return version

@@ -2,7 +2,10 @@
 
 The trainer's thread asks for complete GRPO groups (`next_groups`); meanwhile the service keeps
 preparing and running the next ones, so rollouts for step k+1 overlap training of step k. How far
-ahead it may run is bounded by `max_groups_in_flight`.
+ahead it may run is bounded by `max_groups_in_flight`. `stop_feeding` (any thread, a signal
+handler's) admits no new rollout from then on and makes a waiting `next_groups` raise
+`RolloutsStopped`; `stop` cancels what runs (each job's cleanup kills its harness) and may be
+called from several threads.
 """
 
 from __future__ import annotations
@@ -20,6 +23,14 @@ from typing import Any
 from polar_pl.datamodule.pools import PoolSizes, RolloutJob, RolloutResult, RolloutStages, StagePools
 
 log = logging.getLogger(__name__)
+
+
+class RolloutsStopped(RuntimeError):
+    """The service admits no more rollouts (the run is shutting down)."""
+
+
+class PartDown(RuntimeError):
+    """A part every rollout needs (the engine, the gateway) stopped answering: the run cannot go on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +109,10 @@ class RolloutService:
         self._make_pools = pools or (lambda: StagePools(self.stages, self.sizes))
         self.pools: StagePools | None = None
         self.error: BaseException | None = None
+        self.stopping = False
+        self._stop_lock = threading.Lock()
+        # checked while next_groups waits: why no rollout can succeed any more, or None
+        self.health: Callable[[], str | None] | None = None
 
     # ---- trainer-thread API -------------------------------------------------------------
     def start(self) -> RolloutService:
@@ -118,6 +133,10 @@ class RolloutService:
             while len(self._ready) < n:
                 if self.error is not None:
                     raise RuntimeError("rollout service failed") from self.error
+                if self.stopping:
+                    raise RolloutsStopped(f"rollouts stopped with {len(self._ready)} of {n} groups ready")
+                if self.health is not None and (problem := self.health()) is not None:
+                    raise PartDown(problem)
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"only {len(self._ready)} of {n} groups ready after {timeout}s")
@@ -149,8 +168,19 @@ class RolloutService:
                 start += 1
             return {"start_seq": start, "skip_seqs": sorted(s for s in self.consumed if s > start)}
 
+    def stop_feeding(self) -> None:
+        """Admit no new rollout from now on; waiting `next_groups` calls raise RolloutsStopped."""
+        with self._cond:
+            self.stopping = True
+            self._cond.notify_all()
+
     def stop(self, timeout: float = 60.0) -> None:
         """Cancel everything; each job's cleanup runs before this returns."""
+        self.stop_feeding()
+        with self._stop_lock:
+            self._stop(timeout)
+
+    def _stop(self, timeout: float) -> None:
         if not self._thread.is_alive():
             return
 
@@ -204,9 +234,11 @@ class RolloutService:
             return len(pending) + len(self._ready)
 
     async def _feed(self, pending: dict[str, _Pending]) -> None:
-        while True:
+        while not self.stopping:
             while self._in_flight(pending) >= max(self.max_groups_in_flight, self._demand):
                 await asyncio.sleep(0.01)
+            if self.stopping:
+                return
             seq = self.next_seq
             if self.limit is not None and seq >= self.limit:
                 return
@@ -219,6 +251,8 @@ class RolloutService:
             ids = [f"{group_id}-r{m}" for m in range(self.group_size)]
             pending[group_id] = _Pending(seq, task, ids, time.monotonic())
             for m, rid in enumerate(ids):
+                if self.stopping:  # a group half admitted: its other attempts are not started
+                    return
                 await self.pools.submit(RolloutJob(rid, group_id, task, member=m))
 
     async def _task(self, seq: int) -> Any:

@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reasoning-parser", default=None, choices=["qwen3"], help="split <think> output into `reasoning`"
     )
+    parser.add_argument(
+        "--prefix-cache-mb", type=int, default=512, help="KV of recent prompts reused by prompts that extend them (0: off)"
+    )
     tokens.add_arguments(
         parser,
         "file holding the bearer token for POST /update_weights_from_disk "
@@ -62,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         max_batch_size=args.max_batch_size,
         num_threads=args.threads or default_threads(),
+        prefix_cache_mb=args.prefix_cache_mb,
     )
     uvicorn.run(
         create_app(backend, reasoning_parser=args.reasoning_parser, admin_token=token),

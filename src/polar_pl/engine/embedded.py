@@ -53,6 +53,7 @@ class EmbeddedEngine:
         num_threads: int | None = None,
         reasoning_parser: str | None = None,
         startup_timeout: float = 300.0,
+        prefix_cache_mb: int = 512,
     ):
         from polar_pl.chat.reasoning import check_reasoning_parser
 
@@ -69,6 +70,7 @@ class EmbeddedEngine:
         self.num_threads = num_threads
         self.reasoning_parser = check_reasoning_parser(reasoning_parser)
         self.startup_timeout = startup_timeout
+        self.prefix_cache_mb = prefix_cache_mb
         self.admin_token = tokens.new_token()
         self.backend = None  # TransformersBackend, thread mode only
         self._thread: ServerThread | None = None
@@ -102,6 +104,7 @@ class EmbeddedEngine:
                     max_batch_size=self.max_batch_size,
                     max_model_len=self.max_model_len,
                     num_threads=self.num_threads,
+                    prefix_cache_mb=self.prefix_cache_mb,
                 )
             self._thread = ServerThread(
                 create_app(
@@ -134,6 +137,7 @@ class EmbeddedEngine:
                 cmd += ["--max-model-len", str(self.max_model_len)]
             if self.num_threads:
                 cmd += ["--threads", str(self.num_threads)]
+            cmd += ["--prefix-cache-mb", str(self.prefix_cache_mb)]
             if self.reasoning_parser:
                 cmd += ["--reasoning-parser", self.reasoning_parser]
             env = os.environ | {tokens.ENV: self.admin_token}

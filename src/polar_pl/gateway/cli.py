@@ -68,6 +68,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=300.0,
         help="seconds a call waits while paused (POST /admin/pause) before a retryable 503/529",
     )
+    p.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=32.0,
+        help="largest request body, in MiB (checked while reading; past it: 413 in the provider's shape)",
+    )
+    p.add_argument(
+        "--max-json-depth",
+        type=int,
+        default=128,
+        help="deepest JSON nesting a request may have (past it: 400; the gateway's own JSON adds levels)",
+    )
     p.add_argument("--model", default=None, help="served model name (default: the engine's /v1/models)")
     p.add_argument("--public-url", default=None, help="URL harnesses use to reach this gateway")
     p.add_argument("--client", choices=("aiohttp", "httpx"), default="aiohttp", help="upstream HTTP client")
@@ -142,24 +154,30 @@ def run(args: argparse.Namespace) -> int:
         with open(args.side_rules, "rb") as f:
             side_rules = tuple(SideCallRule.from_dict(d) for d in orjson.loads(f.read()))
     public = args.public_url or f"http://{args.host}:{args.port}"
-    app = create_app(
-        args.upstream,
-        args.store,
-        admin_token=token,
-        tokenizer_dir=args.tokenizer_dir,
-        model=args.model,
-        side_rules=side_rules,
-        client=args.client,
-        store_synchronous=args.store_sync,
-        public_url=public,
-        read_timeout=args.read_timeout,
-        token_faithful=args.token_faithful,
-        reasoning_parser=args.reasoning_parser,
-        max_tokens_cap=args.max_tokens_cap,
-        sampling=args.sampling,
-        cap_policy=args.cap_policy,
-        pause_timeout=args.pause_timeout,
-    )
+    try:
+        app = create_app(
+            args.upstream,
+            args.store,
+            admin_token=token,
+            tokenizer_dir=args.tokenizer_dir,
+            model=args.model,
+            side_rules=side_rules,
+            client=args.client,
+            store_synchronous=args.store_sync,
+            public_url=public,
+            read_timeout=args.read_timeout,
+            token_faithful=args.token_faithful,
+            reasoning_parser=args.reasoning_parser,
+            max_tokens_cap=args.max_tokens_cap,
+            sampling=args.sampling,
+            cap_policy=args.cap_policy,
+            pause_timeout=args.pause_timeout,
+            max_body_bytes=int(args.max_body_mb * 2**20),
+            max_json_depth=args.max_json_depth,
+        )
+    except ValueError as exc:  # a bad option value, named
+        print(f"polar-pl gateway: {exc}", file=sys.stderr)
+        return 2
     faithful = f"token-faithful on (tokenizer {args.tokenizer_dir})" if args.token_faithful else "token-faithful off"
     print(f"polar-pl gateway on {public} -> {', '.join(args.upstream)} (store {args.store}; {faithful})", flush=True)
     if path is not None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from polar_pl.gateway.call.gate import PAUSE_MODES, PauseMode
+from polar_pl.gateway.call.gate import PAUSE_MODES, PauseMode, PauseReport
 from polar_pl.gateway.http.app import create_app
 from polar_pl.gateway.runtime import GatewayRuntime
 from polar_pl.gateway.store.records import SessionInfo, TraceRecord
@@ -73,6 +73,11 @@ class Gateway:
             self._server = None
         self.runtime.store.close()  # idempotent; covers a gateway that never started
 
+    @property
+    def alive(self) -> bool:
+        """Whether the server is serving (its thread has not ended)."""
+        return self._server is not None and self._server.thread.is_alive()
+
     def __enter__(self) -> Self:
         return self.start()
 
@@ -106,13 +111,16 @@ class Gateway:
         return self.runtime.stats()  # plain reads: no loop hop, safe from any thread
 
     # ---- weight-update pause (callable from any thread, e.g. the trainer's) ----------------
-    def pause(self, mode: PauseMode = "drain", timeout: float | None = None) -> None:
+    def pause(self, mode: PauseMode = "drain", timeout: float | None = None) -> PauseReport:
         """New engine calls wait at the gate until `resume()`. mode="drain" returns once the
         calls in flight have finished (the engine is idle); "keep" returns at once and lets them
-        run on. timeout: seconds to wait for the drain (TimeoutError; the gateway stays paused)."""
+        run on. timeout: seconds to wait for the drain (None: the gateway's pause_timeout);
+        past it `DrainTimeout` (a TimeoutError) says what is still in flight, and the gateway
+        stays paused."""
         if mode not in PAUSE_MODES:
             raise ValueError(f"pause mode: {mode!r}; allowed: {', '.join(PAUSE_MODES)}")
-        self._on_loop(self.runtime.gate.pause(mode), timeout)
+        slack = None if timeout is None else timeout + 10.0  # the loop answers with DrainTimeout first
+        return self._on_loop(self.runtime.gate.pause(mode, timeout), slack)
 
     def resume(self) -> None:
         """Let waiting and new engine calls through."""
@@ -142,11 +150,11 @@ class Gateway:
         if self._server is None or loop is None or loop.is_closed():
             return asyncio.run(coro)  # not serving: no other thread touches the gate
         fut = asyncio.run_coroutine_threadsafe(coro, loop)
-        try:
-            return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
+        done, _ = concurrent.futures.wait([fut], timeout)
+        if not done:
             fut.cancel()
-            raise TimeoutError(f"gateway: no answer from its event loop in {timeout}s") from None
+            raise TimeoutError(f"gateway: no answer from its event loop in {timeout}s")
+        return fut.result()  # the coroutine's own TimeoutError (DrainTimeout) is its answer
 
     def records(self, session_id: str) -> list[TraceRecord]:
         return self.runtime.store.records(session_id)

@@ -11,6 +11,7 @@ from polar_pl.gateway.call.gate import EngineGate
 from polar_pl.gateway.call.proxy import Proxy
 from polar_pl.gateway.call.sidecalls import DEFAULT_SIDE_RULES, SideCallRule
 from polar_pl.gateway.faithful.history import TokenFaithful
+from polar_pl.gateway.http.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DEPTH, check_limits
 from polar_pl.gateway.store.sessions import SessionRegistry
 from polar_pl.gateway.store.traces import TraceStore
 from polar_pl.gateway.upstream.client import make_client
@@ -42,6 +43,8 @@ class GatewayRuntime:
         sampling: str = "recorded",
         pause_timeout: float = 300.0,
         reasoning_parser: str | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_json_depth: int = DEFAULT_MAX_DEPTH,
     ):
         """token_faithful: splice sampled tokens into prompts and call the engine's token-in
         route (faithful/); None = on when the gateway has a tokenizer (tokenizer_dir), since
@@ -52,7 +55,11 @@ class GatewayRuntime:
         call/sampling.py. pause_timeout: how long a call
         waits at a paused gate before a 503 / 529 with Retry-After. reasoning_parser: the
         engine's (vLLM `--reasoning-parser`, "qwen3"), applied to token-in answers as the engine
-        applies it to chat answers."""
+        applies it to chat answers. max_body_bytes / max_json_depth: the bounds on a request
+        (413 / 400 in the provider's shape, http/limits.py)."""
+        check_limits(max_body_bytes, max_json_depth)
+        self.max_body_bytes = max_body_bytes
+        self.max_json_depth = max_json_depth
         self.admin_token = admin_token
         self.public_url = public_url.rstrip("/") if public_url else None
         self.store = TraceStore(store_path, synchronous=store_synchronous)
@@ -88,6 +95,9 @@ class GatewayRuntime:
         snap = self.proxy.stats.snapshot() | self.gate.snapshot()
         snap["gateway/token_faithful"] = float(self.proxy.faithful is not None)
         snap["gateway/healthy_replicas"] = float(sum(r.healthy for r in self.pool.replicas))
+        snap["gateway/inflight"] = float(sum(r.inflight for r in self.pool.replicas))
+        snap["gateway/store_errors"] = float(self.store.errors)
+        snap["gateway/store_checkpoint_errors"] = float(self.store.checkpoint_errors)
         return snap
 
     async def aclose(self) -> None:

@@ -28,6 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 SYSTEM = (
     "You are a coding agent working in a repository at the current directory. "
@@ -231,7 +232,13 @@ TITLE_SYSTEM = "You are a title generator. You output ONLY a thread title: a few
 
 
 def run_notes(
-    task: str, model: str, work_turns: int, extra: dict, title: bool, note_tokens: int | None = None
+    task: str,
+    model: str,
+    work_turns: int,
+    extra: dict,
+    title: bool,
+    note_tokens: int | None = None,
+    client: Any = None,
 ) -> tuple[int, str]:
     """The note-taking loop (`--work-turns N`): ReAct-style text turns, no function calling.
 
@@ -242,7 +249,7 @@ def run_notes(
     An untrained model never emits a well-formed function call, so this is how a multi-call
     session with tool-result turns between sampled turns is run with one.
     """
-    client = OpenAI(max_retries=2)
+    client = client or OpenAI(max_retries=2)
     if title:
         titled = [{"role": "system", "content": TITLE_SYSTEM}, {"role": "user", "content": task}]
         client.chat.completions.create(model=model, messages=titled, **{**extra, "max_tokens": 8})

@@ -88,11 +88,12 @@ def unit_metrics(
 
 def harness_metrics(batch: TrainBatch) -> dict[str, float]:
     """rollout/reward_mean/<harness>, reward_std (>= 2 rollouts) and pass_rate (reward >= 1), one
-    value per rollout of the batch (a rollout's rows share its reward)."""
+    value per rollout of the batch (a rollout's task rows share its reward; its side rows carry
+    the side reward and are not counted)."""
     per: dict[str, dict[int, float]] = defaultdict(dict)
     for i, meta in enumerate(batch.row_meta):
         harness = meta.get("harness")
-        if harness:
+        if harness and (meta.get("meta") or {}).get("call_kind") != "side":
             per[harness][int(batch.rollout_index[i])] = float(batch.rewards[i])
     out = {}
     for harness, by_rollout in per.items():

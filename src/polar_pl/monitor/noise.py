@@ -52,6 +52,9 @@ def quiet() -> None:
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if _filter not in rank_zero.filters:
         rank_zero.addFilter(_filter)
+    # httpx logs every request at INFO: the datamodule's engine health checks (every 2 s while the
+    # trainer waits for rollouts) and the weight pushes would fill train.log with them
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:  # transformers 5 draws a "Loading weights" bar for every 24-tensor tiny model it loads
         from transformers.utils import logging as hf_logging
 

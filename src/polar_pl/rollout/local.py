@@ -3,7 +3,7 @@ background event loop of this process (the CPU default; what the DataModule alwa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from polar_pl.datamodule.service import Group, RolloutService
@@ -31,12 +31,19 @@ class LocalClient:
         self.setup = setup
         self.gateway = Gateway(list(setup.engine_urls), setup.store_path, **setup.gateway_options).start()
         self.service: RolloutService | None = None
+        # checked while next_groups waits: why no rollout can succeed any more (engine, gateway down)
+        self.health: Callable[[], str | None] | None = None
+        self._stopping = False
 
     def start_groups(self, cursor: dict[str, Any]) -> None:
         if self.service is None:
             self.service = RolloutService(
                 self.setup.stages(self.gateway), self.setup.tasks, **self.setup.service_kwargs(), **cursor
-            ).start()
+            )
+            self.service.health = self.health
+            if self._stopping:
+                self.service.stop_feeding()
+            self.service.start()
 
     def _service(self) -> RolloutService:
         if self.service is None:
@@ -72,11 +79,16 @@ class LocalClient:
     def take_out_engine(self, url: str) -> None:
         self.gateway.take_out_upstream(url)
 
-    def close(self) -> None:
+    def stop_feeding(self) -> None:
+        self._stopping = True
+        if self.service is not None:
+            self.service.stop_feeding()
+
+    def close(self, timeout: float = 60.0) -> None:
         """Pools first (every sandbox and session cleaned), then the gateway (flushes the store)."""
         try:
             if self.service is not None:
-                self.service.stop()
+                self.service.stop(timeout)
                 self.service = None
         finally:
             self.gateway.stop()

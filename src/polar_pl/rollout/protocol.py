@@ -113,8 +113,13 @@ class RolloutClient(Protocol):
     def take_out_engine(self, url: str) -> None:
         """An engine replica left rotation (it failed a weight push): no gateway routes to it."""
 
-    def close(self) -> None:
-        """Called at teardown, also after an error: every session ends, every sandbox is stopped.
+    def stop_feeding(self) -> None:
+        """Admit no new rollout from now on; a waiting `next_groups` raises `RolloutsStopped`.
+        Returns at once: called from a signal handler."""
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Called at teardown, also after an error or an interrupt (timeout: how long the
+        cancelled sessions' cleanups may take): every session ends, every sandbox is stopped.
         Idempotent."""
 
 

@@ -136,13 +136,17 @@ class RayClient:
     def take_out_engine(self, url: str) -> None:
         self._call("take_out_engine", url)
 
-    def close(self) -> None:
+    def stop_feeding(self) -> None:
+        if self.controller is not None:
+            self.controller.stop_feeding.remote()  # not awaited: a signal handler calls this
+
+    def close(self, timeout: float = 60.0) -> None:
         import ray
 
         if self.controller is None:
             return
         try:
-            self._call("close", timeout=180)
+            self._call("close", timeout, timeout=timeout + 60)
         except Exception:  # a dead controller must not stop the teardown
             log.exception("rollout=ray: controller close failed")
         finally:

@@ -136,10 +136,14 @@ class RolloutController:
     def take_out_engine(self, url: str) -> None:
         self._on_live_workers("take_out_engine", url)
 
-    def close(self, timeout: float = 120.0) -> None:
+    def stop_feeding(self) -> None:
+        if self.service is not None:
+            self.service.stop_feeding()
+
+    def close(self, timeout: float = 60.0) -> None:
         """Pools stopped, then every worker cleans up its sessions and sandboxes and exits."""
         if self.service is not None:
-            self.service.stop()
+            self.service.stop(timeout)
             self.service = None
         self._on_live_workers("stop", timeout=timeout)
         for w in self.slots:

@@ -195,7 +195,9 @@ def argv(
         a.mount("--tmpfs", None, path)
     for path in writable:
         a.mount("--bind", path, path)
-    a.add("--chdir", cwd, "--")
-    if userns is not None:
-        a.add(*SETPRIV)
+    if userns is None:
+        a.add("--chdir", cwd, "--")
+    else:  # bwrap would chdir as root without capabilities: a 0700 workspace of nobody refuses that
+        # (and PWD as bwrap's --chdir sets it: OpenCode takes its project folder from PWD)
+        a.add("--", *SETPRIV, "env", f"--chdir={cwd}", "--", f"PWD={cwd}")
     return a.argv

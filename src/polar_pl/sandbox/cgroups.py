@@ -125,24 +125,33 @@ class Cgroup:
                     time.sleep(0.02)
 
 
-def sweep(owner: str | None = None) -> int:
-    """Remove leftover polar_pl cgroups of `owner` (all when None) after a crash; returns the count."""
-    n = 0
+def sweep(owner: str | None = None, *, dead_only: bool = False) -> tuple[int, int]:
+    """Remove leftover polar_pl cgroups of `owner` (all when None) after a crash, killing what
+    still runs in them; dead_only: only those whose creating process is gone (named
+    `<owner>.<creator tag>.<id>`). Returns (cgroups, processes killed)."""
+    from polar_pl.sandbox import creator
+
+    groups = killed = 0
     parents = [ROOT / PARENT] if _is_v2() else [ROOT / c / PARENT for c in ("memory", "pids", "cpu")]
     for parent in parents:
         if not parent.is_dir():
             continue
         for d in parent.iterdir():
-            if d.is_dir() and (owner is None or d.name.startswith(f"{owner}.")):
-                for pid in (d / "cgroup.procs").read_text().split():
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.05)
+            if not d.is_dir() or (owner is not None and not d.name.startswith(f"{owner}.")):
+                continue
+            parts = d.name.split(".")
+            if dead_only and creator.alive(parts[-2] if len(parts) >= 3 else None):
+                continue
+            for pid in (d / "cgroup.procs").read_text().split():
                 try:
-                    d.rmdir()
-                    n += 1
-                except OSError:
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed += 1
+                except ProcessLookupError:
                     pass
-    return n
+            time.sleep(0.05)
+            try:
+                d.rmdir()
+                groups += 1
+            except OSError:
+                pass
+    return groups, killed

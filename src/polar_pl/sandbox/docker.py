@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Self
 
-from polar_pl.sandbox import docker_remote, gitdiff
+from polar_pl.sandbox import creator, docker_remote, gitdiff
 from polar_pl.sandbox.docker_files import ContainerFiles
 from polar_pl.sandbox.hosts import DockerHost, HostPool
 from polar_pl.sandbox.image import DEFAULT_TAG, USER_UID, cache_dir, default_harness_prefix
@@ -41,6 +41,7 @@ from polar_pl.sandbox.relay import Relay, inside_url, unix_to_tcp
 log = logging.getLogger(__name__)
 LABEL = "polar_pl.sandbox"
 OWNER_LABEL = "polar_pl.owner"
+CREATOR_LABEL = "polar_pl.creator"  # host/pid-start: a sweep leaves a live run's containers alone
 RUN_PREFIX = "polar-dk-"
 PREFIX_IN = "/opt/polar/harness"
 PYDEPS_IN = "/opt/polar/py"
@@ -186,7 +187,7 @@ class DockerSandbox(ContainerFiles):
             user=user,
             working_dir=self.workdir,
             environment=env,
-            labels={LABEL: "1", OWNER_LABEL: self.owner},
+            labels={LABEL: "1", OWNER_LABEL: self.owner, CREATOR_LABEL: creator.host_tag()},
             mounts=mounts,
             **caps,
             **limits,
@@ -393,13 +394,17 @@ class DockerSandbox(ContainerFiles):
         return res.stdout
 
 
-def sweep_docker(client, owner: str | None = None) -> int:
-    """Remove every polar_pl sandbox container (of `owner`, or all); returns how many."""
+def sweep_docker(client, owner: str | None = None, *, dead_only: bool = False) -> int:
+    """Remove every polar_pl sandbox container (of `owner`, or all); dead_only: only those whose
+    creating process (on this host) is gone. Returns how many."""
     labels = [f"{LABEL}=1"] + ([f"{OWNER_LABEL}={owner}"] if owner else [])
     n = 0
     for c in client.containers.list(all=True, filters={"label": labels}):
+        if dead_only and creator.host_alive(c.labels.get(CREATOR_LABEL)):
+            continue
         c.remove(force=True, v=True)
         n += 1
-    for d in Path(tempfile.gettempdir()).glob(f"{RUN_PREFIX}{owner + '-' if owner else ''}*"):
-        shutil.rmtree(d, ignore_errors=True)
+    if not dead_only:  # relay folders of live runs are not told apart: only a full sweep takes them
+        for d in Path(tempfile.gettempdir()).glob(f"{RUN_PREFIX}{owner + '-' if owner else ''}*"):
+            shutil.rmtree(d, ignore_errors=True)
     return n

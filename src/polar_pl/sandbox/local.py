@@ -27,13 +27,14 @@ import warnings
 from pathlib import Path
 from typing import Self
 
-from polar_pl.sandbox import bwrap, cgroups, gitdiff, userns
-from polar_pl.sandbox.image import MINI_DEPS, default_harness_prefix
+from polar_pl.sandbox import bwrap, cgroups, creator, gitdiff, userns
+from polar_pl.sandbox.image import default_harness_prefix
 from polar_pl.sandbox.protocol import ExecResult
 from polar_pl.sandbox.relay import Relay, inside_url, unix_to_tcp
 
 ISOLATIONS = ("bwrap", "none")
 TMP_PREFIX = "polar-sbx-"
+CREATOR_FILE = ".creator"
 
 
 class UnsafeSandboxWarning(UserWarning):
@@ -53,7 +54,7 @@ class LocalSandbox:
         base_dir: str | None = None,
         harness_prefix: str | None = None,
         default_timeout: float | None = None,
-        python_packages: tuple[str, ...] | list[str] = MINI_DEPS,
+        python_packages: tuple[str, ...] | list[str] = (),
     ) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"sandbox.isolation={isolation!r}: allowed values are {ISOLATIONS}")
@@ -84,11 +85,12 @@ class LocalSandbox:
         self._runtime = bwrap.runtime(tuple(python_packages)) if isolation == "bwrap" else None
         # As root the sandbox user is host nobody, which must own the writable part of the sandbox.
         self._owner = (bwrap.NOBODY, bwrap.NOBODY) if self._runtime and os.geteuid() == 0 else None
-        self.python = (
-            ["env", f"PYTHONPATH={bwrap.PYDEPS_IN}", self._runtime.python]
-            if self._runtime
-            else [sys.executable]
-        )
+        if self._runtime is None:
+            self.python = [sys.executable]
+        elif python_packages:
+            self.python = ["env", f"PYTHONPATH={bwrap.PYDEPS_IN}", self._runtime.python]
+        else:
+            self.python = [self._runtime.python]
         self.root: Path | None = None
         self.workdir = ""
         self.home = ""
@@ -101,6 +103,7 @@ class LocalSandbox:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{self.owner}-", dir=self.base_dir))
+        (self.root / CREATOR_FILE).write_text(creator.tag())  # a sweep leaves a live run's sandboxes
         for sub in ("workspace", "home", "tmp", "state", "run"):
             (self.root / sub).mkdir()
             if sub != "run":
@@ -112,7 +115,9 @@ class LocalSandbox:
         # A cgroup even without limits when we may make one: stop() then kills every process the
         # sandbox started, also those that left the process group (setsid, double fork).
         if self.limits.any or cgroups.available():
-            self._cgroup = cgroups.Cgroup(f"{self.owner}.{uuid.uuid4().hex[:12]}", self.limits)
+            self._cgroup = cgroups.Cgroup(
+                f"{self.owner}.{creator.tag()}.{uuid.uuid4().hex[:12]}", self.limits
+            )
         self.baseline()
 
     def stop(self) -> None:
@@ -359,11 +364,47 @@ def parse_bytes(value: str | int | None) -> int | None:
     return int(float(s.rstrip("kmg")) * mult)
 
 
-def sweep_local(owner: str | None = None, base_dir: str | None = None) -> int:
-    """Remove leftover temporary workspaces of `owner` (all owners when None); returns the count."""
+def sweep_local(
+    owner: str | None = None, base_dir: str | None = None, *, dead_only: bool = False
+) -> tuple[int, int]:
+    """Remove leftover temporary workspaces of `owner` (all owners when None) and kill the
+    processes still working in them (an unisolated harness outlives its run); dead_only: only
+    those whose creating process is gone. Returns (workspaces, processes)."""
     base = Path(base_dir or tempfile.gettempdir())
-    n = 0
-    for d in base.glob(f"{TMP_PREFIX}{owner + '-' if owner else ''}*"):
+    roots = [
+        d for d in base.glob(f"{TMP_PREFIX}{owner + '-' if owner else ''}*")
+        if not dead_only or not creator.alive(_read(d / CREATOR_FILE))
+    ]  # fmt: skip
+    killed = _kill_working_in(roots)
+    for d in roots:
         shutil.rmtree(d, ignore_errors=True)
-        n += 1
+    return len(roots), killed
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _kill_working_in(roots: list[Path]) -> int:
+    """SIGKILL every process whose working directory is inside one of `roots`."""
+    if not roots:
+        return 0
+    prefixes = tuple(f"{r.resolve()}/" for r in roots)
+    n = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(proc / "cwd") + "/"
+        except OSError:
+            continue
+        if cwd.startswith(prefixes):
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+                n += 1
+            except (ProcessLookupError, PermissionError):
+                pass
     return n

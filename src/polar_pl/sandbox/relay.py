@@ -89,10 +89,27 @@ class Relay:
         self.listener.close()
 
 
+SUN_PATH_MAX = 107  # a unix socket's path is at most 108 bytes with its NUL
+
+
+def _unix_call(sock: socket.socket, method: str, path: str) -> None:
+    """sock.bind/connect(path), also for a path longer than a unix socket's limit (a deep temporary
+    folder): then through `/proc/self/fd/<fd of its folder>/<name>`, which the kernel resolves."""
+    if len(os.fsencode(path)) <= SUN_PATH_MAX:
+        getattr(sock, method)(path)
+        return
+    folder, name = os.path.split(path)
+    fd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        getattr(sock, method)(f"/proc/self/fd/{fd}/{name}")
+    finally:
+        os.close(fd)
+
+
 def unix_to_tcp(sock_path: str, host: str, port: int) -> Relay:
     """Host side: listen on a unix socket, forward to the gateway's TCP port."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(sock_path)
+    _unix_call(listener, "bind", sock_path)
     os.chmod(sock_path, 0o777)  # the sandbox user may not be the host user
     listener.listen(128)
     return Relay(listener, lambda: socket.create_connection((host, port), timeout=None)).start()
@@ -107,7 +124,7 @@ def tcp_to_unix(host: str, port: int, sock_path: str) -> Relay:
 
     def connect() -> socket.socket:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(sock_path)
+        _unix_call(s, "connect", sock_path)
         return s
 
     return Relay(listener, connect).start()

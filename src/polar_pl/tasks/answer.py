@@ -69,9 +69,13 @@ def file_from_patch(patch: str, path: str) -> str | None:
 
 
 def file_similarity(patch: str, params: Mapping[str, Any]) -> float:
-    """Similarity of the created file's stripped content to `params["target"]`; 0 without the file."""
+    """Half the case-blind, half the exact similarity of the created file's stripped content to
+    `params["target"]` (the right word in the wrong case earns half); 0 without the file."""
     content = file_from_patch(patch, str(params["path"]))
-    return 0.0 if content is None else similarity(content, params)
+    if content is None:
+        return 0.0
+    blind = similarity(content.lower(), {"target": str(params["target"]).lower()})
+    return 0.5 * blind + 0.5 * similarity(content, params)
 
 
 CHECKS: dict[str, AnswerCheckFn] = {

@@ -195,7 +195,7 @@ class SandboxEvaluator:
             reason = "all tests pass" if resolved else f"{len(failing)} failing: {', '.join(failing[:5])}"
         return EvalResult(
             task.instance_id, reward, status, reason, run.outcomes, method, restored,
-            prewarm_s, time.monotonic() - t0, run.log, run.tampering,
+            prewarm_s, time.monotonic() - t0, run.log, tampering=run.tampering,
         )  # fmt: skip
 
 

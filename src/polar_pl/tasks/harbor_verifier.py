@@ -61,7 +61,7 @@ def parse_reward(txt: bytes | None, js: bytes | None) -> float | None:
 class HarborVerifier(SandboxEvaluator):
     """`Evaluator` for HarborTask. reward threshold: an attempt counts as resolved at >= 1.0."""
 
-    def _prepare(self, task: HarborTask) -> tuple[Sandbox, float]:
+    def _prepare(self, task: HarborTask) -> tuple[Sandbox, float, None]:
         t0 = time.monotonic()
         sandbox = new_sandbox(self.sandbox_factory, task)
         try:
@@ -69,10 +69,10 @@ class HarborVerifier(SandboxEvaluator):
         except BaseException:
             _stop_quietly(sandbox)
             raise
-        return sandbox, time.monotonic() - t0
+        return sandbox, time.monotonic() - t0, None  # no trusted test files: tests/ is uploaded
 
     def _score_in(
-        self, sandbox: Sandbox, task: HarborTask, patch: str, prewarm_s: float, t0: float
+        self, sandbox: Sandbox, task: HarborTask, patch: str, trusted: None, prewarm_s: float, t0: float
     ) -> EvalResult:
         method = ""
         if patch.strip():

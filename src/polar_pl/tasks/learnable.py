@@ -55,8 +55,11 @@ def file_task_prompt(word: str) -> str:
 def learnable_task(kind: str, index: int, seed: int = 0) -> Task:
     """Task `index` of the family `kind`; deterministic in (kind, index, seed)."""
     rng = random.Random(f"{kind}-{seed}-{index}")
-    if kind == "uppercase" or (kind == "case" and index % 2 == 0):
+    if kind == "uppercase":
         prompt = rng.choice(_UPPER_TEMPLATES).format(topic=rng.choice(_TOPICS))
+        check = AnswerCheck("uppercase_fraction", {"min_letters": 8})
+    elif kind == "case" and index % 2 == 0:  # the whole prompt in capitals: the case to copy
+        prompt = rng.choice(_UPPER_TEMPLATES).format(topic=rng.choice(_TOPICS)).upper()
         check = AnswerCheck("uppercase_fraction", {"min_letters": 8})
     elif kind == "case":
         prompt = rng.choice(_LOWER_TEMPLATES).format(topic=rng.choice(_TOPICS))

@@ -3,8 +3,9 @@
 A row carries the SWE-bench fields (`instance_id`, `repo`, `base_commit`, `problem_statement`,
 `test_patch`, `FAIL_TO_PASS`, `PASS_TO_PASS`, optionally the gold `patch`) plus how to set up the
 environment: `setup_commands` run in a fresh checkout before the tests, `test_runner` (`unittest`
-or `pytest`; for pytest, `test_command` or SWE-bench's `test_cmd` replaces `python3 -m pytest -rA`)
-and where the repository snapshot comes from (`repo_path`: a directory of plain files or a local
+or `pytest`; for pytest, `test_command` or SWE-bench's `test_cmd`, `[PYTHON -m] pytest ARGS`, names
+the interpreter and extra arguments: the evaluator runs pytest itself, one process per test file,
+with plugin autoload off, so plugins a project needs go in as `-p NAME`) and where the repository snapshot comes from (`repo_path`: a directory of plain files or a local
 git repository that holds `base_commit`). `FAIL_TO_PASS` / `PASS_TO_PASS` may be
 JSON-encoded strings, as SWE-bench ships them, or real lists.
 
@@ -66,7 +67,7 @@ class Task:
     pass_to_pass: tuple[str, ...] = ()
     setup_commands: tuple[str, ...] = ()
     test_runner: TestRunner = "unittest"
-    test_command: str | None = None  # pytest runner: the command the test ids are appended to
+    test_command: str | None = None  # pytest runner: `[PYTHON -m] pytest ARGS` (interpreter, extra args)
     repo_path: str | None = None  # host directory (plain files) or local git repo holding base_commit
     difficulty: str | None = None
     answer_check: AnswerCheck | None = None

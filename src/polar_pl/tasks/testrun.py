@@ -106,7 +106,9 @@ def _spec(task: Task, sandbox: Sandbox, trusted: dict[str, bytes], timeout_s: fl
     return spec
 
 
-def install_kit(sandbox: Sandbox, task: Task, trusted: dict[str, bytes], timeout_s: float, nonce: str) -> None:
+def install_kit(
+    sandbox: Sandbox, task: Task, trusted: dict[str, bytes], timeout_s: float, nonce: str
+) -> None:
     """Write the kit and the spec into the sandbox (after the agent's patch and the test files)."""
     for f in _SOURCES.values():
         sandbox.put_file(f"{KIT_DIR}/{f}", _kit_file(f))
@@ -141,7 +143,9 @@ def run_tests(
         if res.exit_code < 0 or res.exit_code > 128:
             why = f"the evaluation supervisor was killed (exit {res.exit_code}) before reporting"
             return TestRun(_outcomes(task, {}, {}), False, log, (why,))
-        return TestRun(_outcomes(task, {}, {}), False, log, error=f"{problem} (exit {res.exit_code}): {log[-600:]}")
+        return TestRun(
+            _outcomes(task, {}, {}), False, log, error=f"{problem} (exit {res.exit_code}): {log[-600:]}"
+        )
     outcomes = _outcomes(task, report["results"], report["fatal"])
     tampering = list(report["tampering"])
     if task.test_runner == "pytest":

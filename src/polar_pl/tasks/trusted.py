@@ -1,7 +1,8 @@
 """The task's own copy of its test files, built on the host (never read back from a sandbox).
 
 The snapshot at base_commit plus the task's test patch, applied on the host: the files the test
-patch touches, the files the test ids load, every conftest.py of the snapshot, and for pytest tasks
+patch touches, the files the test ids load, the other Python files of test folders that hold those
+(helpers the tests import), every conftest.py of the snapshot, and for pytest tasks
 the snapshot's pytest configuration (copied under .polar_eval/cfg/, passed to pytest with `-c`, so
 that test settings in the agent's pytest.ini / setup.cfg / tox.ini / pyproject.toml are never read).
 The evaluator writes these bytes into the sandbox right before the run and the supervisor checks
@@ -14,7 +15,7 @@ import configparser
 import subprocess
 import tempfile
 import tomllib
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from polar_pl.tasks.patching import protected_paths
 from polar_pl.tasks.task import Task
@@ -49,11 +50,19 @@ def trusted_files(task: Task) -> dict[str, bytes]:
                 )
         wanted = protected_paths(task.test_patch, task.test_ids)
         wanted |= {str(p.relative_to(root)) for p in root.rglob("conftest.py")}
+        wanted |= _test_folder_helpers(root, wanted)
         out = {rel: (root / rel).read_bytes() for rel in sorted(wanted) if (root / rel).is_file()}
         if task.test_runner == "pytest":
             name, data = pytest_config(root)
             out[f"{CONFIG_DIR}/{name}"] = data
         return out
+
+
+def _test_folder_helpers(root: Path, wanted: set[str]) -> set[str]:
+    """The .py files next to protected ones in folders named tests / test / testing."""
+    folders = {PurePosixPath(p).parent for p in wanted}
+    folders = {f for f in folders if f.name in ("tests", "test", "testing") and (root / f).is_dir()}
+    return {str(f / p.name) for f in folders for p in (root / f).glob("*.py")}
 
 
 def pytest_config(root: Path) -> tuple[str, bytes]:

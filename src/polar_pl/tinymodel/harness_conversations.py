@@ -138,13 +138,15 @@ def examples(harness: str, tools: list[dict[str, Any]], seed: int, count: int) -
     return out
 
 
-def task_examples(harness: str, tools: list[dict[str, Any]], seed: int, n_upper: int, per_task: int) -> dict[str, list[Example]]:
-    """Examples for the learnable tasks RL will use, by prompt: every `file` task (one per word)
-    and the first `n_upper` `uppercase` tasks of `seed` (the task source's own prompts)."""
+def task_examples(
+    harness: str, tools: list[dict[str, Any]], seed: int, n_upper: int, per_task: int, n_file: int = len(_ECHO_WORDS)
+) -> dict[str, list[Example]]:
+    """Examples for the learnable tasks RL will use, by prompt: the `file` tasks of the first
+    `n_file` words and the first `n_upper` `uppercase` tasks of `seed` (the task source's own prompts)."""
     rng = random.Random(seed)
     tool = shell_tool(tools)
     out: dict[str, list[Example]] = {}
-    for word in _ECHO_WORDS:
+    for word in _ECHO_WORDS[:n_file]:
         task = file_task_prompt(word.upper())
         out[task] = [file_example(rng, harness, tool, i, word.upper()) for i in range(per_task)]
     for i in range(n_upper):

@@ -105,9 +105,12 @@ def _workdir(rng: random.Random) -> str:
     return f"/tmp/polar-sbx-default-{rng.randrange(36**8):08x}/workspace"
 
 
+PER_TASK_FILE_WORDS, PER_TASK_UPPER = 4, 2  # per-task KV costs ~3k tokens of prefill each (Claude Code)
+
+
 def long_groups(tok, prompt: HarnessPrompt, seed: int, n_upper: int, per_task: int, shared_rows: int) -> list[Group]:
     """Groups inside the real request: one shared-mode group if every task's request differs from
-    the others only near its end, else one per-task group per learnable task."""
+    the others only near its end, else one per-task group for each of a few learnable tasks."""
     rng = random.Random(seed)
     memo: dict[str, str] = {}
     by_task = task_examples(prompt.harness, prompt.tools, seed, n_upper, per_task)
@@ -122,7 +125,8 @@ def long_groups(tok, prompt: HarnessPrompt, seed: int, n_upper: int, per_task: i
             group.rows.append(_segment(tok, ctx[ex.task][shared:], ex, memo))
         return [group]
     groups = []
-    for task, exs in by_task.items():
+    few = task_examples(prompt.harness, prompt.tools, seed, PER_TASK_UPPER, per_task, PER_TASK_FILE_WORDS)
+    for task, exs in few.items():
         ids = render_chat(tok, prompt.with_task(task, _workdir(rng)), prompt.tools)[1]
         groups.append(Group("long", ids, [_segment(tok, [], ex, memo) for ex in exs], task=task))
     return groups

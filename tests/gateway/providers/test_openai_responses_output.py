@@ -276,14 +276,15 @@ def test_stream_engine_error_fails_the_response(status, code):
 
 
 def test_stream_calls_after_the_end_emit_nothing():
+    """After finish, more chunks or a second finish emit nothing; error() may still replace the
+    finish events (a call that could not be recorded ends failed), once."""
     tr = adapter.stream(_request())
     tr.start()
     tr.finish("stop", USAGE)
-    assert (
-        tr.feed(_chunk({"content": "late"})) == b""
-        and tr.finish("stop", USAGE) == b""
-        and tr.error(500, "x") == b""
-    )
+    assert tr.feed(_chunk({"content": "late"})) == b"" and tr.finish("stop", USAGE) == b""
+    failed = parse_sse(tr.error(500, "x"))
+    assert [e for e, _ in failed][-1] == "response.failed"
+    assert tr.error(500, "x") == b"" and tr.feed(_chunk({"content": "late"})) == b""
 
 
 def test_each_stream_has_its_own_state():

@@ -4,8 +4,10 @@ Every engine call passes the gate before it is sent (`enter`) and leaves it when
 is finished (`leave`). A trainer pushing new weights pauses the gate: NEW engine calls wait at the
 gate (the harness just sees a slower answer) until `resume`, or until `wait_timeout` runs out, and
 then get a provider-shaped 503 / 529 with Retry-After. `pause("drain")` also waits until the calls
-already in flight have finished (the engine is idle when it returns); `pause("keep")` returns at
-once and lets them continue (their tokens carry the policy version of each chunk).
+already in flight have finished (the engine is idle when it returns), for at most `timeout`
+seconds (`DrainTimeout` says how many calls it waited for and how many are still running; the
+gate stays paused); `pause("keep")` returns at once and lets them continue (their tokens carry
+the policy version of each chunk). Both return a `PauseReport`.
 
 All state lives on the gateway's event loop; `Gateway.pause` / `resume` reach it from other
 threads with `run_coroutine_threadsafe`.
@@ -15,10 +17,33 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 PauseMode = Literal["drain", "keep"]
 PAUSE_MODES = ("drain", "keep")
+
+
+@dataclass(frozen=True, slots=True)
+class PauseReport:
+    """What a pause waited for: the calls in flight when it came, those still in flight now."""
+
+    mode: str
+    waited_for: int
+    in_flight: int
+    waited_s: float
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        return asdict(self)
+
+
+class DrainTimeout(TimeoutError):
+    def __init__(self, report: PauseReport):
+        super().__init__(
+            f"drain timed out after {report.waited_s:.1f}s: waited for {report.waited_for} engine "
+            f"calls, {report.in_flight} still in flight (the gateway stays paused)"
+        )
+        self.report = report
 
 
 class BusyClock:
@@ -110,7 +135,8 @@ class EngineGate:
         if self.clock.count == 0:
             self._events()[1].set()
 
-    async def pause(self, mode: PauseMode = "drain") -> None:
+    async def pause(self, mode: PauseMode = "drain", timeout: float | None = None) -> PauseReport:
+        """timeout: seconds a drain may wait (None: `wait_timeout`, what a held call waits)."""
         if mode not in PAUSE_MODES:
             raise ValueError(f"pause mode: {mode!r}; allowed: {', '.join(PAUSE_MODES)}")
         opened, idle = self._events()
@@ -118,8 +144,15 @@ class EngineGate:
             self.paused = True
             self._paused_at = time.monotonic()
             opened.clear()
+        t0, waited_for = time.monotonic(), self.in_flight
         if mode == "drain":
-            await idle.wait()
+            try:
+                await asyncio.wait_for(idle.wait(), self.wait_timeout if timeout is None else timeout)
+            except TimeoutError:
+                raise DrainTimeout(
+                    PauseReport(mode, waited_for, self.in_flight, time.monotonic() - t0)
+                ) from None
+        return PauseReport(mode, waited_for, self.in_flight, time.monotonic() - t0)
 
     def resume(self) -> None:
         opened, _ = self._events()

@@ -6,7 +6,15 @@ stream is translated back to chat chunks, faithful/) -> each engine chunk is cap
 harness, translated and forwarded at once -> one TraceRecord, committed to the store before the
 harness receives the last bytes of its response. Failed calls are recorded with their error; a
 harness that goes away mid-stream aborts the engine request and leaves an "aborted" record with
-the partial response.
+the partial response. Every call that got past auth leaves exactly one record, whatever fails.
+
+What a call holds of the engine (a gate slot, its replica's in-flight count, the open engine
+stream) is given back by one idempotent `_release`, reached from every way a call can end: a
+failed step, a bug, a cancellation, the end of the response or a response that never started.
+A store that cannot commit (disk full) is answered like a busy engine: a retryable 503 / 529, or
+an error event closing the stream; `gateway/store_errors` counts it. When the store commits on a
+writer thread (FULL), an ok record is "pending" until its response was handed to the server, so a
+gateway killed in between leaves it marked undelivered, not ok.
 
 Every engine call passes the engine gate (call/gate.py) first: it counts calls in flight and holds new
 ones while a weight update has paused the gateway. A `max_tokens_cap` bounds each call's response
@@ -20,10 +28,10 @@ record keeps the truth either way (finish_reason "length", and a note).
 from __future__ import annotations
 
 import asyncio
-import time
+import contextlib
+import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -31,18 +39,20 @@ from starlette.responses import Response
 
 from polar_pl.gateway.call.capture import CallCapture
 from polar_pl.gateway.call.gate import EngineGate
+from polar_pl.gateway.call.inflight import CallInFlight
+from polar_pl.gateway.call.respond import DeliveredResponse, RelayResponse
 from polar_pl.gateway.call.sampling import check_policy, settle_sampling
 from polar_pl.gateway.call.sidecalls import SideCallRule, classify
 from polar_pl.gateway.call.stats import GatewayStats
+from polar_pl.gateway.call.toolguard import ToolCallGuard
 from polar_pl.gateway.call.volatile import strip_volatile
 from polar_pl.gateway.faithful.completion import CompletionStream, completion_body
 from polar_pl.gateway.faithful.history import TokenFaithful
-from polar_pl.gateway.faithful.prompt import FaithfulPrompt
 from polar_pl.gateway.http.errors import error_response, upstream_status
 from polar_pl.gateway.providers import ProviderAdapter, RequestError
 from polar_pl.gateway.store.records import SessionInfo, TraceRecord
 from polar_pl.gateway.store.sessions import SessionRegistry
-from polar_pl.gateway.store.traces import TraceStore
+from polar_pl.gateway.store.traces import StoreUnavailable, TraceStore
 from polar_pl.gateway.upstream.client import ChatStream, UpstreamClient, UpstreamError
 from polar_pl.gateway.upstream.replicas import Replica, ReplicaPool
 
@@ -58,76 +68,8 @@ CAP_POLICIES = ("length", "end_turn")
 # What an adapter raises when it trips over input it did not expect (not a RequestError).
 ADAPTER_BUGS = (KeyError, TypeError, ValueError, AttributeError, IndexError)
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-
-
-@dataclass(slots=True)
-class CallInFlight:
-    """One model call in flight: everything its trace record needs."""
-
-    session: SessionInfo
-    provider: str
-    adapter: ProviderAdapter
-    path: str
-    raw: Any
-    call_index: int
-    timestamp: float = field(default_factory=time.time)
-    t0: float = field(default_factory=time.monotonic)
-    norm: Any = None
-    engine_body: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    call_kind: str = "main"
-    replica: Replica | None = None
-    faithful: FaithfulPrompt | None = None
-    end_turn_at_cap: bool = False  # cap_policy end_turn and the gateway's cap bounds this call
-
-    def for_harness(self, finish_reason: str | None) -> str | None:
-        """The finish reason the harness is told (cap_policy end_turn: a cut at the cap is a stop)."""
-        if self.end_turn_at_cap and finish_reason == "length":
-            return "stop"
-        return finish_reason
-
-    def chunk_for_harness(self, chunk: dict[str, Any]) -> dict[str, Any]:
-        choices = chunk.get("choices") if self.end_turn_at_cap else None
-        if not choices or not any(c.get("finish_reason") == "length" for c in choices):
-            return chunk
-        return {**chunk, "choices": [{**c, "finish_reason": self.for_harness(c.get("finish_reason"))} for c in choices]}
-
-    def record(
-        self, cap: CallCapture | None, raw_response: str, status: str = "ok", error: str | None = None
-    ) -> TraceRecord:
-        cap = cap or CallCapture()
-        notes = self.notes
-        if self.end_turn_at_cap and cap.finish_reason == "length":
-            notes = [*notes, "cap_policy end_turn: cut at the response cap, the harness was told end of turn"]
-        if cap.response_ids and len(cap.logprobs) != len(cap.response_ids):
-            notes = [*notes, f"engine sent {len(cap.logprobs)} logprobs for {len(cap.response_ids)} tokens"]
-        s = self.session
-        return TraceRecord(
-            session_id=s.session_id,
-            call_index=self.call_index,
-            timestamp=self.timestamp,
-            provider=self.provider,
-            raw_request=self.raw,
-            raw_response=raw_response,
-            normalized_request=self.engine_body,
-            prompt_ids=cap.prompt_ids or (self.faithful.prompt_ids if self.faithful else []),
-            response_ids=cap.response_ids,
-            response_logprobs=cap.logprobs,
-            finish_reason=cap.finish_reason,
-            policy_version=cap.policy_version,
-            latency_s=time.monotonic() - self.t0,
-            status=status,
-            error=error,
-            task_id=s.task_id,
-            group_id=s.group_id,
-            rollout_id=s.rollout_id,
-            call_kind=self.call_kind,
-            notes=tuple(notes),
-            response_policy_versions=cap.token_versions if cap.version_varied else None,
-            upstream=self.replica.url if self.replica else None,
-            path=self.path,
-            rendered_prompt_ids=self.faithful.rendered_if_different if self.faithful else None,
-        )
+STORE_FAILED = "the gateway's trace store cannot record this call; retry shortly"
+log = logging.getLogger(__name__)
 
 
 class Proxy:
@@ -168,45 +110,91 @@ class Proxy:
     def _version(self, stream: ChatStream) -> int:
         return stream.policy_version if stream.policy_version is not None else self.version_hint
 
-    def _append(self, rec: TraceRecord) -> Future:
+    def _append(self, call: CallInFlight, rec: TraceRecord) -> Future:
+        """Hand the call's one record to the store (raises StoreUnavailable when it cannot take it)."""
+        call.recorded = True
         self.stats.observe(rec)
         if self.faithful is not None:
             self.faithful.remember(rec)
-        return self.store.append(rec)
+        call.pending = rec.status == "ok" and not self.store.inline
+        return self.store.append(rec, raw_body=call.body, pending=call.pending)
+
+    async def _commit(self, call: CallInFlight, rec: TraceRecord) -> bool:
+        """Append the record and wait until it is durable; False when the store failed."""
+        try:
+            await _durable(self._append(call, rec))
+        except StoreUnavailable as exc:
+            call.pending = False
+            log.warning("trace store: %s (session %s call %d)", exc, rec.session_id, rec.call_index)
+            return False
+        return True
 
     def forget(self, session_id: str) -> None:
         """Drop a deleted session's in-memory history."""
         if self.faithful is not None:
             self.faithful.forget(session_id)
 
-    def _engine_done(self, call: CallInFlight) -> None:
-        call.replica.inflight -= 1
-        self.gate.leave()
+    # ---- what a call holds of the engine -----------------------------------------------------
+    def _uncount(self, call: CallInFlight) -> None:
+        rep, call.counted = call.counted, None
+        if rep is not None:
+            rep.inflight -= 1
+
+    def _release(self, call: CallInFlight, abort: bool = True) -> None:
+        """Give back the engine stream, the replica's in-flight count and the gate slot; a no-op
+        for whatever was already given back, so every way out of a call can call it."""
+        stream, call.stream = call.stream, None
+        gated, call.gated = call.gated, False
+        try:
+            if stream is not None:
+                stream.close(abort=abort)
+        finally:
+            self._uncount(call)
+            if gated:
+                self.gate.leave()
+
+    def _ended(self, call: CallInFlight, delivered: bool) -> None:
+        """The harness's response is over (`delivered`: the server took all of it)."""
+        self._release(call)
+        try:
+            if not call.recorded:  # the response never started: its relay had no chance to record
+                reason = "client went away before the response started"
+                self._append(call, call.record(call.cap, b"".join(call.sent).decode(), "aborted", reason))
+            elif call.pending:
+                self.store.mark_delivered(call.session.session_id, call.call_index, delivered)
+        except StoreUnavailable as exc:
+            log.warning("trace store: %s", exc)
 
     # ---- the engine step ------------------------------------------------------------------
     async def open_engine_stream(self, call: CallInFlight) -> ChatStream:
         """Send the call to its replica (chat, or token-in when `call.faithful` holds a prompt);
-        on a refused connection fail over to another one."""
+        on a refused connection fail over to another one. The replica's in-flight count is the
+        call's (`call.counted`) from the start, prefill is load too; the caller releases it."""
         for _ in range(len(self.pool.replicas)):
             rep = call.replica = self.pool.pick(call.session.session_id)
-            rep.inflight += 1  # counted from the start: prefill is load too
+            rep.inflight += 1
+            call.counted = rep
             try:
-                call.engine_body["model"] = await self.pool.model_for(rep)
-                if call.faithful is None:
-                    return await self.client.stream_chat(
-                        rep.endpoint("/v1/chat/completions"), orjson.dumps(call.engine_body)
-                    )
-                body = completion_body(call.engine_body, call.faithful.prompt_ids)
-                stream = await self.client.stream_chat(rep.endpoint("/v1/completions"), orjson.dumps(body))
-                return CompletionStream(stream, call.engine_body, self.faithful.reasoning_parser)
+                call.stream = await self._send(call, rep)
+                return call.stream
             except UpstreamError as exc:
-                rep.inflight -= 1
+                self._uncount(call)
                 if exc.kind != "connect" or len(self.pool.replicas) == 1:
                     raise
                 self.pool.mark_dead(rep)
                 if not any(r.healthy for r in self.pool.replicas):
                     raise
         raise UpstreamError("connect", "no engine replica is reachable")
+
+    async def _send(self, call: CallInFlight, rep: Replica) -> ChatStream:
+        call.engine_body["model"] = await self.pool.model_for(rep)
+        if call.faithful is None:
+            return await self.client.stream_chat(
+                rep.endpoint("/v1/chat/completions"), orjson.dumps(call.engine_body)
+            )
+        body = completion_body(call.engine_body, call.faithful.prompt_ids)
+        stream = await self.client.stream_chat(rep.endpoint("/v1/completions"), orjson.dumps(body))
+        return CompletionStream(stream, call.engine_body, self.faithful.reasoning_parser)
 
     # ---- entry point ------------------------------------------------------------------------
     async def model_call(
@@ -218,58 +206,112 @@ class Proxy:
         path: str,
         query: dict[str, str],
         body: bytes,
+        parsed: Any = None,
     ) -> Response:
+        """One model call, answered in the provider's shape and recorded exactly once.
+        parsed: the body already parsed (and depth-checked) at the door, if it was."""
         call = CallInFlight(
             session=session,
             provider=provider,
             adapter=adapter,
             path=path,
-            raw=None,
+            raw=parsed,
             call_index=self.sessions.next_call_index(session.session_id),
+            body=body,
         )
         try:
-            call.raw = orjson.loads(body) if body else None
+            return await self._call(call, query)
+        except Exception as exc:  # a gateway bug: logged, answered in shape, still recorded
+            log.exception("gateway error in a %s call of %s", provider, session.session_id)
+            self._release(call)
+            if call.recorded:
+                raise
+            return await self._fail(call, 500, f"internal gateway error: {type(exc).__name__}")
+        except BaseException:  # cancelled (the server is shutting down): give back, keep a record
+            self._release(call)
+            if not call.recorded:
+                with contextlib.suppress(StoreUnavailable):
+                    self._append(
+                        call, call.record(call.cap, "", "aborted", "gateway shut down during the call")
+                    )
+            raise
+
+    async def refuse(
+        self, *, session: SessionInfo, provider: str, path: str, status: int, message: str, body: bytes = b""
+    ) -> Response:
+        """A call refused before it was parsed (body too large, JSON too deep): answered in the
+        provider's shape and recorded with the bytes that were read."""
+        raw = {"_unparsed_body": body.decode("utf-8", "replace")} if body else {"_unread_body": message}
+        call = CallInFlight(
+            session=session,
+            provider=provider,
+            adapter=None,
+            path=path,
+            raw=raw,
+            call_index=self.sessions.next_call_index(session.session_id),
+        )
+        return await self._fail(call, status, message)
+
+    async def _call(self, call: CallInFlight, query: dict[str, str]) -> Response:
+        adapter = call.adapter
+        try:
+            if call.raw is None:
+                call.raw = orjson.loads(call.body) if call.body else None
             if not isinstance(call.raw, dict):
                 raise RequestError("request body must be a JSON object")
-            call.norm = adapter.to_chat(call.raw, path=path, query=query)
+            call.norm = adapter.to_chat(call.raw, path=call.path, query=query)
         except (RequestError, orjson.JSONDecodeError) as exc:
             if not isinstance(call.raw, dict):  # keep the bytes the harness sent, whatever they were
-                call.raw = {"_unparsed_body": body.decode("utf-8", "replace")}
+                call.raw = {"_unparsed_body": call.body.decode("utf-8", "replace")}
             return await self._fail(call, 400, f"invalid request: {exc}")
         except ADAPTER_BUGS as exc:  # the adapter tripped on input it did not expect
             return await self._fail(call, 400, f"malformed request: {type(exc).__name__}: {exc}")
+        if (refused := await self._prepare(call)) is not None:
+            return refused
+        if not await self.gate.enter():
+            status = adapter.retryable_status(503)
+            return await self._fail(call, status, "engine paused for a weight update; retry shortly")
+        call.gated = True
+        try:
+            stream = await self.open_engine_stream(call)
+        except UpstreamError as exc:
+            self._release(call)
+            return await self._fail(call, upstream_status(adapter, exc), exc.message, detail=exc.detail)
+        call.replica.served += 1
+        if call.norm.stream:
+            media = call.norm.extra.get("media_type", "text/event-stream")
+            return RelayResponse(
+                self._relay(call, stream), media, SSE_HEADERS, lambda ok: self._ended(call, ok)
+            )
+        return await self._collect(call, stream)
+
+    async def _prepare(self, call: CallInFlight) -> Response | None:
+        """The engine body: volatile content out, side calls tagged, max_tokens capped, sampling
+        settled, the token-faithful prompt built. A refusal (as a response) or None."""
         chat = dict(call.norm.chat)
         call.notes = [*call.norm.notes, *strip_volatile(chat)]
-        side = classify(self.side_rules, provider=provider, model=call.norm.model, chat=chat)
+        side = classify(self.side_rules, provider=call.provider, model=call.norm.model, chat=chat)
         if side:
             call.call_kind = "side"
             call.notes.append(f"side call: {side}")
+        call.guard = ToolCallGuard(chat.get("tools"))
         capped = self._cap_max_tokens(chat, call.notes)
         call.end_turn_at_cap = capped and self.cap_policy == "end_turn"
         settle_sampling(chat, self.sampling, call.notes)
         if self.faithful is None:
             call.engine_body = {**chat, **CAPTURE_FIELDS}
-        else:  # the record keeps the chat body; the engine gets its token-in equivalent
-            call.engine_body = chat
-            try:
-                call.faithful = await self.faithful.prompt(session.session_id, chat)
-            except ValueError as exc:  # the template cannot render these messages (as the engine)
-                return await self._fail(call, 400, f"invalid request: {exc}")
-            if call.faithful.anchor is not None and call.faithful.rendered_if_different is not None:
-                call.notes.append(f"token-faithful: sampled tokens of call {call.faithful.anchor} spliced in")
-        if not await self.gate.enter():
-            status = adapter.retryable_status(503)
-            return await self._fail(call, status, "engine paused for a weight update; retry shortly")
+            return None
+        call.engine_body = chat  # the record keeps the chat body; the engine gets its token-in equivalent
         try:
-            stream = await self.open_engine_stream(call)
-        except UpstreamError as exc:
-            self.gate.leave()
-            return await self._fail(call, upstream_status(adapter, exc), exc.message)
-        call.replica.served += 1
-        if call.norm.stream:
-            media = call.norm.extra.get("media_type", "text/event-stream")
-            return RelayResponse(self._relay(call, stream), media, SSE_HEADERS)
-        return await self._collect(call, stream)
+            limit = await self.pool.context_limit()
+            call.faithful = await self.faithful.prompt(
+                call.session.session_id, chat, limit=limit, body_size=len(call.body)
+            )
+        except ValueError as exc:  # the template cannot render these messages (as the engine)
+            return await self._fail(call, 400, f"invalid request: {exc}")
+        if call.faithful.anchor is not None and call.faithful.rendered_if_different is not None:
+            call.notes.append(f"token-faithful: sampled tokens of call {call.faithful.anchor} spliced in")
+        return None
 
     def _cap_max_tokens(self, chat: dict[str, Any], notes: list[str]) -> bool:
         """max_tokens = min(requested or cap, cap); a clipped request is noted in the record.
@@ -284,134 +326,110 @@ class Proxy:
         return requested is None or requested > cap
 
     async def _fail(
-        self, call: CallInFlight, status: int, message: str, cap: CallCapture | None = None
+        self,
+        call: CallInFlight,
+        status: int,
+        message: str,
+        cap: CallCapture | None = None,
+        detail: str | None = None,
     ) -> Response:
+        """The error answer, recorded first (a store that cannot take it does not change the
+        answer). detail: for the record only (the engine's address, say), never for the harness."""
         resp = error_response(call.provider, status, message)
-        await _durable(self._append(call.record(cap, resp.body.decode(), "error", message)))
+        error = f"{message} ({detail})" if detail else message
+        await self._commit(call, call.record(cap, resp.body.decode(), "error", error))
         return resp
+
+    def _store_failed(self, call: CallInFlight) -> tuple[int, str]:
+        """What a harness is told when its call cannot be recorded: retry, like a busy engine."""
+        return call.adapter.retryable_status(503), STORE_FAILED
 
     async def _collect(self, call: CallInFlight, stream: ChatStream) -> Response:
         """Non-streaming harness: consume the engine stream, then answer in one piece."""
-        cap = CallCapture(self._version(stream))
+        cap = call.cap = CallCapture(self._version(stream))
         try:
             async for chunk in stream:
                 cap.add(chunk)
         except UpstreamError as exc:
-            status = upstream_status(call.adapter, exc)
-            resp = error_response(call.provider, status, exc.message)
-            await _durable(self._append(call.record(cap, resp.body.decode(), "error", exc.message)))
-            return resp
+            self._release(call)
+            return await self._fail(call, upstream_status(call.adapter, exc), exc.message, cap, exc.detail)
         finally:
-            self._engine_done(call)
-            stream.close(abort=cap.finish_reason is None)
+            self._release(call, abort=cap.finish_reason is None)
         completion = cap.completion()
         completion["choices"] = [
-            {**c, "finish_reason": call.for_harness(c.get("finish_reason"))} for c in completion.get("choices", [])
+            {
+                **c,
+                "message": call.guard.filter_message(c.get("message") or {}),
+                "finish_reason": call.guard.finish_reason(call.for_harness(c.get("finish_reason"))),
+            }
+            for c in completion.get("choices", [])
         ]
         try:
             body = orjson.dumps(call.adapter.from_chat(completion, call.norm))
-        except ADAPTER_BUGS as exc:  # the sampled tokens are still recorded
+        except (*ADAPTER_BUGS, orjson.JSONEncodeError) as exc:  # the sampled tokens are still recorded
             return await self._fail(call, 500, f"gateway error: {type(exc).__name__}: {exc}", cap)
-        await _durable(self._append(call.record(cap, body.decode())))
+        if not await self._commit(call, call.record(cap, body.decode())):
+            return error_response(call.provider, *self._store_failed(call))
+        if call.pending:
+            return DeliveredResponse(body, lambda ok: self._ended(call, ok))
         return Response(body, media_type="application/json")
 
     async def _relay(self, call: CallInFlight, stream: ChatStream) -> AsyncIterator[bytes]:
         """Streaming harness: forward the translated engine chunks as they arrive (what arrived in
-        one network read goes out in one write)."""
-        cap = CallCapture(self._version(stream))
+        one network read goes out in one write); the end goes out once the record is durable."""
+        cap = call.cap = CallCapture(self._version(stream))
         translator = call.adapter.stream(call.norm)
-        sent: list[bytes] = []
-        recorded = False
+        sent = call.sent
         try:
-            out = translator.start()
-            if out:
+            if out := translator.start():
                 sent.append(out)
                 yield out
             async for batch in stream.batches():
                 parts = []
                 for chunk in batch:
                     cap.add(chunk)
-                    if piece := translator.feed(call.chunk_for_harness(chunk)):
-                        parts.append(piece)
+                    for out_chunk in call.guard.filter(call.chunk_for_harness(chunk)):
+                        if piece := translator.feed(out_chunk):
+                            parts.append(piece)
                 if parts:
                     out = parts[0] if len(parts) == 1 else b"".join(parts)
                     sent.append(out)
                     yield out
-            tail = translator.finish(call.for_harness(cap.finish_reason), cap.usage_or_counted())
+            self._release(call, abort=cap.finish_reason is None)
+            reason = call.guard.finish_reason(call.for_harness(cap.finish_reason))
+            tail = translator.finish(reason, cap.usage_or_counted())
+            if not await self._commit(call, call.record(cap, b"".join([*sent, tail]).decode())):
+                tail = translator.error(*self._store_failed(call))
             sent.append(tail)
-            fut = self._append(call.record(cap, b"".join(sent).decode()))
-            recorded = True
-            await _durable(fut)  # durable before the harness sees the end
             yield tail
         except UpstreamError as exc:
+            self._release(call)
             tail = translator.error(upstream_status(call.adapter, exc), exc.message)
             sent.append(tail)
-            fut = self._append(call.record(cap, b"".join(sent).decode(), "error", exc.message))
-            recorded = True
-            await _durable(fut)
+            await self._commit(call, call.record(cap, b"".join(sent).decode(), "error", exc.for_record))
             yield tail
-        except Exception as exc:  # a translator bug must still leave a record
-            if not recorded:
-                recorded = True
-                self._append(
-                    call.record(
-                        cap, b"".join(sent).decode(), "error", f"gateway error: {type(exc).__name__}: {exc}"
-                    )
-                )
-            raise
+        except Exception as exc:  # a translator bug: still a record, and an error event, not a cut
+            log.exception("gateway error relaying a %s stream", call.provider)
+            if not call.recorded:
+                message = f"gateway error: {type(exc).__name__}: {exc}"
+                with contextlib.suppress(StoreUnavailable):
+                    self._append(call, call.record(cap, b"".join(sent).decode(), "error", message))
+            try:
+                tail = translator.error(500, f"internal gateway error: {type(exc).__name__}")
+            except Exception:  # noqa: BLE001 — a translator that cannot even say so: the stream is cut
+                raise exc from None
+            yield tail
         finally:
-            self._engine_done(call)
-            stream.close(abort=not recorded or cap.finish_reason is None)
-            if not recorded:  # the harness went away: the engine request is already aborted
-                self._append(
-                    call.record(cap, b"".join(sent).decode(), "aborted", "client disconnected mid-stream")
-                )
+            self._release(call)  # an early end (the harness went away): the engine request is aborted
+            if not call.recorded:
+                with contextlib.suppress(StoreUnavailable):
+                    reason = "client disconnected mid-stream"
+                    self._append(call, call.record(cap, b"".join(sent).decode(), "aborted", reason))
 
 
-async def _durable(fut) -> None:
+async def _durable(fut: Future) -> None:
     """Wait for a store commit; inline commits are already done (no loop round trip)."""
     if fut.done():
         fut.result()
     else:
         await asyncio.wrap_future(fut)
-
-
-class RelayResponse(Response):
-    """Streams an async byte iterator with plain ASGI sends (no per-response task group).
-
-    A watcher waits for the client's `http.disconnect`; when it comes first, the streaming task is
-    cancelled, which runs the relay's cleanup at once (engine request aborted, partial response
-    recorded as "aborted"). The generator is always closed, whatever ends the response.
-    """
-
-    def __init__(self, body: AsyncIterator[bytes], media_type: str, headers: dict[str, str]):
-        self.body_iterator = body
-        self.status_code = 200
-        self.media_type = media_type
-        self.background = None
-        self.init_headers(headers)
-
-    async def __call__(self, scope, receive, send) -> None:
-        task = asyncio.current_task()
-        disconnected = False
-
-        async def watch() -> None:
-            nonlocal disconnected
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            disconnected = True
-            task.cancel()
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            async for part in self.body_iterator:
-                await send({"type": "http.response.body", "body": part, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not disconnected:
-                raise
-            task.uncancel()  # the client is gone: a normal end for this response
-        finally:
-            watcher.cancel()
-            await self.body_iterator.aclose()

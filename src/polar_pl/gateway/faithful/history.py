@@ -4,7 +4,8 @@
 the prompt of call n is built from calls < n, so a store read per call is not needed; a session
 first seen by this process, e.g. after a gateway restart, is read from the store once), builds the
 prompt with `faithful.faithful_prompt` off the event loop (rendering a long conversation takes
-milliseconds). The engine's token-in stream is shown to the proxy as chat chunks in completion.py.
+milliseconds; the first use may load the tokenizer), refusing a prompt longer than the engine's
+context before tokenizing all of it (context.py). The engine's token-in stream is shown to the proxy as chat chunks in completion.py.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from polar_pl.gateway.faithful.context import ContextTooLong, check_fits, needs_check
 from polar_pl.gateway.faithful.prompt import FaithfulPrompt, faithful_prompt
 from polar_pl.gateway.store.records import TraceRecord
 
@@ -35,8 +37,12 @@ class TokenFaithful:
         self._history: dict[str, list[TraceRecord]] = {}
         self._loaded: set[str] = set()
 
-    async def prompt(self, session_id: str, chat: dict[str, Any]) -> FaithfulPrompt:
-        """Raises ValueError (RenderError) on messages the template cannot render."""
+    async def prompt(
+        self, session_id: str, chat: dict[str, Any], *, limit: int | None = None, body_size: int = 0
+    ) -> FaithfulPrompt:
+        """Raises ValueError: RenderError on messages the template cannot render, ContextTooLong
+        on a prompt of `limit` (the engine's context) tokens or more. body_size: the request's
+        bytes (a small one cannot hold a prompt that long, faithful/context.py)."""
         if session_id not in self._loaded:
             self._loaded.add(session_id)
             if self._load is not None:
@@ -46,7 +52,18 @@ class TokenFaithful:
                     if rec.call_index not in have:
                         self.remember(rec)
         history = list(self._history.get(session_id, ()))
-        return await asyncio.to_thread(faithful_prompt, self._tokenizer(), chat, history)
+        return await asyncio.to_thread(self._build, chat, history, limit, body_size)
+
+    def _build(
+        self, chat: dict[str, Any], history: list[TraceRecord], limit: int | None, body_size: int
+    ) -> FaithfulPrompt:
+        tokenizer = self._tokenizer()  # here, off the event loop: the first call may load it
+        if needs_check(body_size, limit):
+            check_fits(tokenizer, chat, limit)
+        prompt = faithful_prompt(tokenizer, chat, history)
+        if limit is not None and len(prompt.prompt_ids) >= limit:
+            raise ContextTooLong(len(prompt.prompt_ids), limit)
+        return prompt
 
     def remember(self, rec: TraceRecord) -> None:
         if rec.status != "ok" or not rec.response_ids:

@@ -21,8 +21,11 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
 
-from polar_pl.gateway.call.gate import PAUSE_MODES
+from polar_pl.gateway.call.gate import PAUSE_MODES, DrainTimeout
+from polar_pl.gateway.http.errors import RETRY_AFTER_S
+from polar_pl.gateway.http.limits import BodyTooLarge, TooDeep, parse_json, read_body
 from polar_pl.gateway.runtime import GatewayRuntime
+from polar_pl.gateway.store.traces import StoreUnavailable
 
 
 class AdminDenied(Exception):
@@ -60,12 +63,23 @@ def _session_json(info) -> dict[str, Any]:
     return d
 
 
-async def _json_object(request: Request) -> Any:
+async def _json_object(request: Request) -> dict[str, Any] | Response:
+    """The request's JSON object, bounded like harness bodies (size, nesting); or the 400 / 413."""
+    rt = runtime(request)
     try:
-        body = orjson.loads(await request.body() or b"{}")
-    except orjson.JSONDecodeError:
-        return JSONResponse({"error": "body must be JSON"}, 400)
+        raw = await read_body(request.receive, rt.max_body_bytes, dict(request.headers))
+        body = parse_json(raw, rt.max_json_depth) if raw else {}
+    except BodyTooLarge as exc:
+        return JSONResponse({"error": str(exc)}, 413)
+    except (TooDeep, orjson.JSONDecodeError) as exc:
+        return JSONResponse({"error": f"body must be JSON: {exc}"}, 400)
+    if not isinstance(body, dict):
+        return JSONResponse({"error": "body must be a JSON object"}, 400)
     return body
+
+
+def _store_unavailable(exc: StoreUnavailable) -> Response:
+    return JSONResponse({"error": str(exc)}, 503, headers={"retry-after": str(RETRY_AFTER_S)})
 
 
 @admin.post("/sessions")
@@ -73,15 +87,17 @@ async def create_session(request: Request) -> Response:
     body = await _json_object(request)
     if isinstance(body, Response):
         return body
-    if not isinstance(body, dict):
-        return JSONResponse({"error": "body must be a JSON object"}, 400)
     fields = {k: body.get(k) for k in ("task_id", "group_id", "rollout_id", "harness")}
     bad = [k for k, v in fields.items() if v is not None and not isinstance(v, str)]
     if bad:
         return JSONResponse({"error": f"{', '.join(bad)}: must be strings"}, 400)
-    info, token = runtime(request).sessions.create(
-        **fields, meta=body.get("meta") if isinstance(body.get("meta"), dict) else None
-    )
+    meta = body.get("meta")
+    if meta is not None and not isinstance(meta, dict):
+        return JSONResponse({"error": "meta: must be an object"}, 400)
+    try:
+        info, token = runtime(request).sessions.create(**fields, meta=meta)
+    except StoreUnavailable as exc:
+        return _store_unavailable(exc)
     return JSONResponse(
         {"session_id": info.session_id, "token": token, "base_url": f"{base_of(request)}/s/{token}"}
     )
@@ -115,7 +131,10 @@ async def get_records(session_id: str, request: Request) -> Response:
 @admin.delete("/sessions/{session_id}")
 async def delete_session(session_id: str, request: Request) -> Response:
     rt = runtime(request)
-    info = rt.sessions.delete(session_id)
+    try:
+        info = rt.sessions.delete(session_id)
+    except StoreUnavailable as exc:
+        return _store_unavailable(exc)
     if info is None:
         return JSONResponse({"error": f"no session {session_id}"}, 404)
     rt.pool.release(session_id)
@@ -125,17 +144,25 @@ async def delete_session(session_id: str, request: Request) -> Response:
 
 @admin.post("/pause")
 async def pause(request: Request) -> Response:
-    """Body {"mode": "drain"|"keep"} (default drain): new engine calls wait at the gate;
-    drain answers once the calls in flight have finished."""
+    """Body {"mode": "drain"|"keep", "timeout": seconds} (default drain, the pause timeout):
+    new engine calls wait at the gate; drain answers once the calls in flight have finished, or
+    504 when they did not within the timeout (the gateway stays paused). Either answer says what
+    it waited for."""
     body = await _json_object(request)
     if isinstance(body, Response):
         return body
-    mode = body.get("mode", "drain") if isinstance(body, dict) else None
+    mode, timeout = body.get("mode", "drain"), body.get("timeout")
     if mode not in PAUSE_MODES:
         return JSONResponse({"error": f"mode: {mode!r}; allowed: {', '.join(PAUSE_MODES)}"}, 400)
-    rt = runtime(request)
-    await rt.gate.pause(mode)
-    return JSONResponse({"paused": True, "mode": mode, "in_flight": rt.gate.in_flight})
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0
+    ):
+        return JSONResponse({"error": f"timeout: {timeout!r}; allowed: seconds >= 0"}, 400)
+    try:
+        report = await runtime(request).gate.pause(mode, timeout)
+    except DrainTimeout as exc:
+        return JSONResponse({"error": str(exc), "paused": True, **exc.report.to_dict()}, 504)
+    return JSONResponse({"paused": True, **report.to_dict()})
 
 
 @admin.post("/resume")
@@ -147,10 +174,7 @@ async def resume(request: Request) -> Response:
 
 @admin.get("/stats")
 async def stats(request: Request) -> Response:
-    rt = runtime(request)
-    snap = rt.stats()
-    snap["gateway/inflight"] = float(sum(r.inflight for r in rt.pool.replicas))
-    return JSONResponse(snap)
+    return JSONResponse(runtime(request).stats())
 
 
 @health_router.get("/health")

@@ -46,6 +46,8 @@ class GatewayFastAPI(FastAPI):
 async def lifespan(app: FastAPI):
     rt: GatewayRuntime = app.state.runtime
     rt.loop = asyncio.get_running_loop()
+    if rt.proxy.faithful is not None:  # every call needs it: loaded before serving, off the loop
+        await asyncio.to_thread(rt.counter.load)
     rt.pool.start()
     try:
         yield
@@ -65,8 +67,8 @@ def create_app(
 ) -> FastAPI:
     """Build the gateway app. options: tokenizer_dir, model, side_rules, client ("aiohttp" or
     "httpx"), store_synchronous, public_url, health_interval, connect_timeout, read_timeout,
-    token_faithful, max_tokens_cap, cap_policy, sampling, pause_timeout, reasoning_parser (see
-    GatewayRuntime)."""
+    token_faithful, max_tokens_cap, cap_policy, sampling, pause_timeout, reasoning_parser,
+    max_body_bytes, max_json_depth (see GatewayRuntime)."""
     rt = GatewayRuntime(
         upstreams, store_path, admin_token=admin_token or secrets.token_urlsafe(24), **options
     )

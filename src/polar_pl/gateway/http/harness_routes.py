@@ -3,8 +3,11 @@
 This is the gateway's hot path, so it bypasses FastAPI's router and middleware (measured in
 bench/gateway.py). Routing is by hand because CLIs reach the same API under `/v1/...`, `/...`
 and `/s/<token>/...`: the provider comes from the path, then the headers, then the body. An
-unknown or missing token is refused with 401 in the provider's shape before anything is recorded.
-Any unexpected exception becomes a provider-shaped 500, never a traceback.
+unknown or missing token is refused with 401 in the provider's shape before anything is recorded
+(and, where the path names the provider, before the body is read). Bodies are bounded while they
+are read (413) and JSON nesting at parse time (400, http/limits.py); such refusals of a valid
+session's call are recorded like any failed call. Any unexpected exception becomes a
+provider-shaped 500, never a traceback.
 """
 
 from __future__ import annotations
@@ -26,23 +29,13 @@ from polar_pl.gateway.http.detect import (
     split_session_path,
 )
 from polar_pl.gateway.http.errors import error_response
+from polar_pl.gateway.http.limits import BodyTooLarge, TooDeep, parse_json, read_body
 from polar_pl.gateway.providers import RequestError, UnknownProvider, get_adapter
 from polar_pl.gateway.runtime import GatewayRuntime
 from polar_pl.gateway.upstream.client import UpstreamError
 
 log = logging.getLogger(__name__)
-
-
-async def read_body(receive) -> bytes:
-    parts = []
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            break
-        parts.append(msg.get("body", b""))
-        if not msg.get("more_body"):
-            break
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+UNAUTHORIZED = "invalid or missing session token (API key)"
 
 
 class HarnessRoutes:
@@ -78,43 +71,72 @@ class HarnessRoutes:
         provider = provider_from_path(sub) or provider_from_headers(headers)
         if method != "POST":
             return error_response(provider, 404, f"no route for {method} {sub}")
-        body = await read_body(receive)
-        if provider is None:
-            try:
-                provider = detect_provider(sub, headers, orjson.loads(body))
-            except orjson.JSONDecodeError:
-                provider = None
         query = dict(parse_qsl(query_string.decode("latin-1"))) if query_string else {}
         session = self.rt.sessions.by_token(find_token(path_token, headers, query))
-        if session is None:  # nothing is recorded under an unknown token
-            return error_response(provider, 401, "invalid or missing session token (API key)")
+        if session is None and provider is not None:  # nothing is read or recorded for an unknown token
+            return error_response(provider, 401, UNAUTHORIZED)
+        try:
+            body = await read_body(receive, self.rt.max_body_bytes, headers)
+        except BodyTooLarge as exc:
+            if session is None or provider is None:
+                return error_response(provider, 401 if session is None else 413, str(exc))
+            return await self.refuse(session, provider, sub, 413, str(exc))
+        parsed, refusal = None, None
+        try:
+            parsed = parse_json(body, self.rt.max_json_depth) if body else None
+        except TooDeep as exc:
+            refusal = str(exc)
+        except orjson.JSONDecodeError:
+            pass  # the proxy answers (and records) invalid JSON
+        provider = provider or detect_provider(sub, headers, parsed)
+        if session is None:
+            return error_response(provider, 401, UNAUTHORIZED)
         if provider is None:
             return error_response(None, 404, f"no provider API at POST {sub}")
+        if refusal is not None:
+            return await self.refuse(session, provider, sub, 400, f"invalid request: {refusal}", body)
         try:
             adapter = get_adapter(provider)
         except UnknownProvider as exc:
             return error_response(provider, 501, str(exc))
         if is_count_tokens(sub):
-            return await self.count_tokens(session, adapter, sub, query, body)
+            return await self.count_tokens(session, adapter, sub, query, parsed)
         return await self.rt.proxy.model_call(
-            session=session, provider=provider, adapter=adapter, path=sub, query=query, body=body
+            session=session,
+            provider=provider,
+            adapter=adapter,
+            path=sub,
+            query=query,
+            body=body,
+            parsed=parsed,
         )
 
-    async def count_tokens(self, session, adapter, path, query, body) -> Response:
+    async def refuse(
+        self, session, provider: str, path: str, status: int, message: str, body: bytes = b""
+    ) -> Response:
+        """A valid session's call refused at the door (too large, too deep): recorded all the same."""
+        if is_count_tokens(path):  # not a model call: nothing to record
+            return error_response(provider, status, message)
+        return await self.rt.proxy.refuse(
+            session=session, provider=provider, path=path, status=status, message=message, body=body
+        )
+
+    async def count_tokens(self, session, adapter, path, query, raw) -> Response:
         """Not a model call (nothing recorded): the prompt rendered and tokenized as the engine would."""
         rt = self.rt
         try:
-            raw = orjson.loads(body)
             if not isinstance(raw, dict):
                 raise RequestError("request body must be a JSON object")
             norm = adapter.to_chat(adapter.count_tokens_body(raw), path=path, query=query)
-        except (RequestError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        except (RequestError, KeyError, TypeError, ValueError) as exc:
             return error_response(adapter.name, 400, f"invalid request: {exc}")
         chat = dict(norm.chat)
         strip_volatile(chat)
         rep = rt.pool.pick(session.session_id)
         try:
-            n = await rt.counter.count(chat, rep.url, await rt.pool.model_for(rep))
+            n = await rt.counter.count(
+                chat, rep.url, await rt.pool.model_for(rep), await rt.pool.context_limit()
+            )
         except UpstreamError as exc:
             return error_response(adapter.name, 502, f"token count failed: {exc.message}")
         except ValueError as exc:  # the template cannot render these messages

@@ -51,7 +51,9 @@ class StreamTranslator(Protocol):
         """Called once after the last chunk: closing events. usage has prompt/completion tokens."""
 
     def error(self, status: int, message: str) -> bytes:
-        """Called if the engine fails mid-stream: an error event in the provider's grammar."""
+        """Called if the engine fails mid-stream, or after `finish` when its bytes cannot be sent
+        (the call could not be recorded): an error event in the provider's grammar that ends the
+        stream in their place."""
 
 
 class ProviderAdapter(Protocol):

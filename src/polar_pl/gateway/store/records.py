@@ -8,7 +8,7 @@ engine reported for the call.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 
@@ -21,8 +21,9 @@ class TraceRecord:
         prompt_ids (token-faithful mode); None otherwise. Drift = rendered != spliced.
     response_ids / response_logprobs: sampled tokens and their logprobs, aligned, same length.
     call_kind: "main" for the task's main line, "side" for title / memory / router calls.
-    status: "ok", "error" (error holds the message) or "aborted" (client went away mid-stream;
-        the partial response is kept).
+    status: "ok", "error" (error holds the message), "aborted" (client went away mid-stream;
+        the partial response is kept) or "undelivered" (committed, but the response never reached
+        the harness: the gateway died or the harness left before the end, store/traces.py).
     notes: what the gateway changed or dropped while normalizing (e.g. "dropped tool web_search",
         "stripped billing header").
     """
@@ -63,6 +64,19 @@ class TraceRecord:
         d["notes"] = tuple(d.get("notes") or ())
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    def with_raw_request(self, raw_body: bytes, reason: str) -> TraceRecord:
+        """This record with the request kept as the bytes the harness sent (for a record whose
+        parsed request cannot be encoded); the normalized request is dropped, the tokens kept."""
+        return replace(
+            self,
+            raw_request={"_unparsed_body": raw_body.decode("utf-8", "replace")},
+            normalized_request={},
+            notes=(
+                *self.notes,
+                f"request kept as raw bytes: the parsed request cannot be encoded ({reason})",
+            ),
+        )
 
     @property
     def token_policy_versions(self) -> list[int]:

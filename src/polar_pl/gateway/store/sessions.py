@@ -69,9 +69,9 @@ class SessionRegistry:
         if info is None:
             return None
         info = replace(info, deleted=True)
+        self._store.put_session(info)  # first: a store that cannot take it leaves the session as it was
         self._by_id[session_id] = info
         self._by_hash.pop(info.token_hash, None)
-        self._store.put_session(info)
         return info
 
     def next_call_index(self, session_id: str) -> int:

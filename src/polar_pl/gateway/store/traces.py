@@ -17,11 +17,22 @@ chosen by measurement (bench/gateway.py):
 Sessions live in the same database, so a restarted gateway still knows its sessions: each by the
 hash of its token (records.hash_token), never the token (stores written before are rewritten on
 open, with secure_delete so the old bytes are zeroed).
+
+Faults: a commit that fails (disk full, I/O error) fails its waiters with `StoreUnavailable` and
+is counted (`errors`); the checkpointer counts its own failures and retries on its next tick,
+truncating the WAL once it succeeds again. A record that orjson cannot encode (JSON nested deeper
+than its 254 levels) is kept with the raw request bytes in place of the parsed request.
+With FULL / EXTRA an ok record can be appended `pending`: its status column reads "pending" until
+`mark_delivered`, and readers report a pending record as "undelivered" (the gateway died between
+the commit and the harness getting the response: no phantom ok records after kill -9).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import logging
 import queue
 import sqlite3
 import threading
@@ -53,6 +64,13 @@ CREATE TABLE IF NOT EXISTS sessions (
 """
 
 _STOP = object()
+log = logging.getLogger(__name__)
+UNDELIVERED = "undelivered"
+_UNDELIVERED_NOTE = "response not delivered: the gateway stopped or the harness left after the commit"
+
+
+class StoreUnavailable(RuntimeError):
+    """A record could not be committed (disk full, I/O error, store closed)."""
 
 
 def _open(path: Path, synchronous: str) -> sqlite3.Connection:
@@ -86,6 +104,8 @@ class TraceStore:
         self._write_lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
+        self.errors = 0  # records that could not be committed
+        self.checkpoint_errors = 0
         self._stop = threading.Event()
         if self.inline:
             self._write_conn.execute("PRAGMA wal_autocheckpoint=0")
@@ -96,23 +116,40 @@ class TraceStore:
         self._thread.start()
 
     # ---- writing -------------------------------------------------------------------------
-    def append(self, record: TraceRecord) -> Future:
-        """Commit (inline) or queue (FULL) a record; the future resolves once it is committed."""
+    def append(self, record: TraceRecord, *, raw_body: bytes | None = None, pending: bool = False) -> Future:
+        """Commit (inline) or queue (FULL) a record; the future resolves once it is committed, or
+        fails with StoreUnavailable. raw_body: the request as received, kept in place of the
+        parsed one if the record cannot be encoded. pending: see the module docstring (FULL only)."""
         if self._closed:
-            raise RuntimeError("trace store is closed")
+            raise StoreUnavailable("trace store is closed")
         fut: Future = Future()
+        item = (record, fut, raw_body, pending and not self.inline)
         if self.inline:
             with self._write_lock:
-                self._commit([(record, fut)])
+                self._commit([item])
         else:
-            self._queue.put((record, fut))
+            self._queue.put(item)
         return fut
+
+    def mark_delivered(self, session_id: str, call_index: int, delivered: bool) -> None:
+        """Settle a pending record: its response reached the server (ok) or did not (undelivered)."""
+        if not self._closed and not self.inline:
+            self._queue.put((session_id, call_index, "ok" if delivered else UNDELIVERED))
 
     def _checkpointer(self, interval: float) -> None:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        failing = False
         try:
             while not self._stop.wait(interval):
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                try:
+                    # after a failure (disk full) the WAL has grown: give the space back once it works
+                    conn.execute(f"PRAGMA wal_checkpoint({'TRUNCATE' if failing else 'PASSIVE'})")
+                    failing = False
+                except sqlite3.Error as exc:  # retried on the next tick: the WAL must not grow for good
+                    if not failing:
+                        log.warning("trace store checkpoint failed (retrying every %.1fs): %s", interval, exc)
+                    self.checkpoint_errors += 1
+                    failing = True
         finally:
             conn.close()
 
@@ -121,12 +158,17 @@ class TraceStore:
         await asyncio.wrap_future(self.append(record))
 
     def put_session(self, info: SessionInfo) -> None:
+        """Raises StoreUnavailable when the row cannot be written (disk full)."""
         data = orjson.dumps(asdict(info))
-        with self._read_lock:
-            self._read_conn.execute(
-                "INSERT OR REPLACE INTO sessions(session_id, token, data) VALUES (?, ?, ?)",
-                (info.session_id, info.token_hash, data),
-            )
+        try:
+            with self._read_lock:
+                self._read_conn.execute(
+                    "INSERT OR REPLACE INTO sessions(session_id, token, data) VALUES (?, ?, ?)",
+                    (info.session_id, info.token_hash, data),
+                )
+        except sqlite3.Error as exc:
+            self.errors += 1
+            raise StoreUnavailable(f"trace store write failed: {exc}") from exc
 
     def _writer(self) -> None:
         while True:
@@ -138,37 +180,51 @@ class TraceStore:
                 except queue.Empty:
                     break
             stop = any(it is _STOP for it in batch)
-            batch = [it for it in batch if it is not _STOP]
-            if batch:
-                self._commit(batch)
+            records = [it for it in batch if it is not _STOP and len(it) == 4]
+            marks = [it for it in batch if it is not _STOP and len(it) == 3]
+            try:
+                self._commit(records, marks)
+            except Exception as exc:
+                log.exception("trace store writer")
+                for _, fut, _, _ in records:
+                    if not fut.done():
+                        fut.set_exception(StoreUnavailable(f"trace store writer failed: {exc!r}"))
             if stop:
                 return
 
-    def _commit(self, batch: list[tuple[TraceRecord, Future]]) -> None:
+    def _commit(self, batch: list[tuple], marks: list[tuple[str, int, str]] = ()) -> None:
+        """One transaction: the records (each waiter learns the outcome) and delivery marks."""
         rows, waiters = [], []
-        for rec, fut in batch:
+        for rec, fut, raw_body, pending in batch:
             try:
-                # orjson serializes the dataclass directly: same JSON as to_dict(), without
-                # asdict()'s deep copy of the (possibly 100 KB) raw request
-                data = orjson.dumps(rec)
-            except orjson.JSONEncodeError as exc:  # a record that cannot be serialized fails alone
-                fut.set_exception(exc)
+                data = _encode(rec, raw_body)
+            except TypeError as exc:  # a record that cannot be serialized fails alone
+                self.errors += 1
+                fut.set_exception(StoreUnavailable(f"record cannot be encoded: {exc}"))
                 continue
-            rows.append((rec.session_id, rec.call_index, rec.timestamp, rec.status, data))
+            status = "pending" if pending else rec.status
+            rows.append((rec.session_id, rec.call_index, rec.timestamp, status, data))
             waiters.append(fut)
+        conn = self._write_conn
         try:
-            conn = self._write_conn
             conn.execute("BEGIN")
             conn.executemany(
                 "INSERT INTO records(session_id, call_index, timestamp, status, data) VALUES (?,?,?,?,?)",
                 rows,
             )
+            conn.executemany(
+                "UPDATE records SET status=? WHERE session_id=? AND call_index=? AND status='pending'",
+                [(status, sid, idx) for sid, idx, status in marks],
+            )
             conn.execute("COMMIT")
         except sqlite3.Error as exc:  # every waiter learns its record is not durable
-            if self._write_conn.in_transaction:
-                self._write_conn.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            self.errors += len(waiters)
+            err = StoreUnavailable(f"trace store write failed: {exc}")
             for fut in waiters:
-                fut.set_exception(exc)
+                fut.set_exception(err)
             return
         for fut in waiters:
             fut.set_result(None)
@@ -183,7 +239,10 @@ class TraceStore:
             self._queue.put(_STOP)
         self._thread.join()
         with self._write_lock:
-            self._write_conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            try:
+                self._write_conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:  # the WAL keeps every commit: the next open checkpoints it
+                log.warning("trace store: final checkpoint failed: %s", exc)
             self._write_conn.close()
         self._read_conn.close()
 
@@ -194,20 +253,22 @@ class TraceStore:
 
     def records(self, session_id: str) -> list[TraceRecord]:
         rows = self._rows(
-            "SELECT data FROM records WHERE session_id=? ORDER BY call_index, id", (session_id,)
+            "SELECT status, data FROM records WHERE session_id=? ORDER BY call_index, id", (session_id,)
         )
-        return [TraceRecord.from_dict(orjson.loads(r[0])) for r in rows]
+        return [_decode(*r) for r in rows]
 
     def iter_records(self, batch: int = 256) -> Iterator[TraceRecord]:
         """Every record in write order, read in pages so a large store is not loaded at once."""
         last = 0
         while True:
-            rows = self._rows("SELECT id, data FROM records WHERE id>? ORDER BY id LIMIT ?", (last, batch))
+            rows = self._rows(
+                "SELECT id, status, data FROM records WHERE id>? ORDER BY id LIMIT ?", (last, batch)
+            )
             if not rows:
                 return
-            for rid, data in rows:
+            for rid, status, data in rows:
                 last = rid
-                yield TraceRecord.from_dict(orjson.loads(data))
+                yield _decode(status, data)
 
     def count(self, session_id: str | None = None) -> int:
         if session_id is None:
@@ -224,6 +285,24 @@ class TraceStore:
             d: dict[str, Any] = orjson.loads(data)
             out.append(SessionInfo.from_dict(d))
         return out
+
+
+def _encode(rec: TraceRecord, raw_body: bytes | None) -> bytes:
+    try:
+        # orjson serializes the dataclass directly: same JSON as to_dict(), without asdict()'s
+        # deep copy of the (possibly 100 KB) raw request
+        return orjson.dumps(rec)
+    except TypeError as exc:  # orjson parses 1,024 levels but encodes at most 254
+        if raw_body is None:
+            raise
+        return orjson.dumps(rec.with_raw_request(raw_body, str(exc)))
+
+
+def _decode(status: str, data: bytes) -> TraceRecord:
+    rec = TraceRecord.from_dict(orjson.loads(data))
+    if status in ("pending", UNDELIVERED) and rec.status == "ok":
+        return dataclasses.replace(rec, status=UNDELIVERED, error=_UNDELIVERED_NOTE)
+    return rec
 
 
 def _hash_legacy_tokens(conn: sqlite3.Connection) -> None:
@@ -267,11 +346,11 @@ def read_records(path: str | Path, session_id: str | None = None) -> list[TraceR
     conn = _read_only(path)
     try:
         if session_id is None:
-            rows = conn.execute("SELECT data FROM records ORDER BY id").fetchall()
+            rows = conn.execute("SELECT status, data FROM records ORDER BY id").fetchall()
         else:
             rows = conn.execute(
-                "SELECT data FROM records WHERE session_id=? ORDER BY call_index, id", (session_id,)
+                "SELECT status, data FROM records WHERE session_id=? ORDER BY call_index, id", (session_id,)
             ).fetchall()
     finally:
         conn.close()
-    return [TraceRecord.from_dict(orjson.loads(r[0])) for r in rows]
+    return [_decode(*r) for r in rows]

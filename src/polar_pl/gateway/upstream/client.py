@@ -7,7 +7,8 @@ comparison and a fallback.
 
 Failures are raised as `UpstreamError` with a kind the core maps to a provider status:
 "connect" (engine down), "timeout", "http" (engine answered 4xx/5xx) or "stream" (the engine
-broke off or sent an error event mid-stream).
+broke off or sent an error event mid-stream). `message` is what the harness is told and never
+names the engine's address; `detail` (URL, the client library's exception) goes to the record.
 """
 
 from __future__ import annotations
@@ -21,11 +22,16 @@ POLICY_HEADER = "x-policy-version"
 
 
 class UpstreamError(Exception):
-    def __init__(self, kind: str, message: str, status: int | None = None):
+    def __init__(self, kind: str, message: str, status: int | None = None, detail: str | None = None):
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.status = status
+        self.detail = detail
+
+    @property
+    def for_record(self) -> str:
+        return f"{self.message} ({self.detail})" if self.detail else self.message
 
 
 def _error_message(status: int, text: str) -> str:
@@ -37,6 +43,19 @@ def _error_message(status: int, text: str) -> str:
     if isinstance(err, dict):
         return str(err.get("message") or err)
     return str(err)
+
+
+def _json_answer(text: str, url: str) -> Any:
+    """A small call's JSON answer; an engine (or a proxy before it) answering anything else is a
+    broken engine (502), not the caller's bad input."""
+    if not text:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamError(
+            "http", "engine answered with something that is not JSON", 502, f"{url}: {exc}"
+        ) from exc
 
 
 def parse_sse_line(line: bytes) -> dict[str, Any] | None | bool:
@@ -123,6 +142,8 @@ def _policy(headers) -> int | None:
 
 def _json_as_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
     """Fallback for an upstream that ignored stream=true: one synthesized chunk per choice."""
+    if not isinstance(body, dict):
+        raise UpstreamError("http", "engine answered with something that is not a completion", 502)
     chunks = []
     for ch in body.get("choices", []):
         msg = ch.get("message") or {}
@@ -173,7 +194,9 @@ class _AiohttpStream(_StreamBase):
         resp = self._resp
         try:
             if not resp.headers.get("content-type", "").startswith("text/event-stream"):
-                yield _json_as_chunks(orjson.loads(await resp.read()))
+                yield _json_as_chunks(
+                    _json_answer((await resp.read()).decode(errors="replace"), str(resp.url))
+                )
                 return
             parser = SSEParser()
             async for data in resp.content.iter_any():
@@ -186,7 +209,7 @@ class _AiohttpStream(_StreamBase):
         except TimeoutError as exc:  # before ClientConnectionError: aiohttp's timeouts are both
             raise UpstreamError("timeout", "engine stream timed out") from exc
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-            raise UpstreamError("stream", f"engine stream broke: {exc!r}") from exc
+            raise UpstreamError("stream", "engine stream broke", detail=repr(exc)) from exc
 
     def close(self, abort: bool = False) -> None:
         if abort:
@@ -206,7 +229,11 @@ class AiohttpClient:
 
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, enable_cleanup_closed=True),
+                # idle connections dropped before the engine's server drops them (uvicorn, as vLLM
+                # and the embedded engine run it, after 5 s): a POST on one it already closed fails
+                connector=aiohttp.TCPConnector(
+                    limit=0, ttl_dns_cache=None, enable_cleanup_closed=True, keepalive_timeout=4.0
+                ),
                 timeout=aiohttp.ClientTimeout(
                     total=None, sock_connect=self._connect_timeout, sock_read=self._read_timeout
                 ),
@@ -219,13 +246,13 @@ class AiohttpClient:
         import aiohttp
 
         try:
-            resp = await self._get().post(url, data=body, headers={"content-type": "application/json"})
+            resp = await self._post(url, body)
         except TimeoutError as exc:
-            raise UpstreamError("timeout", f"engine at {url} timed out") from exc
+            raise UpstreamError("timeout", "engine timed out", detail=url) from exc
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
-            raise UpstreamError("connect", f"engine unreachable at {url}: {exc}") from exc
+            raise UpstreamError("connect", "engine unreachable", detail=f"{url}: {exc}") from exc
         except aiohttp.ClientError as exc:
-            raise UpstreamError("connect", f"engine request failed: {exc!r}") from exc
+            raise UpstreamError("connect", "engine request failed", detail=f"{url}: {exc!r}") from exc
         if resp.status >= 400:
             try:
                 text = await resp.text()
@@ -233,6 +260,16 @@ class AiohttpClient:
                 resp.release()
             raise UpstreamError("http", _error_message(resp.status, text), resp.status)
         return _AiohttpStream(resp)
+
+    async def _post(self, url: str, body: bytes):
+        """POST once more when a pooled connection turns out closed by the engine before the
+        request went out (its keep-alive ran out as we took it): nothing reached the engine."""
+        import aiohttp
+
+        try:
+            return await self._get().post(url, data=body, headers={"content-type": "application/json"})
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+            return await self._get().post(url, data=body, headers={"content-type": "application/json"})
 
     async def request_json(self, method: str, url: str, body: Any = None, timeout: float = 10.0) -> Any:
         import aiohttp
@@ -248,11 +285,11 @@ class AiohttpClient:
                 text = await resp.text()
                 if resp.status >= 400:
                     raise UpstreamError("http", _error_message(resp.status, text), resp.status)
-                return orjson.loads(text) if text else None
+                return _json_answer(text, url)
         except TimeoutError as exc:
-            raise UpstreamError("timeout", f"engine at {url} timed out") from exc
+            raise UpstreamError("timeout", "engine timed out", detail=url) from exc
         except aiohttp.ClientError as exc:
-            raise UpstreamError("connect", f"engine unreachable at {url}: {exc}") from exc
+            raise UpstreamError("connect", "engine unreachable", detail=f"{url}: {exc}") from exc
 
     async def close(self) -> None:
         if self._session is not None:
@@ -274,7 +311,9 @@ class _HttpxStream(_StreamBase):
         resp = self._resp
         try:
             if not resp.headers.get("content-type", "").startswith("text/event-stream"):
-                yield _json_as_chunks(orjson.loads(await resp.aread()))
+                yield _json_as_chunks(
+                    _json_answer((await resp.aread()).decode(errors="replace"), str(resp.url))
+                )
                 return
             parser = SSEParser()
             async for data in resp.aiter_raw():
@@ -287,7 +326,7 @@ class _HttpxStream(_StreamBase):
         except httpx.TimeoutException as exc:
             raise UpstreamError("timeout", "engine stream timed out") from exc
         except httpx.HTTPError as exc:
-            raise UpstreamError("stream", f"engine stream broke: {exc!r}") from exc
+            raise UpstreamError("stream", "engine stream broke", detail=repr(exc)) from exc
 
     def close(self, abort: bool = False) -> None:
         import asyncio
@@ -313,9 +352,9 @@ class HttpxClient:
         try:
             resp = await self._client.send(req, stream=True)
         except httpx.TimeoutException as exc:
-            raise UpstreamError("timeout", f"engine at {url} timed out") from exc
+            raise UpstreamError("timeout", "engine timed out", detail=url) from exc
         except httpx.HTTPError as exc:
-            raise UpstreamError("connect", f"engine unreachable at {url}: {exc!r}") from exc
+            raise UpstreamError("connect", "engine unreachable", detail=f"{url}: {exc!r}") from exc
         if resp.status_code >= 400:
             text = (await resp.aread()).decode(errors="replace")
             await resp.aclose()
@@ -328,12 +367,12 @@ class HttpxClient:
         try:
             resp = await self._client.request(method, url, json=body, timeout=timeout)
         except httpx.TimeoutException as exc:
-            raise UpstreamError("timeout", f"engine at {url} timed out") from exc
+            raise UpstreamError("timeout", "engine timed out", detail=url) from exc
         except httpx.HTTPError as exc:
-            raise UpstreamError("connect", f"engine unreachable at {url}: {exc!r}") from exc
+            raise UpstreamError("connect", "engine unreachable", detail=f"{url}: {exc!r}") from exc
         if resp.status_code >= 400:
             raise UpstreamError("http", _error_message(resp.status_code, resp.text), resp.status_code)
-        return resp.json() if resp.content else None
+        return _json_answer(resp.text, url)
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -49,6 +49,7 @@ class ReplicaPool:
         self._sticky: dict[str, Replica] = {}
         self._health_interval = health_interval
         self._task: asyncio.Task | None = None
+        self._context: int | None = None  # the engine's max_model_len; 0: it does not say
 
     def pick(self, session_id: str) -> Replica:
         rep = self._sticky.get(session_id)
@@ -81,12 +82,28 @@ class ReplicaPool:
         """The name the engine serves (harnesses send their own model names; the engine ignores
         nothing, so the gateway always asks for the served one)."""
         if rep.model is None:
-            data = await self._client.request_json("GET", rep.endpoint("/v1/models"))
-            models = (data or {}).get("data") or []
-            if not models:
-                raise UpstreamError("http", f"engine at {rep.url} serves no model", 502)
-            rep.model = models[0]["id"]
+            card = await self._card(rep)
+            rep.model = card["id"]
         return rep.model
+
+    async def context_limit(self) -> int | None:
+        """The engine's context length in tokens (`max_model_len` on vLLM's and the embedded
+        engine's model card), asked once; None when the engine does not say or cannot be asked."""
+        if self._context is None:
+            rep = next((r for r in self.replicas if r.healthy), self.replicas[0])
+            try:
+                card = await self._card(rep)
+            except UpstreamError:
+                return None  # the call itself will meet the engine's failure
+            self._context = card.get("max_model_len") if isinstance(card.get("max_model_len"), int) else 0
+        return self._context or None
+
+    async def _card(self, rep: Replica) -> dict:
+        data = await self._client.request_json("GET", rep.endpoint("/v1/models"))
+        models = data.get("data") if isinstance(data, dict) else None
+        if not models or not isinstance(models[0], dict) or not isinstance(models[0].get("id"), str):
+            raise UpstreamError("http", "the engine serves no model", 502, rep.url)
+        return models[0]
 
     async def check(self, rep: Replica) -> bool:
         if rep.removed:

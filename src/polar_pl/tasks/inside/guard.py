@@ -32,7 +32,8 @@ _FILE_EVENTS = frozenset((
     "os.symlink", "os.link", "os.utime", "os.chown",
 ))  # fmt: skip
 _KILL_EVENTS = frozenset(("os.kill", "os.killpg", "signal.pthread_kill"))
-_WATCHED = _VETOED | _FILE_EVENTS | _KILL_EVENTS | {"open", "object.__setattr__", "compile"}
+_WATCHED = _VETOED | _FILE_EVENTS | _KILL_EVENTS | {"open", "object.__setattr__", "compile", "import"}
+_VETOED_IMPORTS = frozenset(("ctypes", "_ctypes"))  # memmove / cast calls are not audited events
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _FORGED_EQ_NODES = 2000
 
@@ -43,7 +44,15 @@ PROTECTED_STDLIB = (
     "contextlib", "inspect", "operator", "math", "re", "warnings", "gc", "atexit", "difflib",
     "pprint", "collections", "copy", "abc", "enum", "time", "select", "errno",
 )  # fmt: skip
-PROTECTED_PREFIXES = ("unittest", "_pytest", "pytest", "pluggy", "polar_")
+# pytest's modules that run tests, make reports and call hooks (not its terminal, logging, ...:
+# changing those alters what is printed, which is never read for outcomes).
+PROTECTED_PYTEST = (
+    "pytest", "_pytest.runner", "_pytest.python", "_pytest.reports", "_pytest.main", "_pytest.skipping",
+    "_pytest.unittest", "_pytest.outcomes", "_pytest.fixtures", "_pytest.nodes", "_pytest.config",
+    "_pytest.hookspec", "_pytest.assertion", "_pytest.assertion.rewrite", "_pytest.assertion.util",
+    "_pytest.python_api", "_pytest.mark", "_pytest.mark.structures",
+)  # fmt: skip
+PROTECTED_PREFIXES = ("unittest", "pluggy", "polar_")
 _SYS_ATTRS = (
     "modules", "meta_path", "path_hooks", "exit", "audit", "addaudithook", "settrace", "setprofile",
     "gettrace", "getprofile", "_getframe", "excepthook", "unraisablehook", "displayhook",
@@ -144,6 +153,8 @@ class Guard:
     def _offence(self, event, args):
         if event in _VETOED or event.startswith("ctypes."):
             return event
+        if event == "import":
+            return f"importing {args[0]}" if args[0] in _VETOED_IMPORTS else None
         if event == "object.__setattr__":
             return f"assigning {args[1]}" if args[1] in _SETATTR_VETOED else None
         if event == "open":
@@ -178,7 +189,8 @@ class Guard:
     def protected_modules(self):
         return [
             m for name, m in list(sys.modules.items())
-            if isinstance(m, types.ModuleType) and (name in PROTECTED_STDLIB or name.startswith(PROTECTED_PREFIXES))
+            if isinstance(m, types.ModuleType)
+            and (name in PROTECTED_STDLIB or name in PROTECTED_PYTEST or name.startswith(PROTECTED_PREFIXES))
         ]  # fmt: skip
 
     def snapshot(self):
@@ -197,7 +209,9 @@ class Guard:
         # Modules imported since the snapshot are not compared (nothing to compare them with).
         moved = {k for k in self._summary if now.get(k) != self._summary[k]}
         current = fingerprint([m for m in modules if m.__name__ in moved], with_sys="sys" in moved)
-        replaced = [k for k, v in self._snapshot.items() if k.split(":", 1)[0] in moved and current.get(k) != v]
+        replaced = [
+            k for k, v in self._snapshot.items() if k.split(":", 1)[0] in moved and current.get(k) != v
+        ]
         added = [k for k in current if k not in self._snapshot and "." in k.split(":", 1)[1]]
         return [k for k in replaced + added if k not in ignore]
 
@@ -257,7 +271,7 @@ class Guard:
 
 
 def fingerprint(modules, with_sys=True):
-    """"module:name" -> identity, for every callable of the modules and of the classes they define,
+    """ "module:name" -> identity, for every callable of the modules and of the classes they define,
     the sys hooks, the import machinery, and which module objects sys.modules maps their names to."""
     out = {}
     if with_sys:
@@ -312,7 +326,7 @@ def _ident(value):
 
 def _cell_full(cell):
     try:
-        cell.cell_contents
+        cell.cell_contents  # noqa: B018  (raises ValueError for an empty cell)
     except ValueError:
         return False
     return True
@@ -375,7 +389,7 @@ def _says_yes_to_anything(obj, methods, extra=()):
                 return True
             if "__contains__" in methods and probe in obj:
                 return True
-        except Exception:  # noqa: BLE001  (a comparison that raises is not a forged one)
+        except Exception:  # noqa: BLE001, S112  (a comparison that raises is not a forged one)
             continue
     return False
 

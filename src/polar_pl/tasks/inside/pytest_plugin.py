@@ -62,13 +62,14 @@ class Plugin:
     # -- per test --------------------------------------------------------------------------------
     def pytest_load_initial_conftests(self, early_config, parser, args):
         """Runs after pytest's own tryfirst implementations (legacypath patches Config here) and
-        before the trylast one that imports the conftests: the reference for checking them."""
+        before the trylast one that imports the conftests: the reference for checking them. (No
+        code under test has run before this point: plugin autoload is off.)"""
         self.guard.snapshot()
-
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session):
-        """pytest has configured itself: its state is the reference for every test."""
+        """pytest has configured itself (changing its own modules, which the conftest check above
+        did not see changed): from here its state is the reference for every test."""
         own = [k for k in self.guard.changed(SESSION_SETUP) if not k.startswith(PYTEST_MODULES)]
         if own:
             self.guard.flag("test machinery replaced while pytest configured: " + ", ".join(own[:5]))
@@ -129,7 +130,6 @@ class Plugin:
     def pytest_assertrepr_compare(self, config, op, left, right):
         if op in ("==", "in", "!="):
             self.guard.forged_equality(left, right)
-        return None
 
     def pytest_assertion_pass(self, item, lineno, orig, expl):
         """Implemented so that pytest builds explanations (and so calls the comparison hook
@@ -150,7 +150,6 @@ class ConftestCheck:
     def pytest_load_initial_conftests(self, early_config, parser, args):
         yield
         self.guard.check(ignore=SESSION_SETUP)
-        self.guard.snapshot()
 
 
 def _outcome(report):

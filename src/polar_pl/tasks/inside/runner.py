@@ -26,11 +26,6 @@ import types
 import unittest
 import unittest.case
 
-try:  # imported now so that code under test importing it later does not trip the guard
-    import ctypes
-except ImportError:  # pragma: no cover  (images without libffi)
-    ctypes = None
-
 import polar_guard
 
 BUNDLE_PREFIX = "<polar-bundle>/"
@@ -51,13 +46,22 @@ def _on_alarm(signum, frame):
 
 def make_undumpable():
     """PR_SET_DUMPABLE 0: no other process of this uid may ptrace us or read /proc/<pid>/mem;
-    PR_SET_PDEATHSIG: we die with the supervisor (a timeout kills it, not our session)."""
+    PR_SET_PDEATHSIG: we die with the supervisor (a timeout kills it, not our session).
+
+    ctypes is dropped from sys.modules afterwards: its import runs `dlopen` (an audited event,
+    blocked for the code under test), while calls such as ctypes.memmove are not audited at all,
+    so a ctypes the code under test finds already imported would let it rewrite memory unseen."""
     try:
+        import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)
         return libc.prctl(4, 0, 0, 0, 0) == 0
-    except (OSError, AttributeError, TypeError):  # no ctypes (None), or no prctl
+    except (ImportError, OSError, AttributeError):  # no libffi, or no prctl
         return False
+    finally:
+        for name in [n for n in sys.modules if n in ("ctypes", "_ctypes") or n.startswith("ctypes.")]:
+            del sys.modules[name]
 
 
 class VerifiedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -71,7 +75,9 @@ class VerifiedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         base = name.replace(".", "/")
         for rel, is_pkg in ((base + "/__init__.py", True), (base + ".py", False)):
             if rel in self.files:
-                spec = importlib.util.spec_from_loader(name, self, origin=self.prefix + rel, is_package=is_pkg)
+                spec = importlib.util.spec_from_loader(
+                    name, self, origin=self.prefix + rel, is_package=is_pkg
+                )
                 spec.has_location = True
                 if is_pkg:
                     spec.submodule_search_locations = [self.prefix + base]
@@ -85,7 +91,7 @@ class VerifiedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         origin = module.__spec__.origin
         module.__file__ = origin
         source = self.files[origin[len(self.prefix) :]]
-        exec(compile(source, origin, "exec", dont_inherit=True), module.__dict__)
+        exec(compile(source, origin, "exec", dont_inherit=True), module.__dict__)  # noqa: S102  (verified bytes)
 
     def get_source(self, name):
         base = name.replace(".", "/")
@@ -152,7 +158,9 @@ class Recorder(unittest.TestResult):
         if who is not None:
             self.guard.flag(f"a test outcome was reported from the code under test ({who})")
         test_id = test.id()
-        if test_id in self.outcomes and not (outcome == "passed" and self.outcomes[test_id]["outcome"] == "xfail"):
+        if test_id in self.outcomes and not (
+            outcome == "passed" and self.outcomes[test_id]["outcome"] == "xfail"
+        ):
             self.guard.flag(f"a second outcome was reported for {test_id}")
             return
         self.outcomes[test_id] = {"outcome": outcome, "detail": detail[-4000:]}
@@ -220,7 +228,11 @@ def run_unittest(kit, guard, results):
 def load_pytest(kit, workspace):
     """The image's pytest when it has one (outside the workspace), else the bundle from the kit."""
     found = importlib.util.find_spec("pytest")
-    own = found is not None and found.origin and not os.path.realpath(found.origin).startswith(workspace + os.sep)
+    own = (
+        found is not None
+        and found.origin
+        and not os.path.realpath(found.origin).startswith(workspace + os.sep)
+    )
     if not own and kit.get("bundle"):
         sys.meta_path.insert(0, VerifiedFinder(ZipFiles(kit["bundle"]), BUNDLE_PREFIX))
     import _pytest
@@ -230,7 +242,7 @@ def load_pytest(kit, workspace):
     plugin = types.ModuleType("polar_pytest_plugin")
     plugin.__file__ = "<polar>/pytest_plugin.py"
     sys.modules[plugin.__name__] = plugin
-    exec(compile(kit["sources"]["polar_pytest_plugin"], plugin.__file__, "exec"), plugin.__dict__)
+    exec(compile(kit["sources"]["polar_pytest_plugin"], plugin.__file__, "exec"), plugin.__dict__)  # noqa: S102
     return pytest, plugin, [os.path.dirname(m.__file__) for m in (_pytest, pluggy, pytest)]
 
 
@@ -268,7 +280,7 @@ def main(kit, rfd, wfd):
     undumpable = make_undumpable()
     workspace = os.getcwd()
     trusted = kit["trusted"]
-    guard = polar_guard.Guard(workspace, trusted, kit.get("framework_dirs", ()))
+    guard = polar_guard.Guard(workspace, trusted)
     guard.boundary.add(sys._getframe().f_code)
     guard.install()
     harden_unittest(guard)
@@ -282,7 +294,8 @@ def main(kit, rfd, wfd):
         sys.meta_path.insert(0, VerifiedFinder(sources, workspace + os.sep))
     sys.path.insert(0, workspace)
     sys.dont_write_bytecode = True
-    guard.snapshot()
+    if kit["mode"] != "pytest":  # pytest's plugin takes its first snapshot before the conftests
+        guard.snapshot()
     guard.armed = True
     if kit["mode"] == "pytest":
         fatal = run_pytest(kit, guard, results, pytest, plugin_module)

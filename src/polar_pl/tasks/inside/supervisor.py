@@ -107,7 +107,7 @@ def run_child(spec, kit, ids, python):
     kit = dict(kit, ids=ids)
     r_ctl, w_ctl = os.pipe()
     r_res, w_res = os.pipe()
-    log = tempfile.TemporaryFile()
+    log = tempfile.TemporaryFile()  # noqa: SIM115  (closed by _tail)
     child = subprocess.Popen(
         [python, "-I", "-B", "-c", BOOT, str(r_ctl), str(w_res)],
         pass_fds=(r_ctl, w_res), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -118,7 +118,7 @@ def run_child(spec, kit, ids, python):
     ticket, nonce = secrets.token_hex(16), secrets.token_hex(16)
     channel = Channel(r_res)
     deadline = time.monotonic() + spec["startup_s"] + spec["timeout_s"] * len(ids)
-    tampering, fatal, results = [], None, {}
+    tampering, fatal, results, reported = [], None, {}, False
     try:
         blob = marshal.dumps(kit)
         os.write(w_ctl, len(blob).to_bytes(8, "big"))
@@ -129,6 +129,7 @@ def run_child(spec, kit, ids, python):
             os.write(w_ctl, (nonce + "\n").encode())
             final = channel.line(time.monotonic() + 30)
             if isinstance(final, dict) and final.get("ticket") == ticket and final.get("nonce") == nonce:
+                reported = True
                 results = {k: v for k, v in final.get("results", {}).items() if k in ids}
                 tampering += final.get("tampering") or []
                 fatal = final.get("fatal")
@@ -142,8 +143,10 @@ def run_child(spec, kit, ids, python):
     code = _wait(child, deadline)
     if code is None:
         fatal = fatal or f"the test process exceeded {deadline - time.monotonic() + 0.0:.0f}s and was killed"
-        results = {i: results.get(i, {"outcome": "timeout", "detail": "killed by the supervisor"}) for i in ids}
-    elif not results and not tampering:
+        results = {
+            i: results.get(i, {"outcome": "timeout", "detail": "killed by the supervisor"}) for i in ids
+        }
+    elif not reported and not tampering:
         if code == 0:
             tampering.append("the test process exited with status 0 without reporting (sys.exit / os._exit)")
         else:
@@ -222,9 +225,18 @@ def main():
         spec_bytes = f.read()
     spec = json.loads(spec_bytes)
     here = os.path.dirname(os.path.abspath(spec_path))
-    sources = {name: _read_verified(os.path.join(here, f), sha).decode() for name, (f, sha) in spec["sources"].items()}
-    trusted = {rel: _read_verified(os.path.join(spec["workspace"], rel), sha) for rel, sha in spec["trusted"].items()}
-    bundle = _read_verified(os.path.join(here, spec["bundle"][0]), spec["bundle"][1]) if spec.get("bundle") else None
+    sources = {
+        name: _read_verified(os.path.join(here, f), sha).decode()
+        for name, (f, sha) in spec["sources"].items()
+    }
+    trusted = {
+        rel: _read_verified(os.path.join(spec["workspace"], rel), sha) for rel, sha in spec["trusted"].items()
+    }
+    bundle = (
+        _read_verified(os.path.join(here, spec["bundle"][0]), spec["bundle"][1])
+        if spec.get("bundle")
+        else None
+    )
     kit = {
         "sources": sources, "mode": spec["mode"], "trusted": trusted, "trusted_sha": spec["trusted"],
         "timeout": spec["timeout_s"], "pytest_args": spec.get("pytest_args", []), "bundle": bundle,

@@ -108,6 +108,7 @@ class GoogleStream:
         self.model = model
         self.array = array
         self.items = 0
+        self._items_before_finish: int | None = None
         self.include_thoughts = include_thoughts
         self.response_id = new_response_id()
         self.calls: dict[int, dict[str, Any]] = {}  # engine index -> {"id", "name", "arguments": [...]}
@@ -142,12 +143,15 @@ class GoogleStream:
 
     def finish(self, finish_reason: str | None, usage: dict[str, Any]) -> bytes:
         self._note_usage({"usage": usage})
+        self._items_before_finish = self.items
         parts = [self._call_part(index) for index in sorted(self.calls)]
         self.calls.clear()
         last = self._event(parts, finish_reason_for(finish_reason or self.finish_reason))
         return last + b"\n]" if self.array else last
 
     def error(self, status: int, message: str) -> bytes:
+        if self._items_before_finish is not None:  # it replaces a finish that was not sent
+            self.items = self._items_before_finish
         out = self._frame(error_payload(status, message))
         return out + b"\n]" if self.array else out
 

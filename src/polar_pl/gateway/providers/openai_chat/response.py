@@ -6,6 +6,7 @@ error shape and the model list.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from polar_pl.gateway.providers.base import NormalizedRequest
@@ -37,6 +38,9 @@ _ERROR_TYPES = {
     429: "rate_limit_error",
 }
 _ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 429: "rate_limit_exceeded", 504: "timeout"}
+# OpenAI's code for a prompt past the context; Codex stops retrying on it instead of hammering an
+# engine with a prompt that cannot fit.
+CONTEXT_TOO_LONG = re.compile(r"context length|context window|maximum context|too many tokens", re.IGNORECASE)
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
@@ -45,7 +49,9 @@ def error_body(status: int, message: str) -> dict[str, Any]:
             "message": message,
             "type": _ERROR_TYPES.get(status, "server_error"),
             "param": None,
-            "code": _ERROR_CODES.get(status),
+            "code": "context_length_exceeded"
+            if CONTEXT_TOO_LONG.search(message)
+            else _ERROR_CODES.get(status),
         }
     }
 

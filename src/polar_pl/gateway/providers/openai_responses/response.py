@@ -10,11 +10,11 @@ per tool call; a stream builds the same items (stream.py).
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Any
 
 from polar_pl.gateway.providers.base import NormalizedRequest
+from polar_pl.gateway.providers.openai_chat.response import CONTEXT_TOO_LONG
 
 # finish_reason -> incomplete_details.reason; any other reason completes the response.
 INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -29,10 +29,6 @@ ERROR_TYPES = {
     429: "rate_limit_error",
 }
 ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 429: "rate_limit_exceeded", 504: "timeout"}
-# Codex stops retrying on this code instead of hammering an engine with a prompt that cannot fit.
-_CONTEXT_TOO_LONG = re.compile(
-    r"context length|context window|maximum context|too many tokens", re.IGNORECASE
-)
 
 
 def new_id(prefix: str) -> str:
@@ -40,7 +36,7 @@ def new_id(prefix: str) -> str:
 
 
 def error_code(status: int, message: str) -> str | None:
-    if _CONTEXT_TOO_LONG.search(message):
+    if CONTEXT_TOO_LONG.search(message):
         return "context_length_exceeded"
     return ERROR_CODES.get(status, "server_error" if status >= 500 else None)
 

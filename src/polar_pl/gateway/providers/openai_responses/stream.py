@@ -58,6 +58,7 @@ class ResponsesStreamTranslator:
         self._usage: dict[str, Any] | None = None
         self._started = False
         self._ended = False
+        self._failed = False
         self.anomalies: list[str] = []  # engine chunks the grammar could not place
 
     # -- contract --
@@ -110,11 +111,11 @@ class ResponsesStreamTranslator:
         return b"".join(out)
 
     def error(self, status: int, message: str) -> bytes:
-        if self._ended:
+        if self._failed:  # (after finish: it replaces the finish events, which were not sent)
             return b""
         out = [self.start()]
         self._close(out, "incomplete")
-        self._ended = True
+        self._ended = self._failed = True
         err = {"code": error_code(status, message) or "server_error", "message": message}
         resp = self._envelope("failed", self._items, None, error=err)
         out.append(self._event("response.failed", response=resp))
