@@ -34,7 +34,7 @@ $(VENV)/.installed: pyproject.toml
 
 test-env: $(VENV)/.test-installed
 $(VENV)/.test-installed: $(VENV)/.installed
-	$(BIN)/pip install $(PIP_Q) -e ".[test,qwen,tasks]"
+	$(BIN)/pip install $(PIP_Q) -e ".[test,qwen,tasks,ray]"
 	touch $@
 
 # vLLM's CPU build lives in its own environment: it pins its own transformers and friends.
@@ -78,4 +78,4 @@ browser-deps:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
 lint: env
-	$(BIN)/ruff check src tests bench train.py
+	$(BIN)/ruff check src tests bench examples train.py

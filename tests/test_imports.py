@@ -12,9 +12,11 @@ import polar_pl
 SRC = Path(polar_pl.__file__).parent
 
 # package -> packages it must never import (the values are top-level packages of polar_pl).
-PARTS = {"chat", "datamodule", "engine", "gateway", "harness", "module", "sandbox", "sft", "tasks", "testing"}
+PARTS = {"chat", "datamodule", "engine", "gateway", "harness", "module", "rollout", "sandbox", "sft", "tasks",
+         "testing"}
 FORBIDDEN: dict[str, set[str]] = {
-    "gateway": {"datamodule", "engine", "harness", "module", "sandbox", "sft", "tasks", "testing"},
+    "gateway": {"datamodule", "engine", "harness", "module", "rollout", "sandbox", "sft", "tasks", "testing"},
+    "rollout": {"module"},  # where sessions run knows nothing of the training math
     "chat": PARTS - {"chat"},
 }
 

@@ -5,6 +5,7 @@ a checkpoint, loggers finalised as "killed", exit code 128 + the signal."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from contextlib import nullcontext
@@ -14,10 +15,11 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
 from polar_pl.datamodule.progress import LiveProgress
+from polar_pl.engine.replicas import EngineReplicas
 from polar_pl.monitor.noise import quiet
 from polar_pl.shutdown import GracefulShutdown
 
@@ -32,9 +34,11 @@ def build_parts(cfg: DictConfig) -> dict[str, Any]:
     tasks = source.tasks()
     evaluator = source.make_evaluator(sandbox)
     builder = instantiate(cfg.merge)
-    engine = instantiate(cfg.engine)
+    engine = build_engine(cfg.engine)
+    rollout = instantiate(cfg.rollout) if cfg.get("rollout") else None
     datamodule: RolloutDataModule = instantiate(cfg.datamodule)(
-        engine=engine, sandbox=sandbox, harness=harness, tasks=tasks, evaluator=evaluator, builder=builder
+        engine=engine, sandbox=sandbox, harness=harness, tasks=tasks, evaluator=evaluator, builder=builder,
+        rollout=rollout,
     )
     return {
         "harness": harness,
@@ -44,6 +48,19 @@ def build_parts(cfg: DictConfig) -> dict[str, Any]:
         "engine": engine,
         "datamodule": datamodule,
     }
+
+
+def build_engine(cfg: DictConfig) -> Any:
+    """The `engine` group's handle; `engine.replicas: N` > 1 puts N of them behind one handle."""
+    node = copy.deepcopy(cfg)
+    with open_dict(node):
+        n = int(node.pop("replicas", 1) or 1)
+    if n == 1:
+        return instantiate(node)
+    if n < 1 or node.get("port") is not None or node.get("url") is not None:
+        raise ValueError(f"engine.replicas={n}: needs engine.port=null and engine.url=null (each replica "
+                         "is launched on a free port)")  # fmt: skip
+    return EngineReplicas([instantiate(node) for _ in range(n)])
 
 
 def sweep_leftovers(cfg: DictConfig) -> None:

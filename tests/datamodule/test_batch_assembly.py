@@ -20,10 +20,15 @@ class Version:
 
 
 class Released:
-    """Hands out prepared groups in order, as RolloutService.next_groups does."""
+    """A rollout client (`RolloutClient`) handing out prepared groups in order, as
+    RolloutService.next_groups does; the datamodule calls start_groups before the first batch."""
 
     def __init__(self, groups: list[Group]) -> None:
         self.groups = list(groups)
+        self.cursor: dict | None = None
+
+    def start_groups(self, cursor):
+        self.cursor = cursor
 
     def next_groups(self, n, timeout=None, *, consume=True):
         out, self.groups = self.groups[:n], self.groups[n:]

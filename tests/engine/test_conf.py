@@ -8,21 +8,26 @@ import pytest
 from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 
 from polar_pl.engine.embedded import EmbeddedEngine
 from polar_pl.engine.protocol import Engine
+from polar_pl.engine.replicas import EngineReplicas
 from polar_pl.engine.vllm_engine import VLLMEngine
+from polar_pl.training import build_engine
+
+
+def compose_engine(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    HydraConfig().set_config(cfg)
+    return cfg.engine
 
 
 @pytest.mark.parametrize(("choice", "cls"), [("embedded", EmbeddedEngine), ("vllm", VLLMEngine)])
 def test_engine_group_instantiates(choice, cls, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("POLAR_TINY_MODEL", str(tiny_model_dir))
     monkeypatch.setenv("POLAR_VLLM_PYTHON", "/opt/vllm/bin/python")
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose(config_name="config", overrides=[f"engine={choice}"], return_hydra_config=True)
-    HydraConfig().set_config(cfg)
-    engine = instantiate(cfg.engine)
+    engine = build_engine(compose_engine(f"engine={choice}"))
     assert isinstance(engine, cls) and isinstance(engine, Engine)
     assert engine.model_dir == Path(tiny_model_dir)
     if choice == "vllm":
@@ -55,3 +60,14 @@ def test_vllm_python_comes_from_env_or_path_and_is_a_clear_error_when_absent(tmp
     assert vllm_python() == sys.executable
     monkeypatch.setenv("POLAR_VLLM_PYTHON", "/opt/vllm/bin/python")
     assert vllm_python() == "/opt/vllm/bin/python"
+
+
+@pytest.mark.parametrize("choice", ["embedded", "vllm"])
+def test_engine_replicas_build_one_handle_over_n_engines(choice, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("POLAR_TINY_MODEL", str(tiny_model_dir))
+    engines = build_engine(compose_engine(f"engine={choice}", "engine.replicas=2"))
+    assert isinstance(engines, EngineReplicas) and isinstance(engines, Engine)
+    assert len(engines.engines) == 2 and engines.engines[0] is not engines.engines[1]
+    assert engines.model_dir == Path(tiny_model_dir)  # what the replicas share, from the first
+    with pytest.raises(ValueError, match=r"engine.replicas=2: needs engine.port=null"):
+        build_engine(compose_engine(f"engine={choice}", "engine.replicas=2", "engine.port=8000"))

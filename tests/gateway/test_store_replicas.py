@@ -13,6 +13,7 @@ from polar_pl.engine.server import create_app as create_engine_app
 from polar_pl.gateway.handle import Gateway
 from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.gateway.store.traces import TraceStore, read_records
+from polar_pl.gateway.upstream.replicas import ReplicaPool
 from polar_pl.testing.scripted import Reply, ScriptedBackend, serve_scripted
 from polar_pl.utils.serving import ServerThread
 
@@ -167,3 +168,10 @@ def test_stop_with_streams_in_flight_loses_no_record(tiny_model_dir, tmp_path, s
     recs = read_records(path)
     assert sorted(r.session_id for r in recs) == sorted(s.session_id for s in sessions)
     assert all(r.status in ("ok", "aborted") and r.response_ids for r in recs)
+
+
+def test_gateways_in_front_of_the_same_replicas_do_not_all_start_on_the_first():
+    """With rollout=ray every worker has its own gateway: each sent its first session to replica 0
+    (ties broke by list order), so one engine took every worker's first sessions."""
+    firsts = {ReplicaPool(["http://a:1", "http://b:2"], client=None).pick("s").url for _ in range(40)}
+    assert firsts == {"http://a:1", "http://b:2"}

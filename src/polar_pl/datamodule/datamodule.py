@@ -1,11 +1,12 @@
-"""RolloutDataModule: owns the engine, the gateway and the stage pools, and yields training batches.
+"""RolloutDataModule: owns the engine and a rollout client, and yields training batches.
 
-`setup` starts (or connects to) the engine, starts the gateway in-process in front of it, and
-starts the rollout service; `train_dataloader` yields one collated batch of complete GRPO groups
-per optimisation step while the pools keep producing the next ones; `teardown` stops everything,
-also after an exception or Ctrl-C. `interrupt` (from a signal handler) admits no new rollout and
-cancels the running ones at once; the batches then end. `state_dict` / `load_state_dict` carry the
-task cursor and the policy version across a resume.
+`setup` starts (or connects to) the engine and connects the rollout client of the `rollout=`
+backend (`local`: a gateway and the stage pools in this process; `ray`: workers on a Ray
+cluster); `train_dataloader` yields one collated batch of complete GRPO groups per optimisation
+step while the rollouts keep producing the next ones; `teardown` stops everything, also after an
+exception or Ctrl-C. `interrupt` (from a signal handler) admits no new rollout and cancels the
+running ones at once; the batches then end. `state_dict` / `load_state_dict` carry the task
+cursor and the policy version across a resume.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from polar_pl.datamodule.collate import TrainBatch, collate
 from polar_pl.datamodule.pools import INFRA_FAILURE, PoolSizes
-from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
+from polar_pl.datamodule.rollout import RolloutOptions
 from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.datamodule.service import Group, RolloutService, RolloutsStopped
+from polar_pl.datamodule.service import Group, RolloutsStopped
 from polar_pl.datamodule.trajectory import MergeStats
 from polar_pl.gateway.handle import Gateway
+from polar_pl.rollout.local import LocalRollout
+from polar_pl.rollout.protocol import HarnessStages, RolloutBackend, RolloutClient, RolloutSetup
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +55,9 @@ class RolloutDataModule(L.LightningDataModule):
         `tokenizer_dir`, which turns token-faithful prompts on (both engines take token prompts).
     pause_on_push: while new weights are pushed, new engine calls wait at the gateway; "drain"
         also waits for calls in flight to finish, "keep" lets them run on; None: no pause.
+    rollout: where sessions run, a `RolloutBackend` (Hydra group `rollout=`); None: this process.
     engine_down_s: an engine that has not answered its health check for this long while the
-        trainer waits for rollouts ends the run (`PartDown`) instead of failing every rollout
+        trainer waits for rollouts ends the run (`PartDown`; rollout=local) instead of failing every rollout
         for ever; so does a gateway whose server stopped.
     """
 
@@ -83,6 +87,7 @@ class RolloutDataModule(L.LightningDataModule):
         gateway_options: dict[str, Any] | None = None,
         progress: bool = True,
         pause_on_push: str | None = "keep",
+        rollout: RolloutBackend | None = None,
         engine_down_s: float = 15.0,
     ) -> None:
         super().__init__()
@@ -105,8 +110,12 @@ class RolloutDataModule(L.LightningDataModule):
                 f"datamodule.pause_on_push={pause_on_push!r}: allowed values are drain, keep, null"
             )
         self.pause_on_push = pause_on_push
-        self.gateway: Gateway | None = None
-        self.service: RolloutService | None = None
+        self.rollout = rollout or LocalRollout()
+        self.gateway: Gateway | None = None  # rollout=local: the in-process gateway
+        self.service: RolloutClient | None = None
+        self._started = False
+        if hasattr(engine, "on_take_out"):  # engine replicas: one that failed a push leaves every gateway
+            engine.on_take_out.append(self._take_out_engine)
         self._resume: dict[str, Any] = {}
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.counters: Counter[str] = Counter()
@@ -125,50 +134,71 @@ class RolloutDataModule(L.LightningDataModule):
 
     # ---- lifecycle ------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
-        if self.gateway is not None:
-            return
+        if self.service is not None or self._rank()[0] != 0:
+            return  # a multi-process trainer: rank 0 owns the engine and the rollouts
         try:
             t0 = time.monotonic()
             self.engine.start()
             log.info("engine ready: %s at %s (%.1f s)", type(self.engine).__name__, self.engine.url,
                      time.monotonic() - t0)  # fmt: skip
-            store = self.store_path or self._tmp_store()
-            options = dict(self.gateway_options)
-            model_dir = getattr(self.engine, "model_dir", None)
-            if model_dir is not None:
-                options.setdefault("tokenizer_dir", str(model_dir))
-            self.gateway = Gateway([self.engine.url], store, **options).start()
-            log.info("gateway ready: %s, traces in %s", self.gateway.url, store)
+            setup = self._rollout_setup()
+            self.service = self.rollout.connect(setup)
+            self.gateway = getattr(self.service, "gateway", None)
+            if self.gateway is not None:
+                log.info("gateway ready: %s, traces in %s", self.gateway.url, setup.store_path)
+            else:
+                log.info("rollouts ready: %s, traces next to %s", type(self.service).__name__, setup.store_path)
         except BaseException:
             self.teardown()
             raise
 
-    def _start_service(self) -> RolloutService:
-        """Started on first use, after Lightning restored `load_state_dict` on a resume."""
+    def _rank(self) -> tuple[int, int]:
+        """(global rank, world size) of the trainer this datamodule feeds; (0, 1) without one."""
+        t = self.trainer
+        return (t.global_rank, t.world_size) if t is not None else (0, 1)
+
+    def _take_out_engine(self, url: str) -> None:
+        if self.service is not None:
+            self.service.take_out_engine(url)
+
+    def _rollout_setup(self) -> RolloutSetup:
+        options = dict(self.gateway_options)
+        model_dir = getattr(self.engine, "model_dir", None)
+        if model_dir is not None:
+            options.setdefault("tokenizer_dir", str(model_dir))
+        return RolloutSetup(
+            stages=HarnessStages(self.sandbox, self.harness, self.evaluator, self.builder, self.options),
+            tasks=self.tasks,
+            group_size=self.group_size,
+            sizes=self.sizes,
+            max_groups_in_flight=self.max_groups_in_flight,
+            group_deadline_s=self.group_deadline_s,
+            engine_urls=tuple(getattr(self.engine, "urls", None) or [self.engine.url]),
+            store_path=self.store_path or self._tmp_store(),
+            gateway_options=options,
+        )
+
+    def rollouts(self) -> RolloutClient:
+        """The rollout client with groups started (the HTTP rollout service drives it directly)."""
+        return self._start_service()
+
+    def _start_service(self) -> RolloutClient:
+        """Groups start on first use, after Lightning restored `load_state_dict` on a resume."""
         if self.interrupted:
             raise RolloutsStopped("the run is shutting down: no new rollouts")
-        if self.service is None:
-            assert self.gateway is not None, "setup() first"
-            stages = HarnessRolloutStages(
-                self.gateway, self.sandbox, self.harness, self.evaluator, self.builder, self.options
-            )
-            self.service = RolloutService(
-                stages,
-                self.tasks,
-                group_size=self.group_size,
-                sizes=self.sizes,
-                max_groups_in_flight=self.max_groups_in_flight,
-                group_deadline_s=self.group_deadline_s,
-                **self._resume.get("service", {}),
-            )
-            self.service.health = self._health
-            self.service.start()
+        assert self.service is not None, "setup() first"
+        if not self._started:
+            if hasattr(self.service, "health"):  # rollout=local: its service checks while it waits
+                self.service.health = self._health
+            self.service.start_groups(self._resume.get("service", {}))
+            self._started = True
             self._stage_mark = (time.monotonic(), {})
         return self.service
 
     def teardown(self, stage: str | None = None) -> None:
-        """Stop pools (every sandbox and session cleaned), then gateway, then engine. Idempotent."""
-        for stop in (self._stop_service, self._stop_gateway, self.engine.stop):
+        """Stop rollouts (every sandbox and session cleaned, gateways flushed), then the engine.
+        Idempotent."""
+        for stop in (self._stop_service, self.engine.stop):
             try:
                 stop()
             except Exception:
@@ -209,15 +239,17 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _stop_service(self, timeout: float = 60.0) -> None:
         with self._service_lock:
-            if self.service is not None:
-                self._resume["service"] = self.service.state_dict()  # a checkpoint after this still knows
-                self.service.stop(timeout)
-                self.service = None
-
-    def _stop_gateway(self) -> None:
-        if self.gateway is not None:
-            self.gateway.stop()
-            self.gateway = None
+            if self.service is None:
+                return
+            try:
+                if self._started:  # a checkpoint after this still knows the cursor
+                    self._resume["service"] = self.service.state_dict()
+            except Exception:  # a lost controller: the last checkpoint's cursor stands
+                log.exception("rollouts: no resume cursor at stop")
+            try:
+                self.service.close(timeout)
+            finally:
+                self.service, self.gateway, self._started = None, None, False
 
     def _tmp_store(self) -> str:
         self._tmp = tempfile.TemporaryDirectory(prefix="polar-traces-")
@@ -274,9 +306,31 @@ class RolloutDataModule(L.LightningDataModule):
         self._batch_groups.append(groups)
         return batch
 
+    def shared_batch(self) -> TrainBatch:
+        """`next_batch` on rank 0; under a multi-process trainer every rank gets rank 0's batch
+        (each trains on its share of it, see GRPOModule). An error on rank 0 reaches every rank."""
+        rank, world = self._rank()
+        if world == 1:
+            return self.next_batch()
+        box: Any = None
+        if rank == 0:
+            try:
+                box = self.next_batch()
+            except BaseException as exc:
+                stopped = isinstance(exc, RolloutsStopped)  # an interrupt ends every rank's epoch alike
+                why = exc if stopped else RuntimeError(f"rank 0 made no batch: {exc!r}")
+                self.trainer.strategy.broadcast(why, src=0)
+                raise
+        box = self.trainer.strategy.broadcast(box, src=0)
+        if isinstance(box, BaseException):
+            raise box
+        if rank != 0:
+            self._issued.append([])  # the step count (batches_done) advances on every rank
+        return box
+
     def live_metrics(self) -> dict[str, float]:
         """Stage gauges for the live display (empty until the pools start)."""
-        return self.service.metrics() if self.service is not None else {}
+        return self.service.metrics() if self._started and self.service is not None else {}
 
     @property
     def last_metrics(self) -> dict[str, float]:
@@ -362,16 +416,14 @@ class RolloutDataModule(L.LightningDataModule):
             m.update({k: float(v) for k, v in sum(stats, MergeStats()).to_metrics("merge").items()})
         m.update({f"datamodule/{k}": float(v) for k, v in self.counters.items()})
         if self.service is not None:
-            m.update(self.service.metrics())
+            svc = self.service.metrics()  # pool/*, gateway/*, rollout/* of the backend
+            m.update(svc)
             m.update(self._stage_busy(m))
-        if self.gateway is not None:
-            stats = self.gateway.stats()
-            busy_s, up_s = stats.get("gateway/engine_busy_s", 0.0), stats.get("gateway/uptime_s", 0.0)
+            busy_s, up_s = svc.get("gateway/engine_busy_s", 0.0), svc.get("gateway/uptime_s", 0.0)
             last_busy, last_up = self._busy_mark
             if up_s > last_up:
                 m["rollout/engine_busy"] = (busy_s - last_busy) / (up_s - last_up)  # since the last batch
             self._busy_mark = (busy_s, up_s)
-            m.update({k: float(v) for k, v in stats.items() if isinstance(v, int | float)})
         return m
 
     def _stage_busy(self, m: dict[str, float]) -> dict[str, float]:
@@ -393,17 +445,22 @@ class RolloutDataModule(L.LightningDataModule):
         if self._batch_metrics:
             self._batch_metrics.popleft()
             self._batch_groups.popleft()
-        if self._issued and self.service is not None:
-            self.service.mark_consumed(self._issued.popleft())
+        if self._issued:
+            seqs = self._issued.popleft()
+            if seqs and self._started and self.service is not None:
+                self.service.mark_consumed(seqs)
             self.batches_done += 1
 
     # ---- resume ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        # rank 0 owns the engine (also after an interrupt closed the rollouts); other ranks carry rank 0's
+        rank0 = self._rank()[0] == 0
+        version = self.engine.policy_version() if rank0 else self._resume.get("policy_version", 0)
         state: dict[str, Any] = {
-            "policy_version": int(self.engine.policy_version()),
+            "policy_version": int(version),
             "batches_done": self.batches_done,
         }
-        if self.service is not None:
+        if self._started and self.service is not None:
             state["service"] = self.service.state_dict()
         elif "service" in self._resume:
             state["service"] = self._resume["service"]
@@ -441,15 +498,16 @@ class _Batches(IterableDataset):
     def __iter__(self) -> Iterator[TrainBatch]:
         for _ in range(max(0, self.dm.steps - self.dm.batches_done)):
             try:
-                batch = self.dm.next_batch()
+                batch = self.dm.shared_batch()
             except RolloutsStopped:  # interrupted: the epoch (and, with should_stop, the run) ends
                 return
             yield batch
 
 
 class PausingEngine:
-    """The datamodule's engine with `update_weights_*` wrapped in a gateway pause, so no engine call
-    starts while weights change (mode "drain" also lets the calls in flight finish first)."""
+    """The datamodule's engine with `update_weights_*` wrapped in a pause of every gateway (the
+    rollout client's), so no engine call starts while weights change (mode "drain" also lets the
+    calls in flight finish first)."""
 
     def __init__(self, dm: RolloutDataModule) -> None:
         object.__setattr__(self, "_dm", dm)
@@ -461,7 +519,7 @@ class PausingEngine:
         setattr(self._dm.engine, name, value)
 
     def _paused(self, update: Callable[..., int], *args: Any) -> int:
-        gateway, mode = self._dm.gateway, self._dm.pause_on_push
+        gateway, mode = self._dm.service, self._dm.pause_on_push
         if gateway is None:
             return update(*args)
         if mode is None:

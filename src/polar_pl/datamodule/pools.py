@@ -22,7 +22,8 @@ from polar_pl.sandbox.infra import InfraError
 
 OK, TIMEOUT, FAILED = "ok", "timeout", "failed"
 HARNESS_ERROR = "harness_error"  # the CLI exited non-zero or got an API error (datamodule/outcome.py)
-# The infrastructure failed (sandbox start, image, exec, copy, host), not the policy: never trained.
+# The infrastructure failed (sandbox start, image, exec, copy, host; a lost rollout worker or node
+# with its retries spent), not the policy: never trained.
 INFRA_FAILURE = "infra_failure"
 
 

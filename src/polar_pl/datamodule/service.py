@@ -60,10 +60,15 @@ class _Pending:
 class RolloutService:
     """Runs `StagePools` over a task sequence on its own thread.
 
-    tasks: indexable task source; task `seq` i is `tasks[i % len(tasks)]`.
+    tasks: indexable task source; task `seq` i is `tasks[i % len(tasks)]` (a `TaskQueue`: `tasks[i]`,
+    once submitted).
     group_size: attempts per task (G). group_deadline_s: a group is released with what finished
     by then. start_seq / skip_seqs: resume point (see `state_dict`). limit: feed only seqs below
     it (a bounded run, such as SFT data generation, starts no group it will not collect).
+    pools: a zero-argument factory, called on the service's event loop, for what runs the jobs
+    (default: `StagePools(stages, sizes)` in this process; `polar_pl.rollout.ray_pools.RayPools`
+    spreads them over Ray workers). It needs `start()`, `await submit(job)`, a `results` queue,
+    `metrics()` and `await stop()`.
     """
 
     def __init__(
@@ -79,8 +84,9 @@ class RolloutService:
         skip_seqs: Sequence[int] = (),
         id_prefix: str | None = None,
         limit: int | None = None,
+        pools: Callable[[], Any] | None = None,
     ) -> None:
-        if len(tasks) == 0:
+        if len(tasks) == 0 and not hasattr(tasks, "wait"):
             raise ValueError("task source is empty: datamodule needs at least one task")
         self.stages, self.tasks, self.sizes = stages, tasks, sizes
         self.group_size = group_size
@@ -100,6 +106,7 @@ class RolloutService:
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-service", daemon=True)
         self._main: Future | None = None
         self._main_task: asyncio.Task | None = None
+        self._make_pools = pools or (lambda: StagePools(self.stages, self.sizes))
         self.pools: StagePools | None = None
         self.error: BaseException | None = None
         self.stopping = False
@@ -211,7 +218,7 @@ class RolloutService:
         workers = self.sizes.init + self.sizes.running + self.sizes.postrun + 2
         executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout-stage")
         asyncio.get_running_loop().set_default_executor(executor)
-        self.pools = StagePools(self.stages, self.sizes)
+        self.pools = self._make_pools()
         self.pools.start()
         pending: dict[str, _Pending] = {}
         feeder = asyncio.create_task(self._feed(pending))
@@ -238,7 +245,7 @@ class RolloutService:
             self.next_seq += 1
             if seq in self._taken:
                 continue
-            task = self.tasks[seq % len(self.tasks)]
+            task = await self._task(seq)
             self._prefetch(seq)
             group_id = f"{self.id_prefix}-g{seq}"
             ids = [f"{group_id}-r{m}" for m in range(self.group_size)]
@@ -248,10 +255,17 @@ class RolloutService:
                     return
                 await self.pools.submit(RolloutJob(rid, group_id, task, member=m))
 
+    async def _task(self, seq: int) -> Any:
+        wait = getattr(self.tasks, "wait", None)
+        if wait is not None:  # a queue fed from outside (polar_pl.rollout.tasks): seq i is task i
+            await wait(seq)
+            return self.tasks[seq]
+        return self.tasks[seq % len(self.tasks)]
+
     def _prefetch(self, seq: int) -> None:
         """Hand the stages the tasks that come after `seq` (images pulled ahead of the cursor)."""
         depth = int(getattr(self.stages, "prefetch_depth", 0) or 0)
-        if depth:
+        if depth and not hasattr(self.tasks, "wait"):  # a task queue has no known future
             end = seq + 1 + depth if self.limit is None else min(seq + 1 + depth, self.limit)
             upcoming = range(seq, end)
             self.stages.prefetch([self.tasks[s % len(self.tasks)] for s in upcoming if s not in self._taken])

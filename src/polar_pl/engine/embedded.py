@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, Self
@@ -29,6 +30,10 @@ from polar_pl.engine.process import ServerProcess, healthy
 from polar_pl.engine.weights import save_state_dict
 from polar_pl.utils import tokens
 from polar_pl.utils.serving import ServerThread, free_port
+
+# transformers builds a model under a process-global meta-device context: two replicas loading on
+# two threads at once broke with "Cannot copy out of meta tensor".
+_LOAD_LOCK = threading.Lock()
 
 
 class EmbeddedEngine:
@@ -91,15 +96,16 @@ class EmbeddedEngine:
             from polar_pl.engine.server import create_app
             from polar_pl.engine.transformers_backend import TransformersBackend
 
-            self.backend = TransformersBackend(
-                self.model_dir,
-                model_name=self.served_model_name,
-                device=self.device,
-                max_batch_size=self.max_batch_size,
-                max_model_len=self.max_model_len,
-                num_threads=self.num_threads,
-                prefix_cache_mb=self.prefix_cache_mb,
-            )
+            with _LOAD_LOCK:
+                self.backend = TransformersBackend(
+                    self.model_dir,
+                    model_name=self.served_model_name,
+                    device=self.device,
+                    max_batch_size=self.max_batch_size,
+                    max_model_len=self.max_model_len,
+                    num_threads=self.num_threads,
+                    prefix_cache_mb=self.prefix_cache_mb,
+                )
             self._thread = ServerThread(
                 create_app(
                     self.backend, reasoning_parser=self.reasoning_parser, admin_token=self.admin_token

@@ -131,6 +131,11 @@ class Gateway:
         not): call it after a weight push, before `resume()`."""
         self.runtime.proxy.version_hint = int(version)
 
+    def take_out_upstream(self, url: str) -> None:
+        """Stop routing to this engine replica for good (it failed a weight push)."""
+        pool = self.runtime.pool
+        self._on_loop(self._async(lambda: pool.take_out(url)), timeout=10.0)
+
     @property
     def paused(self) -> bool:
         return self.runtime.gate.paused

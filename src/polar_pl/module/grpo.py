@@ -18,6 +18,13 @@ Per batch (`update`):
 
 Optimisation is manual (`automatic_optimization = False`): Lightning's global step counts
 optimiser steps, so a batch advances it by epochs x minibatches, and a skipped batch by 0.
+
+Several processes (`trainer.devices=N`, Lightning's `ddp`; `fsdp` on GPU): every rank holds the
+whole batch (the datamodule broadcasts rank 0's), so advantages and aggregation weights are the
+one-process ones (global normalisation); each rank runs forward/backward on its round-robin share
+of every minibatch's micro-batches, adding empty backward passes so all ranks run as many (each
+one reduces the gradients), with the loss scaled by N against the strategy's averaging: the
+gradient is the one-process gradient. Rank 0 pushes the weights and every rank learns the version.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from polar_pl.module.model import Frozen, enable_checkpointing, load_model
 from polar_pl.module.prepare import Prepared, prepare, unit_sums
 from polar_pl.module.rollouts import Rollouts
 from polar_pl.module.validate import check_config
-from polar_pl.module.weight_sync import WeightSync
+from polar_pl.module.weight_sync import WeightSync, hf_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +187,7 @@ class GRPOModule(L.LightningModule):
         if self.optimizer_steps and self.weight_sync is not None:
             # Resumed (Lightning restores the weights before this hook): the engine started from the
             # initial checkpoint, so it must receive the trained weights before the first rollout.
-            self.weight_sync.push(self.model)
+            self._push()
 
     def on_fit_end(self) -> None:
         if self.weight_sync is not None:
@@ -208,6 +215,8 @@ class GRPOModule(L.LightningModule):
     def current_version(self) -> int:
         """The engine's policy version now (the staleness reference)."""
         sync = self.weight_sync
+        if self._world() > 1 and self.global_rank != 0:
+            return self.own_version  # only rank 0 talks to the engine; it broadcasts each version
         if sync is not None and sync.engine is not None:
             return sync.policy_version()
         return self.own_version
@@ -318,6 +327,7 @@ class GRPOModule(L.LightningModule):
         }
         norms: list[float] = []
         push_s = 0.0
+        world = self._world()
         for _ in range(self.epochs):
             order = (
                 torch.randperm(n, generator=gen).to(mask.device)
@@ -328,16 +338,23 @@ class GRPOModule(L.LightningModule):
                 mb for mb in torch.tensor_split(order, self.minibatches) if mb.numel() and mask[mb].sum() > 0
             ]
             for mb in mbs:
+                # nothing trainable in a micro-batch: no forward (on every rank alike)
+                mine, pad = self._share([idx for idx in self._micro(mb, batch) if mask[idx].sum() > 0])
                 # x len(mbs): each optimiser step carries its share of the batch at full scale.
-                for idx in self._micro(mb, batch):
-                    if mask[idx].sum() == 0:  # nothing trainable in these sequences: no forward
-                        continue
+                for idx in mine:
                     self._micro_step(
-                        batch, prep, idx, weights[idx] * len(mbs), mask, tok_adv, old, ref, corr, sums
+                        batch, prep, idx, weights[idx] * len(mbs), mask, tok_adv, old, ref, corr, sums,
+                        grad_scale=world,
                     )
+                for _ in range(pad):
+                    self._backward(self._touch_all())
                 norms.append(self._step(optimizer, scheduler))
                 push_s += self._maybe_push()
         steps = max(len(norms), 1)
+        if world > 1:  # every rank saw only its share
+            keys = list(sums)
+            total = self.trainer.strategy.reduce(torch.stack([sums[k] for k in keys]), reduce_op="sum")
+            sums = dict(zip(keys, total, strict=True))
         return {
             "train/loss": float(sums["loss"]) / steps,  # mean over optimiser steps
             "train/clip_frac": float(sums["clipped"] / sums["tokens"].clamp(min=1.0)),
@@ -348,8 +365,10 @@ class GRPOModule(L.LightningModule):
             "train/lr": float(optimizer.param_groups[0]["lr"]),
         }
 
-    def _micro_step(self, batch, prep: Prepared, idx, w, mask, tok_adv, old, ref, corr, sums) -> None:
-        """Forward, loss and backward of one micro-batch (sequences `idx`, token weights `w`)."""
+    def _micro_step(self, batch, prep: Prepared, idx, w, mask, tok_adv, old, ref, corr, sums,
+                    grad_scale: int = 1) -> None:  # fmt: skip
+        """Forward, loss and backward of one micro-batch (sequences `idx`, token weights `w`);
+        grad_scale: the number of ranks whose gradients the strategy averages."""
         logp, ent = token_logprobs(
             self.model, *self._inputs(batch, idx), sampling=prep.sampling[idx],
             with_entropy=self.entropy_coef > 0, chunk_tokens=self.logprob_chunk_tokens, need=mask[idx],
@@ -365,7 +384,7 @@ class GRPOModule(L.LightningModule):
         if self.entropy_coef > 0:
             per_token = per_token - self.entropy_coef * ent
         loss = torch.where(w > 0, per_token * w, 0.0).sum()
-        self._backward(loss)
+        self._backward(loss * grad_scale + self._touch_all() if grad_scale > 1 else loss)
         sums["loss"] += loss.detach()
         sums["clipped"] += (clipped * m).sum()
         sums["tokens"] += m.sum()
@@ -378,6 +397,24 @@ class GRPOModule(L.LightningModule):
         if self.micro_batch_tokens is not None:
             size = min(size, max(1, self.micro_batch_tokens // max(batch.input_ids.shape[1], 1)))
         return list(torch.split(idx, size))
+
+    def _world(self) -> int:
+        return self._trainer.world_size if self._trainer is not None else 1
+
+    def _share(self, micros: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
+        """This rank's micro-batches (round-robin), and how many empty backward passes it adds so
+        that every rank runs as many (DDP and FSDP reduce gradients in each backward)."""
+        world = self._world()
+        if world == 1:
+            return micros, 0
+        mine = micros[self.global_rank :: world]
+        return mine, -(-len(micros) // world) - len(mine)
+
+    def _touch_all(self) -> torch.Tensor:
+        """0, with a gradient path to every parameter: a backward that reaches every gradient
+        bucket, whichever tokens its micro-batch trains (no unused-parameter search needed)."""
+        params = [p.reshape(-1)[:1] for p in self.model.parameters() if p.requires_grad]
+        return torch.cat(params).sum() * 0.0
 
     @staticmethod
     def _inputs(batch: TrainBatch, idx: torch.Tensor):
@@ -406,10 +443,27 @@ class GRPOModule(L.LightningModule):
             return 0.0
         t = time.perf_counter()
         if self.weight_sync is not None:
-            self.weight_sync.push(self.model)  # an unbound sync raises: a silent no-push would fake learning
+            self._push()  # an unbound sync raises: a silent no-push would fake learning
         else:
             self.own_version += 1
         return time.perf_counter() - t
+
+    def _push(self) -> int:
+        """Rank 0 pushes; under several ranks every rank learns the new version (and a sharded
+        strategy's ranks join the full-state-dict gather)."""
+        assert self.weight_sync is not None
+        if self._world() == 1:
+            return self.weight_sync.push(self.model)
+        from lightning.pytorch.strategies import DDPStrategy
+
+        if self.global_rank == 0:
+            version = int(self.weight_sync.push(self.model))
+        else:
+            version = -1
+            if not isinstance(self.trainer.strategy, DDPStrategy):
+                hf_state_dict(self.model)  # FSDP: gathering the full state dict is a collective
+        self.own_version = int(self.trainer.strategy.broadcast(version, src=0))
+        return self.own_version
 
     def _skip(self, why: str, **extra: float) -> dict[str, float]:
         self.skipped_batches += 1

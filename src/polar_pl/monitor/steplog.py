@@ -119,4 +119,5 @@ class StepLog(L.Callback):
         merged = {**{k: v for k, v in metrics.items() if v is not None}, **times}
         self.history.append(merged)
         total = self.total or getattr(dm, "steps", None)
-        log.info(step_line(self._step + 1, total, merged))
+        if trainer.is_global_zero:  # one line per step, not one per rank
+            log.info(step_line(self._step + 1, total, merged))

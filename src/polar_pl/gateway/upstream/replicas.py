@@ -2,14 +2,17 @@
 
 A session keeps talking to one replica so its growing prompt hits that replica's prefix cache.
 New sessions go to the healthy replica with the fewest requests in flight (ties: fewest
-sessions). A replica that refuses connections or fails its health check is skipped until a later
-check finds it healthy again; sessions stuck to it move on their next call.
+sessions, then an order drawn per pool, so that several gateways in front of the same replicas,
+one per rollout worker, do not all start on the first one). A replica that refuses connections or fails its health check is skipped until a later
+check finds it healthy again; sessions stuck to it move on their next call. One taken out
+(`take_out`: it failed a weight push, so it would sample with stale weights) never comes back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from dataclasses import dataclass, field
 
 from polar_pl.gateway.upstream.client import UpstreamClient, UpstreamError
@@ -23,6 +26,7 @@ class Replica:
     sessions: set[str] = field(default_factory=set)
     model: str | None = None
     served: int = 0
+    removed: bool = False
 
     def endpoint(self, path: str) -> str:
         return f"{self.url}{path}"
@@ -40,6 +44,7 @@ class ReplicaPool:
         if not urls:
             raise ValueError("gateway upstreams: at least one engine URL is required")
         self.replicas = [Replica(u.rstrip("/").removesuffix("/v1"), model=model) for u in urls]
+        self._tiebreak = {id(r): i for i, r in enumerate(random.sample(self.replicas, len(self.replicas)))}
         self._client = client
         self._sticky: dict[str, Replica] = {}
         self._health_interval = health_interval
@@ -50,8 +55,8 @@ class ReplicaPool:
         rep = self._sticky.get(session_id)
         if rep is not None and rep.healthy:
             return rep
-        healthy = [r for r in self.replicas if r.healthy] or self.replicas
-        best = min(healthy, key=lambda r: (r.inflight, len(r.sessions)))
+        healthy = [r for r in self.replicas if r.healthy] or [r for r in self.replicas if not r.removed]
+        best = min(healthy, key=lambda r: (r.inflight, len(r.sessions), self._tiebreak[id(r)]))
         if rep is not None:
             rep.sessions.discard(session_id)
         best.sessions.add(session_id)
@@ -62,6 +67,12 @@ class ReplicaPool:
         rep = self._sticky.pop(session_id, None)
         if rep is not None:
             rep.sessions.discard(session_id)
+
+    def take_out(self, url: str) -> None:
+        """Out of rotation for good; its sessions move to another replica on their next call."""
+        for rep in self.replicas:
+            if rep.url == url.rstrip("/").removesuffix("/v1"):
+                rep.removed, rep.healthy = True, False
 
     def mark_dead(self, rep: Replica) -> None:
         if len(self.replicas) > 1:  # with one replica there is nothing to fail over to
@@ -95,6 +106,8 @@ class ReplicaPool:
         return models[0]
 
     async def check(self, rep: Replica) -> bool:
+        if rep.removed:
+            return False
         try:
             await self._client.request_json("GET", rep.endpoint("/health"), timeout=2.0)
             rep.healthy = True

@@ -1,0 +1,12 @@
+"""polar_pl.rollout: where sessions run, behind one interface the DataModule talks to.
+
+`protocol.py`  the `RolloutClient` the DataModule (or any trainer) drives, the `RolloutBackend`
+               that connects one (Hydra group `rollout=`), and `RolloutSetup`, what a run needs;
+`local.py`     `rollout=local`: one gateway and the stage pools in this process (the CPU default);
+`ray_*.py`     `rollout=ray`: rollout workers as Ray actors on every node offering `sandbox`, a
+               controller actor keeping today's group bookkeeping, lost sessions retried or masked;
+`http/`        `polar-pl rollout serve` (the controller over HTTP, OpenAPI) and `rollout=remote`.
+
+Group semantics (G attempts, deadlines, work-ahead bound, resume cursor) live once, in
+`polar_pl.datamodule.service.RolloutService`; the backends only change what runs the jobs.
+"""

@@ -1,0 +1,140 @@
+"""The rollout service's routes: polar_pl as an RL environment for any trainer (verl, TRL, NeMo RL,
+a notebook, a plain PyTorch loop). Thin handlers over a `RolloutServer` (server.py); the schema
+is at /openapi.json, the docs at /docs.
+
+    POST /v1/tasks              submit task rows (a `--feed queue` service): one group each
+    GET  /v1/groups?n=&timeout= the next n finished groups, with rows and rewards (long poll)
+    GET  /v1/groups/stream      finished groups as they come, one JSON object per line
+    POST /v1/groups/consumed    mark groups trained on (with consume=false: the resume cursor)
+    POST /v1/weights            push new weights from a directory of safetensors to the engines
+    POST /v1/policy_version     report a version the trainer pushed by itself (vLLM NCCL)
+    GET  /v1/stats, /v1/state   gauges; the resume cursor
+
+Every /v1 route needs `Authorization: Bearer <token>`; errors are `{"error": {"message", "type"}}`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from polar_pl.rollout.http.schema import (
+    ConsumedRequest,
+    ErrorResponse,
+    GroupsResponse,
+    TasksRequest,
+    TasksResponse,
+    VersionRequest,
+    VersionResponse,
+    WeightsRequest,
+    group_json,
+)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+def _error(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for e in exc.errors():
+        where = ".".join(str(x) for x in e.get("loc", ()) if x not in ("body", "query"))
+        parts.append(f"{where}: {e.get('msg')}" if where else str(e.get("msg")))
+    return "; ".join(parts) or "invalid request"
+
+
+def create_app(server: Any, *, token: str) -> FastAPI:
+    """server: a `RolloutServer`. token: the bearer token every /v1 route requires."""
+    app = FastAPI(title="polar_pl rollout service", version="1", summary=__doc__.split("\n")[0],
+                  responses={401: {"model": ErrorResponse}, 422: {"model": ErrorResponse}})  # fmt: skip
+    app.add_exception_handler(ApiError, lambda _, exc: _error(exc.status, exc.message, exc.kind))
+    app.add_exception_handler(
+        RequestValidationError, lambda _, exc: _error(422, _validation_message(exc), "invalid_request_error")
+    )
+
+    def authorized(request: Request) -> None:
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not secrets.compare_digest(given.encode(), token.encode()):
+            raise ApiError(401, "missing or wrong bearer token (Authorization: Bearer <token>)", "auth_error")
+
+    v1 = [Depends(authorized)]
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/v1/tasks", dependencies=v1, response_model=TasksResponse, responses={409: {"model": ErrorResponse}})
+    def submit(req: TasksRequest) -> TasksResponse:
+        try:
+            tasks = server.tasks_from_rows(req.tasks)
+        except ValueError as exc:  # TaskFormatError names the task and the field
+            raise ApiError(422, str(exc)) from None
+        try:
+            return TasksResponse(seqs=server.client.submit_tasks(tasks))
+        except TypeError as exc:
+            raise ApiError(409, f"{exc} (start the service with --feed queue)", "conflict") from None
+
+    @app.get("/v1/groups", dependencies=v1, response_model=GroupsResponse, responses={408: {"model": ErrorResponse}})
+    def groups(
+        n: int = Query(1, ge=1, le=1024, description="groups to wait for"),
+        timeout: float = Query(60.0, gt=0, le=3600, description="seconds to wait for them"),
+        consume: bool = Query(True, description="false: mark them consumed later (POST /v1/groups/consumed)"),
+    ) -> Response:
+        try:
+            got = server.client.next_groups(n, timeout, consume=consume)
+        except TimeoutError as exc:
+            raise ApiError(408, f"{exc}; ask again", "timeout") from None
+        return Response(orjson.dumps({"groups": [group_json(g) for g in got]}), media_type="application/json")
+
+    @app.get("/v1/groups/stream", dependencies=v1, responses={200: {"content": {"application/x-ndjson": {}}}})
+    def stream(limit: int | None = Query(None, ge=1, description="stop after this many groups")) -> Response:
+        def lines() -> Iterator[bytes]:
+            sent = 0
+            while limit is None or sent < limit:
+                for g in server.client.next_groups(1, None, consume=True):
+                    yield orjson.dumps(group_json(g)) + b"\n"
+                    sent += 1
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    @app.post("/v1/groups/consumed", dependencies=v1)
+    def consumed(req: ConsumedRequest) -> dict[str, bool]:
+        server.client.mark_consumed(req.seqs)
+        return {"ok": True}
+
+    @app.post("/v1/weights", dependencies=v1, response_model=VersionResponse,
+              responses={400: {"model": ErrorResponse}, 502: {"model": ErrorResponse}})  # fmt: skip
+    def weights(req: WeightsRequest) -> VersionResponse:
+        try:
+            return VersionResponse(policy_version=server.push_from_disk(req.path))
+        except FileNotFoundError as exc:
+            raise ApiError(400, f"path: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 — the engine refused the weights: the caller's error to see
+            raise ApiError(502, f"weight push failed: {type(exc).__name__}: {exc}", "engine_error") from None
+
+    @app.post("/v1/policy_version", dependencies=v1, response_model=VersionResponse)
+    def policy_version(req: VersionRequest) -> VersionResponse:
+        server.client.set_policy_version(req.version)
+        return VersionResponse(policy_version=req.version)
+
+    @app.get("/v1/stats", dependencies=v1)
+    def stats() -> dict[str, float]:
+        return server.client.metrics()
+
+    @app.get("/v1/state", dependencies=v1)
+    def state() -> dict[str, Any]:
+        return server.client.state_dict()
+
+    return app
