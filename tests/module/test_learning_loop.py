@@ -54,46 +54,21 @@ def test_reward_climbs_only_when_weights_reach_the_engine(tiny_model_dir, fresh_
     assert drift[-1] > 0.1, drift
 
 
-ENTROPY_FLOOR = 0.5  # nats; the untrained model starts near 9 (8192 tokens), sanity collapsed to 0.1
-MULTITURN_STEPS = 30
-
-
 @pytest.mark.slow
-def test_multiturn_learning_reads_the_prompt_only_when_weights_reach_the_engine(
+def test_multiturn_sessions_train_as_one_merged_row_and_a_side_row(
     tiny_model_dir, fresh_engine, tmp_path
 ) -> None:
-    """Sessions with the structure real harnesses have (a title side call, then three calls:
-    two notes answered by observations restating the task, and the answer), through the real
-    gateway, prefix-merged into one row with masked observation turns plus a side row. The `case`
-    task wants capitals or lowercase by prompt: a policy that ignores the prompt stays at ~0.5,
-    so the mean rises only if it reads the prompt. Against the same loop without the push: the
-    reward rises only with it, on the capitals tasks without losing the lowercase ones, and the
-    sampled distribution's entropy stays above ENTROPY_FLOOR."""
-    tasks = LearnableTaskSource(kind="case", n_tasks=8).tasks()
+    """Sessions with the structure real harnesses have (a title side call, then three calls: two
+    notes answered by observations restating the task, and the answer), through the real gateway,
+    prefix-merged into one row with masked observation turns plus a side row, trained with the push.
+    Whether the reward then reads the prompt (capitals vs lowercase tasks, against a no-push
+    control, 30 steps: ~6 CPU minutes) is measured by bench/multiturn_learning.py."""
+    tasks = LearnableTaskSource(kind="case", n_tasks=2).tasks()
     notes = {"work_turns": 2, "title": True, "note_tokens": 8, "extra": {"max_tokens": 16}}
-    kw = {"steps": MULTITURN_STEPS, "group_size": 8, "groups_per_step": 2, "notes": notes}
     push = learn(
         GRPOModule(tiny_model_dir, lr=3e-2, weight_sync=EmbeddedStateDictSync().bind(fresh_engine)),
-        fresh_engine, tasks, tmp_path / "push.db", **kw,
+        fresh_engine, tasks, tmp_path / "push.db", steps=2, group_size=4, groups_per_step=2, notes=notes,
     )  # fmt: skip
-    fresh_engine.update_weights_from_state_dict(GRPOModule(tiny_model_dir).model.state_dict())
-    control = learn(
-        GRPOModule(tiny_model_dir, lr=3e-2, weight_sync=NoSync().bind(fresh_engine)),
-        fresh_engine, tasks, tmp_path / "none.db", **kw,
-    )  # fmt: skip
-    upper, lower = push.by_check["uppercase_fraction"], push.by_check["lowercase_fraction"]
-    for name, values in [("push", push.reward), ("no push", control.reward), ("capitals", upper),
-                         ("lowercase", lower), ("entropy", push.entropy), ("no-push entropy", control.entropy)]:  # fmt: skip
-        print(f"multiturn {name} by step: {[round(x, 3) for x in values]}")
-    assert all(kinds == ["side", "main", "main", "main"] for kinds in push.calls + control.calls)
-    assert set(push.rows_per_session) == {2} and min(push.side_rollouts) == 16  # merged row + side row
-    assert gain(push.reward) > 0.1 and abs(gain(control.reward)) < 0.05, (
-        gain(push.reward),
-        gain(control.reward),
-    )
-    assert gain(upper) > 0.2 and gain(lower) > -0.1, (gain(upper), gain(lower))  # not prompt-blind
-    assert min(e for e in push.entropy if not math.isnan(e)) > ENTROPY_FLOOR  # nan: a skipped step
-
-
-def gain(values: list[float], n: int = 5) -> float:
-    return sum(values[-n:]) / n - sum(values[:n]) / n
+    assert all(kinds == ["side", "main", "main", "main"] for kinds in push.calls)
+    assert set(push.rows_per_session) == {2} and push.side_rollouts == [8, 8]  # merged row + side row
+    assert all(not math.isnan(e) and e > 0 for e in push.entropy)  # both steps trained
