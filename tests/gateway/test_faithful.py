@@ -122,6 +122,23 @@ def test_length_cut_turn_gets_the_template_end_of_turn_as_glue(tok) -> None:
     assert PrefixBuilder().build(recs).stats.rows == 1
 
 
+@pytest.mark.parametrize("echo", ["Caf", "Caf\ufffd"])
+def test_a_turn_ending_inside_a_character_is_kept(tok, echo) -> None:
+    """The multi-turn loop drifted on ~1 session in 40: a length cut inside a UTF-8 character
+    leaves a lone byte token, which decodes to U+FFFD while the engine's streamed text holds the
+    byte back (or shows U+FFFD); the echo then differed from the decoded sampled turn, so the turn
+    was re-rendered and re-tokenized. Replacement characters are what the harness could see of
+    those bytes: the sampled ids are spliced back."""
+    lone_byte = tok.convert_tokens_to_ids("\u00c3")  # the first byte of "\u00e9" in byte-level BPE
+    assert lone_byte != tok.unk_token_id and "\ufffd" in tok.decode([lone_byte])
+    r1 = encode(tok, "Caf", end=False) + [lone_byte]
+    m2 = [*M1, {"role": "assistant", "content": echo}, {"role": "user", "content": "go on"}]
+    recs = play(tok, [(M1, r1, "length"), (m2, encode(tok, "Ok."), "stop")], faithful=True)
+    p1 = recs[0].prompt_ids
+    assert recs[1].prompt_ids[len(p1) : len(p1) + len(r1)] == r1
+    assert PrefixBuilder().build(recs).stats.breaks == {}
+
+
 def test_no_splice_when_history_was_rewritten_or_the_echo_differs(tok) -> None:
     r1 = encode(tok, "Two files.")
     compacted = [SYSTEM, {"role": "user", "content": "Summary: two files."},

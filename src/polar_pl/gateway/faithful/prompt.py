@@ -248,10 +248,17 @@ def _echoed_turn(msg: dict[str, Any]) -> _Turn:
     return _Turn(reasoning, content, calls)
 
 
+def _seen(text: str | None) -> str:
+    """Text as the harness could see it: bytes that are no whole UTF-8 character (a lone byte token,
+    a turn cut inside a character) decode to U+FFFD here, while the engine's text shows them as
+    U+FFFD, as fewer of them, or holds them back; harnesses also trim whitespace."""
+    return (text or "").replace("\ufffd", "").strip()
+
+
 def same_turn(tokenizer: Any, tip: Tip, msg: dict[str, Any]) -> bool:
     """Is the echoed message the tip's sampled output? Harnesses may drop reasoning and trim
     whitespace."""
     s, e = tip.sampled_turn(tokenizer), _echoed_turn(msg)
-    if e.calls != s.calls or e.content.strip() != s.content.strip():
+    if e.calls != s.calls or _seen(e.content) != _seen(s.content):
         return False
-    return not e.reasoning or (s.reasoning or "").strip() == e.reasoning.strip()
+    return not e.reasoning or _seen(s.reasoning) == _seen(e.reasoning)
