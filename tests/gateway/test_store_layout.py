@@ -78,3 +78,36 @@ def test_export_reads_an_old_store(old_store, tmp_path) -> None:
     rows = read_rows(out)
     assert [r.session_id for r in rows] == ["sess-old", "sess-side"]
     assert rows[0].input_ids == expected()[1].prompt_ids + expected()[1].response_ids
+
+
+def test_sessions_registered_while_records_are_read_from_other_threads(tmp_path) -> None:
+    """`database is locked` from put_session with 16 sessions starting at once: reading a session's
+    records asked the shared read connection for its columns outside the connection's lock."""
+    import threading
+
+    from polar_pl.gateway.store.records import SessionInfo
+
+    import dataclasses
+
+    store = TraceStore(tmp_path / "t.db", synchronous="FULL")
+    errors: list[BaseException] = []
+    rec = expected()[0]
+
+    def work(k: int) -> None:
+        try:
+            for i in range(60):
+                store.put_session(SessionInfo(session_id=f"s{k}-{i}", token_hash=f"sha256:{k}-{i}"))
+                store.append(dataclasses.replace(rec, session_id=f"s{k}-{i}", call_index=0))
+                store.records(f"s{k}-{i}")
+                store.records(f"s{k}-{i - 1}")
+        except BaseException as exc:  # noqa: BLE001 — reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    store.close()
+    assert not errors, errors[:3]
+    assert len(read_sessions(tmp_path / "t.db")) == 16 * 60

@@ -86,6 +86,8 @@ class TraceStore:
         self._write_conn = _open(self.path, synchronous)
         _hash_legacy_tokens(self._write_conn)
         self._read_conn = _open(self.path, synchronous)
+        # once, here: the connection is shared by threads and used only under _read_lock after this
+        self._cols = layout.record_columns(self._read_conn)
         self._read_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -237,7 +239,7 @@ class TraceStore:
     def records(self, session_id: str, *, packed: bool = False) -> list[TraceRecord]:
         """A session's records in call order (packed: token fields as arrays, store/layout.py)."""
         rows = self._rows(
-            f"SELECT {layout.record_columns(self._read_conn)} FROM records WHERE session_id=? "
+            f"SELECT {self._cols} FROM records WHERE session_id=? "
             "ORDER BY call_index, id",
             (session_id,),
         )
@@ -246,7 +248,7 @@ class TraceStore:
     def iter_records(self, batch: int = 256, *, packed: bool = False) -> Iterator[TraceRecord]:
         """Every record in write order, read in pages so a large store is not loaded at once."""
         last = 0
-        cols = layout.record_columns(self._read_conn)
+        cols = self._cols
         while True:
             rows = self._rows(f"SELECT id, {cols} FROM records WHERE id>? ORDER BY id LIMIT ?", (last, batch))
             if not rows:
