@@ -83,11 +83,10 @@ def test_export_reads_an_old_store(old_store, tmp_path) -> None:
 def test_sessions_registered_while_records_are_read_from_other_threads(tmp_path) -> None:
     """`database is locked` from put_session with 16 sessions starting at once: reading a session's
     records asked the shared read connection for its columns outside the connection's lock."""
+    import dataclasses
     import threading
 
     from polar_pl.gateway.store.records import SessionInfo
-
-    import dataclasses
 
     store = TraceStore(tmp_path / "t.db", synchronous="FULL")
     errors: list[BaseException] = []
