@@ -239,8 +239,7 @@ class TraceStore:
     def records(self, session_id: str, *, packed: bool = False) -> list[TraceRecord]:
         """A session's records in call order (packed: token fields as arrays, store/layout.py)."""
         rows = self._rows(
-            f"SELECT {self._cols} FROM records WHERE session_id=? "
-            "ORDER BY call_index, id",
+            f"SELECT {self._cols} FROM records WHERE session_id=? ORDER BY call_index, id",
             (session_id,),
         )
         return [_decode(r, packed) for r in rows]
