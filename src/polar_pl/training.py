@@ -28,14 +28,15 @@ log = logging.getLogger(__name__)
 
 def build_parts(cfg: DictConfig) -> dict[str, Any]:
     """Instantiate harness, sandbox factory, tasks, evaluator, merge builder, engine, datamodule."""
+    rollout = instantiate(cfg.rollout) if cfg.get("rollout") else None
     harness = instantiate(cfg.harness)
     sandbox = instantiate(cfg.sandbox)
     source = instantiate(cfg.task)
     tasks = source.tasks()
     evaluator = source.make_evaluator(sandbox)
     builder = instantiate(cfg.merge)
-    engine = build_engine(cfg.engine)
-    rollout = instantiate(cfg.rollout) if cfg.get("rollout") else None
+    # rollout=remote: the service runs the engine; the trainer holds a handle that pushes to it
+    engine = rollout.engine() if hasattr(rollout, "engine") else build_engine(cfg.engine)
     datamodule: RolloutDataModule = instantiate(cfg.datamodule)(
         engine=engine, sandbox=sandbox, harness=harness, tasks=tasks, evaluator=evaluator, builder=builder,
         rollout=rollout,

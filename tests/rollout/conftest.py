@@ -3,14 +3,22 @@ expensive part), and a scripted engine factory."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 
+import httpx
 import pytest
 import rollout_kit
-from rollout_kit import NODE, SYSTEM_CONFIG, answer
+from fixture_paths import REPO
+from rollout_kit import NODE, SERVICE_TOKEN, SYSTEM_CONFIG, answer
 
 from polar_pl.testing.scripted import ScriptedBackend, ScriptedServer
+from polar_pl.utils.serving import free_port
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +55,34 @@ def scripted_engine(tiny_model_dir):
         return ScriptedServer(ScriptedBackend.from_model_dir(tiny_model_dir, answer, token_delay=token_delay))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory, tiny_model_dir):
+    """A real `polar-pl rollout serve` (mini harness, embedded engine, learnable tasks, groups of
+    two), shared by test_http.py and test_remote.py: (an authorized httpx client, its run dir)."""
+    port, run_dir = free_port(), tmp_path_factory.mktemp("rollout-serve")
+    log = open(run_dir / "serve.log", "w+")  # noqa: SIM115 — read back on failure
+    cmd = [sys.executable, "-m", "polar_pl.cli", "rollout", "serve", "--port", str(port),
+           "--run-dir", str(run_dir), "debug=fast", "datamodule.progress=false"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", "POLAR_ROLLOUT_TOKEN": SERVICE_TOKEN})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            log.seek(0)
+            assert proc.poll() is None and time.monotonic() < deadline, f"service did not start:\n{log.read()[-4000:]}"
+            time.sleep(0.5)
+        yield httpx.Client(base_url=url, headers={"Authorization": f"Bearer {SERVICE_TOKEN}"}, timeout=120), run_dir
+    finally:
+        proc.send_signal(signal.SIGINT)  # teardown: sessions, sandboxes, gateway, engine
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()

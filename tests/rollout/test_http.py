@@ -4,62 +4,28 @@ and bad requests get 4xx answers with a message."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import httpx
 import pytest
+from fixture_paths import REPO
+from rollout_kit import SERVICE_TOKEN as TOKEN
 
-from polar_pl.utils.serving import free_port
-
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_with_rollout_service.py"
-TOKEN = "test-token-0"
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory, tiny_model_dir):
-    port, run_dir = free_port(), tmp_path_factory.mktemp("rollout-serve")
-    log = open(run_dir / "serve.log", "w+")  # noqa: SIM115 — read back on failure
-    cmd = [sys.executable, "-m", "polar_pl.cli", "rollout", "serve", "--port", str(port), "--token", TOKEN,
-           "--run-dir", str(run_dir), "debug=fast", "datamodule.progress=false"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            log.seek(0)
-            assert proc.poll() is None and time.monotonic() < deadline, f"service did not start:\n{log.read()[-4000:]}"
-            time.sleep(0.5)
-        yield httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120), run_dir
-    finally:
-        proc.send_signal(signal.SIGINT)  # teardown: sessions, sandboxes, gateway, engine
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @pytest.mark.slow
 def test_plain_pytorch_example_trains_through_http(service, tiny_model_dir):
     api, _ = service
+    before = api.get("/v1/policy_version").raise_for_status().json()["policy_version"]
     cmd = [sys.executable, str(EXAMPLE), "--url", str(api.base_url), "--token", TOKEN,
            "--model", str(tiny_model_dir), "--steps", "2"]  # fmt: skip
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("step ")]
     print("\n".join(lines))
-    assert len(lines) == 2 and lines[-1].endswith("policy_version 2")  # both pushes reached the engine
+    assert len(lines) == 2 and lines[-1].endswith(f"policy_version {before + 2}")  # both pushes reached the engine
     stats = api.get("/v1/stats").raise_for_status().json()
     sessions = {k: v for k, v in stats.items() if k.startswith("pool/sessions_")}
     print(f"service sessions: {sessions}, gateway calls {stats.get('gateway/calls')}")

@@ -8,6 +8,7 @@ is at /openapi.json, the docs at /docs.
     POST /v1/groups/consumed    mark groups trained on (with consume=false: the resume cursor)
     POST /v1/weights            push new weights from a directory of safetensors to the engines
     POST /v1/policy_version     report a version the trainer pushed by itself (vLLM NCCL)
+    GET  /v1/policy_version     the version the engines sample with now (staleness reference)
     GET  /v1/stats, /v1/state   gauges; the resume cursor
 
 Every /v1 route needs `Authorization: Bearer <token>`; errors are `{"error": {"message", "type"}}`.
@@ -128,6 +129,10 @@ def create_app(server: Any, *, token: str) -> FastAPI:
     def policy_version(req: VersionRequest) -> VersionResponse:
         server.client.set_policy_version(req.version)
         return VersionResponse(policy_version=req.version)
+
+    @app.get("/v1/policy_version", dependencies=v1, response_model=VersionResponse)
+    def current_version() -> VersionResponse:
+        return VersionResponse(policy_version=server.policy_version())
 
     @app.get("/v1/stats", dependencies=v1)
     def stats() -> dict[str, float]:

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from polar_pl.datamodule.pools import RolloutResult
+from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.datamodule.service import Group
 
 
@@ -45,6 +47,9 @@ class Row(BaseModel):
     group_id: str
     reward: float
     status: str
+    harness: str | None = None
+    call_indices: list[int] = Field(default_factory=list)
+    meta: dict[str, Any] = Field(default_factory=dict, description="call_kind (task | side), ...")
 
 
 class Result(BaseModel):
@@ -57,6 +62,7 @@ class Result(BaseModel):
     failed_stage: str | None = None
     rows: list[Row]
     info: dict[str, Any] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict, description="seconds spent in each stage")
 
 
 class GroupOut(BaseModel):
@@ -91,6 +97,10 @@ class VersionResponse(BaseModel):
 _ROW_KEYS = tuple(Row.model_fields)
 
 
+def _plain(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if isinstance(v, str | int | float | bool | None)}
+
+
 def group_json(g: Group) -> dict[str, Any]:
     """A released group as `GroupOut` JSON (rows with their tokens, masks, logprobs, rewards)."""
     return {
@@ -106,9 +116,41 @@ def group_json(g: Group) -> dict[str, Any]:
                 "reward": r.reward,
                 "error": r.error,
                 "failed_stage": r.failed_stage,
-                "rows": [{k: v for k, v in asdict(row).items() if k in _ROW_KEYS} for row in r.rows],
-                "info": {k: v for k, v in r.info.items() if isinstance(v, str | int | float | bool | None)},
+                "rows": [_row_json(row) for row in r.rows],
+                "info": _plain(r.info),
+                "timings": r.timings,
             }
             for r in g.results
         ],
     }
+
+
+def _row_json(row: TrajectoryRow) -> dict[str, Any]:
+    out = {k: v for k, v in asdict(row).items() if k in _ROW_KEYS}
+    out["meta"] = _plain(row.meta)
+    return out
+
+
+def _row(row: Row) -> TrajectoryRow:
+    return TrajectoryRow(**{**row.model_dump(), "call_indices": tuple(row.call_indices)})
+
+
+def group_from_json(g: GroupOut) -> Group:
+    """The inverse of `group_json`: what a `rollout=remote` trainer gets from GET /v1/groups (the
+    task is its id only; the service keeps the task itself)."""
+    results = tuple(
+        RolloutResult(
+            rollout_id=r.rollout_id,
+            group_id=g.group_id,
+            task_id=g.task_id,
+            status=r.status,
+            reward=r.reward,
+            error=r.error,
+            failed_stage=r.failed_stage,
+            timings=dict(r.timings),
+            info=dict(r.info),
+            rows=tuple(_row(row) for row in r.rows),
+        )
+        for r in g.results
+    )
+    return Group(group_id=g.group_id, seq=g.seq, task=g.task_id, results=results, missing=tuple(g.missing))

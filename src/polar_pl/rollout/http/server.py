@@ -58,6 +58,9 @@ class RolloutServer:
     def tasks_from_rows(self, rows: Sequence[dict[str, Any]]) -> list[Task]:
         return [task_from_row(r, origin=f"POST /v1/tasks[{i}]") for i, r in enumerate(rows)]
 
+    def policy_version(self) -> int:
+        return int(self.dm.engine.policy_version())
+
     def push_from_disk(self, path: str) -> int:
         """New weights into every engine replica, gateways paused meanwhile; the new version."""
         p = Path(path)
