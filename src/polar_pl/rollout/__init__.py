@@ -5,7 +5,8 @@
 `local.py`     `rollout=local`: one gateway and the stage pools in this process (the CPU default);
 `ray_*.py`     `rollout=ray`: rollout workers as Ray actors on every node offering `sandbox`, a
                controller actor keeping today's group bookkeeping, lost sessions retried or masked;
-`http/`        `polar-pl rollout serve` (the controller over HTTP, OpenAPI) and `rollout=remote`.
+`http/`        `polar-pl rollout serve` (the controller over HTTP, OpenAPI);
+`remote.py`    `rollout=remote`: a trainer driving such a service (weights through a shared directory).
 
 Group semantics (G attempts, deadlines, work-ahead bound, resume cursor) live once, in
 `polar_pl.datamodule.service.RolloutService`; the backends only change what runs the jobs.
