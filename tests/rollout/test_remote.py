@@ -14,6 +14,7 @@ from omegaconf import open_dict
 from omegaconf.errors import MissingMandatoryValue
 from rollout_kit import SERVICE_TOKEN
 
+from polar_pl.datamodule.service import RolloutsStopped
 from polar_pl.rollout.remote import RemoteRollout, RolloutServiceError
 from polar_pl.training import build_parts
 
@@ -69,6 +70,9 @@ def test_train_through_the_rollout_service(service, tiny_model_dir, tmp_path):
     try:  # a group as the DataModule gets it: decoded by the service's own schema
         (group,) = client.next_groups(1, timeout=600, consume=False)
         client.mark_consumed([group.seq])
+        client.stop_feeding()  # Ctrl-C: this trainer takes no more groups (the service feeds on)
+        with pytest.raises(RolloutsStopped):
+            client.next_groups(1)
     finally:
         client.close()
     assert len(group.results) == 2 and all(isinstance(r.reward, float) for r in group.results)

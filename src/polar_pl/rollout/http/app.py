@@ -37,6 +37,8 @@ from polar_pl.rollout.http.schema import (
     group_json,
 )
 
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY  # rows built from packed store records hold numpy arrays
+
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
@@ -97,7 +99,7 @@ def create_app(server: Any, *, token: str) -> FastAPI:
             got = server.client.next_groups(n, timeout, consume=consume)
         except TimeoutError as exc:
             raise ApiError(408, f"{exc}; ask again", "timeout") from None
-        return Response(orjson.dumps({"groups": [group_json(g) for g in got]}), media_type="application/json")
+        return Response(orjson.dumps({"groups": [group_json(g) for g in got]}, option=_NUMPY), media_type="application/json")
 
     @app.get("/v1/groups/stream", dependencies=v1, responses={200: {"content": {"application/x-ndjson": {}}}})
     def stream(limit: int | None = Query(None, ge=1, description="stop after this many groups")) -> Response:
@@ -105,7 +107,7 @@ def create_app(server: Any, *, token: str) -> FastAPI:
             sent = 0
             while limit is None or sent < limit:
                 for g in server.client.next_groups(1, None, consume=True):
-                    yield orjson.dumps(group_json(g)) + b"\n"
+                    yield orjson.dumps(group_json(g), option=_NUMPY) + b"\n"
                     sent += 1
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
