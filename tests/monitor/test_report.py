@@ -92,7 +92,7 @@ def test_a_skipped_step_shows_its_own_times_not_the_last_ones(caplog):
     logged: list[dict] = []
     module = SimpleNamespace(log_dict=lambda d, **kw: logged.append(d))
     dm = SimpleNamespace(wait_total_s=0.0, batches_done=0, steps=3)
-    trainer = SimpleNamespace(datamodule=dm, global_step=0, callback_metrics={})
+    trainer = SimpleNamespace(datamodule=dm, global_step=0, callback_metrics={}, is_global_zero=True)
     cb = StepLog()
     cb.setup(trainer, module, "fit")
     caplog.set_level("INFO", logger="polar_pl.train")

@@ -447,8 +447,9 @@ class RolloutDataModule(L.LightningDataModule):
             self._batch_groups.popleft()
         if self._issued:
             seqs = self._issued.popleft()
-            if seqs and self._started and self.service is not None:
-                self.service.mark_consumed(seqs)
+            with self._service_lock:  # not while an interrupt is closing the rollouts
+                if seqs and self._started and self.service is not None:
+                    self.service.mark_consumed(seqs)
             self.batches_done += 1
 
     # ---- resume ---------------------------------------------------------------------------
@@ -460,10 +461,13 @@ class RolloutDataModule(L.LightningDataModule):
             "policy_version": int(version),
             "batches_done": self.batches_done,
         }
-        if self._started and self.service is not None:
-            state["service"] = self.service.state_dict()
-        elif "service" in self._resume:
-            state["service"] = self._resume["service"]
+        # (the shutdown checkpoint comes while an interrupt closes the rollouts: after it, the cursor
+        # it kept; a client half-closed has none to give)
+        with self._service_lock:
+            if self._started and self.service is not None:
+                state["service"] = self.service.state_dict()
+            elif "service" in self._resume:
+                state["service"] = self._resume["service"]
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
