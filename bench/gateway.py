@@ -313,6 +313,7 @@ def gateway_target(
             "error",
             "--store-sync",
             sync,
+            "--no-token-faithful",  # the mock engine serves no tokenizer (bench/faithful.py measures that path)
         ],
         {"POLAR_ADMIN_TOKEN": "bench"},
     )
