@@ -17,6 +17,31 @@ def submit_to(feed: Any, tasks: Sequence[Any]) -> list[int]:
     return feed.put(tasks)
 
 
+class ServiceCalls:
+    """The calls the in-process client and the Ray controller pass straight to their service."""
+
+    service: RolloutService | None
+    setup: RolloutSetup
+    owner = "rollout client"
+
+    def _service(self) -> RolloutService:
+        if self.service is None:
+            raise RuntimeError(f"{self.owner}: start_groups(cursor) before asking for groups")
+        return self.service
+
+    def next_groups(self, n: int, timeout: float | None = None, consume: bool = True) -> list[Group]:
+        return self._service().next_groups(n, timeout=timeout, consume=consume)
+
+    def mark_consumed(self, seqs: Sequence[int]) -> None:
+        self._service().mark_consumed(seqs)
+
+    def submit_tasks(self, tasks: Sequence[Any]) -> list[int]:
+        return submit_to(self.setup.tasks, tasks)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._service().state_dict()
+
+
 class LocalRollout:
     """The `rollout=local` backend (conf/rollout/local.yaml)."""
 
@@ -24,7 +49,7 @@ class LocalRollout:
         return LocalClient(setup)
 
 
-class LocalClient:
+class LocalClient(ServiceCalls):
     """`RolloutClient` in this process. `gateway` is the running gateway (records, sessions)."""
 
     def __init__(self, setup: RolloutSetup) -> None:
@@ -44,23 +69,6 @@ class LocalClient:
             if self._stopping:
                 self.service.stop_feeding()
             self.service.start()
-
-    def _service(self) -> RolloutService:
-        if self.service is None:
-            raise RuntimeError("rollout client: start_groups(cursor) before asking for groups")
-        return self.service
-
-    def next_groups(self, n: int, timeout: float | None = None, *, consume: bool = True) -> list[Group]:
-        return self._service().next_groups(n, timeout=timeout, consume=consume)
-
-    def mark_consumed(self, seqs: Sequence[int]) -> None:
-        self._service().mark_consumed(seqs)
-
-    def submit_tasks(self, tasks: Sequence[Any]) -> list[int]:
-        return submit_to(self.setup.tasks, tasks)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._service().state_dict()
 
     def metrics(self) -> dict[str, float]:
         m = self.service.metrics() if self.service is not None else {}

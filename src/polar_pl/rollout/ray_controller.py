@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from polar_pl.datamodule.service import Group, RolloutService
-from polar_pl.rollout.local import submit_to
+from polar_pl.datamodule.service import RolloutService
+from polar_pl.rollout.local import ServiceCalls
 from polar_pl.rollout.protocol import RolloutSetup
 from polar_pl.rollout.ray_pools import RayPools, WorkerSlot
 from polar_pl.rollout.ray_worker import RolloutWorker
@@ -66,8 +65,10 @@ def start_workers(setup: RolloutSetup, workers_per_node: int, max_workers: int |
     ]
 
 
-class RolloutController:
+class RolloutController(ServiceCalls):
     """See module docstring (made an actor by `RayRollout.connect`)."""
+
+    owner = "rollout controller"
 
     def __init__(self, setup: RolloutSetup, *, workers_per_node: int = 1, max_workers: int | None = None,
                  max_retries: int = 2, poll_s: float = 1.0) -> None:  # fmt: skip
@@ -97,23 +98,6 @@ class RolloutController:
             self.service = RolloutService(
                 None, self.setup.tasks, **self.setup.service_kwargs(), **cursor, pools=lambda: pools
             ).start()
-
-    def _service(self) -> RolloutService:
-        if self.service is None:
-            raise RuntimeError("rollout controller: start_groups(cursor) before asking for groups")
-        return self.service
-
-    def next_groups(self, n: int, timeout: float | None = None, consume: bool = True) -> list[Group]:
-        return self._service().next_groups(n, timeout=timeout, consume=consume)
-
-    def mark_consumed(self, seqs: Sequence[int]) -> None:
-        self._service().mark_consumed(seqs)
-
-    def submit_tasks(self, tasks: Sequence[Any]) -> list[int]:
-        return submit_to(self.setup.tasks, tasks)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._service().state_dict()
 
     def metrics(self) -> dict[str, float]:
         m = self.service.metrics() if self.service is not None else {}
