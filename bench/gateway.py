@@ -288,14 +288,17 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def gateway_target(
-    mock_url: str, client: str, sessions: int, store: Path, sync: str
+    mock_url: str, client: str, sessions: int, store: Path, sync: str, profile: Path | None = None
 ) -> tuple[Target, subprocess.Popen]:
+    """profile: run the gateway under cProfile, its stats written to this file when it stops."""
     import httpx
 
     port = free_port()
+    prof = ["-m", "cProfile", "-o", str(profile)] if profile else []
     proc = start(
         [
             sys.executable,
+            *prof,
             "-m",
             "polar_pl.cli",
             "gateway",
@@ -466,10 +469,68 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def start_targets(
+    args: argparse.Namespace, mock_url: str, levels: list[int], tmp: Path, procs: list, profiles: list[Path]
+) -> list[tuple[Target, list[int]]]:
+    """Every target but `direct` started (all up at once, so the rounds can interleave them)."""
+    plan = []
+    if args.passthrough:
+        port = free_port()
+        procs.append(start([sys.executable, __file__, "--serve-passthrough", str(port), mock_url]))
+        wait_http(f"http://127.0.0.1:{port}/health")
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        plan.append((Target("minimal pass-through", url, procs[-1].pid, ["x"]), levels))
+    syncs, clients = args.store_sync.split(","), args.clients.split(",")
+    for client, sync in [(c, syncs[0]) for c in clients] + [(clients[0], s) for s in syncs[1:]]:
+        prof = Path(args.profile) / f"gateway-{client}-{sync}.prof" if args.profile else None
+        target, proc = gateway_target(mock_url, client, max(levels), tmp / f"{client}{sync}.db", sync, prof)
+        procs.append(proc)
+        profiles += [prof] if prof else []
+        plan.append((target, levels))
+    if args.litellm:
+        target, proc = litellm_target(args.litellm, mock_url, tmp)
+        procs.append(proc)
+        plan.append((target, [int(x) for x in (args.litellm_sessions or args.sessions).split(",")]))
+    return plan
+
+
+def merge_rounds(results: list[Result]) -> list[Result]:
+    """One result per (target, sessions): the rounds' requests, errors, time, latencies and CPU summed."""
+    out: dict[tuple[str, int], Result] = {}
+    for r in results:
+        m = out.get((r.target, r.sessions))
+        if m is None:
+            out[(r.target, r.sessions)] = Result(
+                r.target, r.sessions, r.requests, r.errors, r.seconds, list(r.lat_ms), r.cpu_s
+            )
+        else:
+            m.requests, m.errors, m.seconds, m.cpu_s = (
+                m.requests + r.requests,
+                m.errors + r.errors,
+                m.seconds + r.seconds,
+                m.cpu_s + r.cpu_s,
+            )
+            m.lat_ms += r.lat_ms
+    return list(out.values())
+
+
+def print_profile(path: Path, top: int = 15) -> None:
+    """The profile's top entries by cumulative and by own time (paths shortened)."""
+    import io
+    import pstats
+
+    for key in ("cumulative", "tottime"):
+        out = io.StringIO()
+        pstats.Stats(str(path), stream=out).strip_dirs().sort_stats(key).print_stats(top)
+        body = out.getvalue()
+        print(f"\n{path.name}, top {top} by {key}:\n" + body[body.index("   ncalls") :].rstrip())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", default="1,64,256")
-    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--seconds", type=float, default=3.0, help="per level, per round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds over every target and level, interleaved")
     ap.add_argument("--clients", default="aiohttp,httpx", help="gateway upstream clients to measure")
     ap.add_argument(
         "--store-sync",
@@ -483,6 +544,13 @@ def main() -> int:
         dest="passthrough",
         action="store_false",
         help="skip the minimal pass-through floor",
+    )
+    ap.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="run each gateway under cProfile: DIR/gateway-<client>-<sync>.prof, top entries printed "
+        "(the CPU column of a profiled run is inflated by the profiler: take the table from a plain run)",
     )
     ap.add_argument("--serve-mock", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--serve-passthrough", nargs=2, default=None, help=argparse.SUPPRESS)
@@ -499,49 +567,28 @@ def main() -> int:
     mock_url = f"http://127.0.0.1:{mock_port}"
     procs = [mock]
     results: list[Result] = []
+    profiles: list[Path] = []
     try:
-        wait_http(f"{mock_url}/health")
-        direct = Target("direct", f"{mock_url}/v1/chat/completions", None, ["x"])
-        for n in levels:
-            results.append(asyncio.run(run_level(direct, n, args.seconds)))
-        if args.passthrough:
-            port = free_port()
-            proc = start([sys.executable, __file__, "--serve-passthrough", str(port), mock_url])
-            procs.append(proc)
-            wait_http(f"http://127.0.0.1:{port}/health")
-            floor = Target(
-                "minimal pass-through", f"http://127.0.0.1:{port}/v1/chat/completions", proc.pid, ["x"]
-            )
-            for n in levels:
-                results.append(asyncio.run(run_level(floor, n, args.seconds)))
-            stop(proc)
         with tempfile.TemporaryDirectory() as tmp:
-            syncs = args.store_sync.split(",")
-            runs = [(c, syncs[0]) for c in args.clients.split(",")] + [
-                (args.clients.split(",")[0], s) for s in syncs[1:]
-            ]
-            for client, sync in runs:
-                target, proc = gateway_target(
-                    mock_url, client, max(levels), Path(tmp) / f"{client}{sync}.db", sync
-                )
-                procs.append(proc)
-                for n in levels:
-                    results.append(asyncio.run(run_level(target, n, args.seconds)))
-                stop(proc)
-            if args.litellm:
-                target, proc = litellm_target(args.litellm, mock_url, Path(tmp))
-                procs.append(proc)
-                for n in [int(x) for x in (args.litellm_sessions or args.sessions).split(",")]:
-                    results.append(asyncio.run(run_level(target, n, args.seconds)))
-                stop(proc)
+            wait_http(f"{mock_url}/health")
+            plan = [(Target("direct", f"{mock_url}/v1/chat/completions", None, ["x"]), levels)]
+            plan += start_targets(args, mock_url, levels, Path(tmp), procs, profiles)
+            for k in range(args.rounds):  # interleaved: a shift in the machine's load hits every target
+                for target, target_levels in plan:
+                    for n in target_levels:
+                        results.append(asyncio.run(run_level(target, n, args.seconds)))
+            results = merge_rounds(results)
     finally:
         for p in procs:
             if p.poll() is None:
                 stop(p)
     print(
-        f"\nstreamed chat requests, {CHUNKS} chunks each, {args.seconds:.0f}s per level, {os.cpu_count()} CPUs\n"
+        f"\nstreamed chat requests, {CHUNKS} chunks each, {args.rounds} rounds of {args.seconds:.0f}s per level "
+        f"(interleaved), {os.cpu_count()} CPUs\n"
     )
     print(table(results))
+    for prof in profiles:
+        print_profile(prof)
     g = {r.sessions: r for r in results if r.target == "gateway (aiohttp)"}
     if 256 in g:
         print(f"\ngateway at 256 sessions: {g[256].rps:.0f} req/s, {g[256].errors} errors")

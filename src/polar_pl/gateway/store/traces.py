@@ -198,13 +198,19 @@ class TraceStore:
             waiters.append(fut)
         conn = self._write_conn
         try:
-            conn.execute("BEGIN")
-            conn.executemany(layout.INSERT, rows)
-            conn.executemany(
-                "UPDATE records SET status=? WHERE session_id=? AND call_index=? AND status='pending'",
-                [(status, sid, idx) for sid, idx, status in marks],
-            )
-            conn.execute("COMMIT")
+            if (
+                len(rows) == 1 and not marks
+            ):  # the inline commit of one call: one statement, its own transaction
+                conn.execute(layout.INSERT, rows[0])
+            else:
+                conn.execute("BEGIN")
+                conn.executemany(layout.INSERT, rows)
+                if marks:
+                    conn.executemany(
+                        "UPDATE records SET status=? WHERE session_id=? AND call_index=? AND status='pending'",
+                        [(status, sid, idx) for sid, idx, status in marks],
+                    )
+                conn.execute("COMMIT")
         except sqlite3.Error as exc:  # every waiter learns its record is not durable
             with contextlib.suppress(sqlite3.Error):
                 if conn.in_transaction:
