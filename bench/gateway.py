@@ -288,9 +288,16 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def gateway_target(
-    mock_url: str, client: str, sessions: int, store: Path, sync: str, profile: Path | None = None
+    mock_url: str,
+    client: str,
+    sessions: int,
+    store: Path,
+    sync: str,
+    profile: Path | None = None,
+    src: str | None = None,
 ) -> tuple[Target, subprocess.Popen]:
-    """profile: run the gateway under cProfile, its stats written to this file when it stops."""
+    """profile: run the gateway under cProfile, its stats written to this file when it stops.
+    src: run the gateway of another checkout's source tree (its `src/`), named after it."""
     import httpx
 
     port = free_port()
@@ -318,7 +325,7 @@ def gateway_target(
             sync,
             "--no-token-faithful",  # the mock engine serves no tokenizer (bench/faithful.py measures that path)
         ],
-        {"POLAR_ADMIN_TOKEN": "bench"},
+        {"POLAR_ADMIN_TOKEN": "bench", **({"PYTHONPATH": str(Path(src) / "src")} if src else {})},
     )
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/health")
@@ -329,6 +336,7 @@ def gateway_target(
         )
         tokens.append(r.json()["token"])
     name = f"gateway ({client})" if sync == "NORMAL" else f"gateway ({client},{sync})"
+    name += f" {Path(src).name}" if src else ""
     return Target(name, f"{url}/s/{{token}}/v1/chat/completions", proc.pid, tokens), proc
 
 
@@ -470,7 +478,7 @@ def table(results: list[Result]) -> str:
 
 
 def start_targets(
-    args: argparse.Namespace, mock_url: str, levels: list[int], tmp: Path, procs: list, profiles: list[Path]
+    args: argparse.Namespace, mock_url: str, levels: list[int], tmp: Path, procs: list, profiles: list
 ) -> list[tuple[Target, list[int]]]:
     """Every target but `direct` started (all up at once, so the rounds can interleave them)."""
     plan = []
@@ -485,7 +493,15 @@ def start_targets(
         prof = Path(args.profile) / f"gateway-{client}-{sync}.prof" if args.profile else None
         target, proc = gateway_target(mock_url, client, max(levels), tmp / f"{client}{sync}.db", sync, prof)
         procs.append(proc)
-        profiles += [prof] if prof else []
+        profiles += [(prof, target.name)] if prof else []
+        plan.append((target, levels))
+    if args.baseline_src:  # the same gateway of another checkout, side by side in the same rounds
+        prof = Path(args.profile) / "gateway-baseline.prof" if args.profile else None
+        target, proc = gateway_target(
+            mock_url, clients[0], max(levels), tmp / "baseline.db", syncs[0], prof, args.baseline_src
+        )
+        procs.append(proc)
+        profiles += [(prof, target.name)] if prof else []
         plan.append((target, levels))
     if args.litellm:
         target, proc = litellm_target(args.litellm, mock_url, tmp)
@@ -514,16 +530,22 @@ def merge_rounds(results: list[Result]) -> list[Result]:
     return list(out.values())
 
 
-def print_profile(path: Path, top: int = 15) -> None:
-    """The profile's top entries by cumulative and by own time (paths shortened)."""
-    import io
+def print_profile(path: Path, requests: int, top: int = 15) -> None:
+    """The profile's top entries by cumulative and by own time, per request, among the functions
+    called at least once a request (start-up and imports left out); times are cProfile's (inflated
+    by its own per-call cost, so the ranking is the point)."""
     import pstats
 
-    for key in ("cumulative", "tottime"):
-        out = io.StringIO()
-        pstats.Stats(str(path), stream=out).strip_dirs().sort_stats(key).print_stats(top)
-        body = out.getvalue()
-        print(f"\n{path.name}, top {top} by {key}:\n" + body[body.index("   ncalls") :].rstrip())
+    stats = pstats.Stats(str(path)).stats
+    hot = [(k, v) for k, v in stats.items() if v[1] >= requests]
+    for key, col in (("cumulative", 3), ("tottime", 2)):
+        print(f"\n{path.name}: top {top} by {key}, per request ({requests} requests)")
+        print(f"{'calls/req':>9} {'own us/req':>10} {'cum us/req':>10}  function")
+        for (file, line, fn), v in sorted(hot, key=lambda kv: kv[1][col], reverse=True)[:top]:
+            where = file.split("site-packages/")[-1].split("src/")[-1]
+            print(
+                f"{v[1] / requests:>9.1f} {1e6 * v[2] / requests:>10.1f} {1e6 * v[3] / requests:>10.1f}  {where}:{line}({fn})"
+            )
 
 
 def main() -> int:
@@ -536,6 +558,13 @@ def main() -> int:
         "--store-sync",
         default="NORMAL,FULL",
         help="trace store synchronous levels to measure (the first one for every client)",
+    )
+    ap.add_argument(
+        "--baseline-src",
+        default=None,
+        metavar="DIR",
+        help="also run the gateway of another checkout (e.g. main's: `git worktree add DIR main`) in the "
+        "same interleaved rounds: before/after in one run",
     )
     ap.add_argument("--litellm", default=None, help="path to LiteLLM's `litellm` executable (its own venv)")
     ap.add_argument("--litellm-sessions", default=None, help="levels for LiteLLM (default: --sessions)")
@@ -567,7 +596,7 @@ def main() -> int:
     mock_url = f"http://127.0.0.1:{mock_port}"
     procs = [mock]
     results: list[Result] = []
-    profiles: list[Path] = []
+    profiles: list[tuple[Path, str]] = []  # (cProfile file, target name)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             wait_http(f"{mock_url}/health")
@@ -587,8 +616,8 @@ def main() -> int:
         f"(interleaved), {os.cpu_count()} CPUs\n"
     )
     print(table(results))
-    for prof in profiles:
-        print_profile(prof)
+    for prof, name in profiles:
+        print_profile(prof, sum(r.requests for r in results if r.target == name))
     g = {r.sessions: r for r in results if r.target == "gateway (aiohttp)"}
     if 256 in g:
         print(f"\ngateway at 256 sessions: {g[256].rps:.0f} req/s, {g[256].errors} errors")
