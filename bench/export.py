@@ -10,6 +10,7 @@ so the peak must not grow with the store.
 
     python bench/export.py                      # 100 k and 1 M calls
     python bench/export.py --calls 1e5,1e6,2e6 --out-format .parquet
+    python bench/export.py --calls 1e5,3e5 --baseline-src /tmp/main   # + main's export, side by side
 """
 
 from __future__ import annotations
@@ -69,19 +70,21 @@ def build_store(path: Path, calls: int, per_session: int, chunk: int = 50_000) -
     conn.close()
 
 
-def export(store: Path, out: Path) -> tuple[float, float, str]:
-    """Seconds, the child's peak RSS in MiB, and its last output line."""
+def export(store: Path, out: Path, src: str | None = None) -> tuple[float, float, str]:
+    """Seconds, the child's peak RSS in MiB, and its last output line (src: another checkout's
+    export, e.g. main's, for comparison)."""
     cmd = [sys.executable, "-m", "polar_pl.cli", "traces", "export", "--store", str(store), "--out", str(out)]
     t = time.perf_counter()
+    env = {**os.environ, **({"PYTHONPATH": str(Path(src) / "src")} if src else {})}
     proc = subprocess.Popen(
-        [*cmd, "--max-session-rows", "3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        [*cmd, "--max-session-rows", "3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
     )
     output = proc.stdout.read().decode()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise SystemExit(f"export of {store} exited {proc.returncode}:\n{output}")
-    return time.perf_counter() - t, usage.ru_maxrss / 1024, output.strip().splitlines()[-1]
+    return time.perf_counter() - t, usage.ru_maxrss / 1024, output.strip().splitlines()[-1].split(" to ")[0]
 
 
 def main() -> None:
@@ -89,10 +92,14 @@ def main() -> None:
     ap.add_argument("--calls", default="1e5,1e6", help="comma-separated store sizes (calls)")
     ap.add_argument("--calls-per-session", type=int, default=10)
     ap.add_argument("--out-format", default=".jsonl", choices=(".jsonl", ".parquet"))
+    ap.add_argument(
+        "--baseline-src", default=None, metavar="DIR", help="also export with this checkout's code"
+    )
     args = ap.parse_args()
     console = Console(width=160)
     table = Table(title=f"traces export (merge=prefix, {args.out_format}): peak RSS of the export process")
     for col in (
+        "code",
         "calls",
         "sessions",
         "store MiB",
@@ -109,11 +116,13 @@ def main() -> None:
             t = time.perf_counter()
             build_store(store, n, args.calls_per_session)
             built = time.perf_counter() - t
-            secs, rss, last = export(store, out)
-            table.add_row(
-                f"{n:,}", f"{-(-n // args.calls_per_session):,}", f"{store.stat().st_size / 2**20:.0f}",
-                f"{built:.1f}", f"{secs:.1f}", f"{out.stat().st_size / 2**20:.0f}", f"{rss:.0f}", last,
-            )  # fmt: skip
+            for src in (None, args.baseline_src) if args.baseline_src else (None,):
+                secs, rss, last = export(store, out, src)
+                table.add_row(
+                    Path(src).name if src else "this", f"{n:,}", f"{-(-n // args.calls_per_session):,}",
+                    f"{store.stat().st_size / 2**20:.0f}", f"{built:.1f}", f"{secs:.1f}",
+                    f"{out.stat().st_size / 2**20:.0f}", f"{rss:.0f}", last,
+                )  # fmt: skip
             store.unlink()
             out.unlink()
     console.print(table)
