@@ -198,9 +198,8 @@ class TraceStore:
             waiters.append(fut)
         conn = self._write_conn
         try:
-            if (
-                len(rows) == 1 and not marks
-            ):  # the inline commit of one call: one statement, its own transaction
+            # the inline commit of one call: one statement, its own transaction (not four)
+            if len(rows) == 1 and not marks:
                 conn.execute(layout.INSERT, rows[0])
             else:
                 conn.execute("BEGIN")
