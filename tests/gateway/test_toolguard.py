@@ -5,6 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
+from polar_pl.chat.toolparse import HermesStreamParser
 from polar_pl.gateway.call.toolguard import ToolCallGuard
 from polar_pl.testing.scripted import Reply, ToolCall
 
@@ -64,6 +65,21 @@ def test_all_calls_dropped_ends_as_a_plain_stop():
         {"role": "assistant", "content": None, "tool_calls": [{"id": "a", "function": {"name": "bash", "arguments": "{}"}}]}
     )
     assert "tool_calls" not in msg  # a request without tools gets no calls at all
+
+
+def test_call_whose_json_never_reaches_its_arguments_is_dropped():
+    """Codex got `exec_command` with arguments "" (a warm model's `{"name": "exec_command", "echo
+    ...` cut before `"arguments"`: the stream parser sends the name, never arguments) and answered
+    "failed to parse function arguments: EOF"; the guard had read "" as "{}" and passed it."""
+    text = 'Sure\n<tool_call>\n{"name": "bash", "echo polaris'
+    parser, chunks = HermesStreamParser(), []
+    for end in range(1, len(text) + 1):
+        if delta := parser.feed(text[:end]):
+            chunks.append(_chunk(delta))
+    guard = ToolCallGuard(TOOLS)
+    calls, finish = _forwarded(guard, [*chunks, _chunk(finish="tool_calls")])
+    assert calls == [] and finish == ["stop"]
+    assert guard.notes == ["malformed tool call dropped: arguments of bash are missing"]
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -104,8 +104,12 @@ class ToolCallGuard:
         name = call["name"]
         if name not in self.allowed:
             return f"name {name[:80]!r} is not among the request's tools"
+        if not call["arguments"]:
+            # the stream parser sends a name before its arguments: none means the call's JSON was
+            # cut or broken before `"arguments"` (a well-formed call without arguments sends "{}")
+            return f"arguments of {name} are missing"
         try:
-            args = json.loads(call["arguments"] or "{}")
+            args = json.loads(call["arguments"])
         except ValueError:
             return f"arguments of {name} are not JSON: {call['arguments'][:80]!r}"
         if not isinstance(args, dict):
