@@ -183,3 +183,66 @@ def test_touch_all_is_zero_with_a_gradient_to_every_parameter() -> None:
     assert out.item() == 0.0
     out.backward()
     assert all(p.grad is not None and not p.grad.any() for p in params)
+
+
+class Ranks:
+    """Stands in for a multi-process Trainer (not under test): its world size, this process's
+    rank and a strategy whose broadcast hands out rank 0's value."""
+
+    def __init__(self, world_size: int, global_rank: int, strategy):
+        self.world_size, self.global_rank, self.strategy = world_size, global_rank, strategy
+
+
+def strategy(base: type, rank0_value: int):
+    class Strategy(base):
+        def broadcast(self, obj, src=0):
+            self.sent = (obj, src)
+            return rank0_value
+
+    return Strategy()
+
+
+def on_ranks(module: GRPOModule, world: int, rank: int, strat=None) -> GRPOModule:
+    module._trainer = Ranks(world, rank, strat if strat is not None else strategy(object, -1))
+    return module
+
+
+def test_micro_batches_are_shared_round_robin_with_padding() -> None:
+    micros = [torch.tensor([i]) for i in range(5)]
+    module = GRPOModule(model=small_model())
+    assert module._share(micros) == (micros, 0)
+    mine, pad = on_ranks(module, 2, 1)._share(micros)
+    assert [int(m) for m in mine] == [1, 3] and pad == 1
+    mine, pad = on_ranks(module, 2, 0)._share(micros)
+    assert [int(m) for m in mine] == [0, 2, 4] and pad == 0
+    mine, pad = on_ranks(module, 3, 2)._share(micros[:4])
+    assert [int(m) for m in mine] == [2] and pad == 1
+
+
+def test_only_rank_zero_asks_the_engine_its_version() -> None:
+    engine = Engine(version=5)
+    module = GRPOModule(model=small_model(), weight_sync=Sync(engine))
+    module.own_version = 2
+    assert module.current_version() == 5
+    assert on_ranks(module, 2, 0).current_version() == 5
+    assert on_ranks(module, 2, 1).current_version() == 2
+    assert GRPOModule(model=small_model(), weight_sync=Sync()).current_version() == 0  # unbound
+
+
+@pytest.mark.parametrize("ddp", [True, False])
+def test_rank_zero_pushes_and_every_rank_learns_the_version(ddp) -> None:
+    from lightning.pytorch.strategies import DDPStrategy
+
+    base = DDPStrategy if ddp else object
+    engine = Engine(version=3)
+    zero = on_ranks(GRPOModule(model=small_model(), weight_sync=Sync(engine)), 2, 0, strategy(base, 4))
+    assert zero._push() == 4 and zero.own_version == 4 and len(engine.pushed) == 1
+    assert zero.trainer.strategy.sent == (4, 0)
+    one = on_ranks(GRPOModule(model=small_model(), weight_sync=Sync(engine)), 2, 1, strategy(base, 4))
+    gathered = []
+    one.model.register_state_dict_post_hook(lambda *_: gathered.append(1))
+    assert one._push() == 4 and one.own_version == 4 and len(engine.pushed) == 1
+    assert one.trainer.strategy.sent == (-1, 0)
+    assert gathered == ([] if ddp else [1])  # a sharded strategy's ranks join the gather
+    alone = GRPOModule(model=small_model(), weight_sync=Sync(engine))
+    assert alone._push() == 5 and alone.own_version == 0
