@@ -114,3 +114,22 @@ def test_cispo_weights_every_token() -> None:
     assert clipped.tolist() == [[True, False, False]]
     loss.sum().backward()
     assert logp.grad.tolist()[0] == pytest.approx([-1.28, 0.5, -1.1])
+
+
+def test_gspo_default_band_is_the_papers() -> None:
+    """eps (3e-4, 4e-4) by default: a call whose sequence ratio moved 1% is clipped on both sides."""
+    old = torch.tensor([[0.01, 0.01, -0.01, -0.01]])
+    logp = torch.zeros(1, 4)
+    seg = _segments([[0, 0, 1, 1]])
+    adv = torch.tensor([[-1.0, -1.0, 1.0, 1.0]])
+    loss, clipped = gspo_policy_loss(logp, old, adv, torch.ones(1, 4), seg)
+    # call 0: s = e^-0.01 < 1 - 3e-4, A < 0 -> loss 1 - 3e-4; call 1: s = e^0.01, A > 0 -> -(1 + 4e-4)
+    assert loss.tolist()[0] == pytest.approx([0.9997, 0.9997, -1.0004, -1.0004], abs=1e-6)
+    assert clipped.tolist() == [[True] * 4]
+
+
+def test_cispo_log_ratio_is_floored_at_the_guard() -> None:
+    """Like every ratio here, CISPO's is exp of a log-ratio clamped to [-20, 20]."""
+    logp = torch.tensor([[-30.0]])
+    loss, clipped = cispo_policy_loss(logp, torch.zeros(1, 1), torch.ones(1, 1))
+    assert loss.item() == pytest.approx(30 * math.exp(-20), rel=1e-4) and clipped.tolist() == [[False]]
