@@ -133,3 +133,24 @@ def test_cispo_log_ratio_is_floored_at_the_guard() -> None:
     logp = torch.tensor([[-30.0]])
     loss, clipped = cispo_policy_loss(logp, torch.zeros(1, 1), torch.ones(1, 1))
     assert loss.item() == pytest.approx(30 * math.exp(-20), rel=1e-4) and clipped.tolist() == [[False]]
+
+
+def test_ppo_default_band_and_a_dual_clip_just_above_one() -> None:
+    # defaults eps (0.2, 0.28): r = 0.5 with A < 0 is lifted to 0.8; r = 1.5 with A > 0 capped at 1.28.
+    logp = torch.tensor([[L(0.5), L(1.5), L(5.0)]])
+    adv = torch.tensor([[-1.0, 1.0, -1.0]])
+    loss, _ = clipped_policy_loss(logp, torch.zeros(1, 3), adv)
+    assert loss.tolist()[0] == pytest.approx([0.8, -1.28, 5.0])
+    loss, clipped = clipped_policy_loss(logp, torch.zeros(1, 3), adv, dual_clip=1.5)
+    assert loss.tolist()[0] == pytest.approx([0.8, -1.28, 1.5]) and clipped.tolist() == [[True] * 3]
+
+
+def test_sequence_and_token_log_ratios_are_clamped_at_the_guard() -> None:
+    """Log-ratios past +-20 are clamped before exp(), in the token (PPO) and sequence (GSPO) ratio."""
+    loss, _ = clipped_policy_loss(torch.tensor([[-30.0]]), torch.zeros(1, 1), torch.ones(1, 1))
+    assert loss.item() == pytest.approx(-math.exp(-20), rel=1e-4)
+    old = torch.tensor([[30.0, 30.0, -30.0, -30.0]])
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
+    loss, _ = gspo_policy_loss(torch.zeros(1, 4), old, adv, torch.ones(1, 4), _segments([[0, 0, 1, 1]]))
+    # call 0: s = e^-20, A > 0 -> -s (unclipped); call 1: s = e^20, A < 0 -> s (unclipped)
+    assert loss.tolist()[0] == pytest.approx([-math.exp(-20)] * 2 + [math.exp(20)] * 2, rel=1e-4)
