@@ -109,3 +109,22 @@ def test_sum_norm_divides_by_max_len() -> None:
     assert w.tolist() == [pytest.approx([x / 2 for x in r]) for r in MASK.tolist()]
     with pytest.raises(ValueError, match=r"^module.aggregation.max_len=0: must be > 0$"):
         seq_mean_token_sum_norm(MASK, ROWS, ROLLOUT, max_len=0)
+
+
+@pytest.mark.parametrize(
+    ("fn", "expected"),
+    [
+        (token_mean, [1 / 3, 1 / 3, 1 / 3]),
+        # K = 2 (rollout 1 has no trainable token left): 1 / (1 * 1 * 2), then 1 / (2 * 1 * 2)
+        (seq_mean_token_mean, [1 / 2, 1 / 4, 1 / 4]),
+        (SUM_NORM, [1 / 8, 1 / 8, 1 / 8]),
+        (rollout_mean, [1 / 2, 1 / 4, 1 / 4]),
+    ],
+)
+def test_one_token_rollout_and_a_fully_masked_one(fn, expected) -> None:
+    """Rollout 0 trains one token, rollout 1 none (all filtered out), rollout 2 two: a one-token
+    rollout counts as a rollout; one with nothing trainable does not."""
+    mask = torch.tensor([[0.0, 1, 0, 0], [0, 0, 0, 0], [0, 1, 1, 0]])
+    rows = torch.tensor([[0] * 4, [1] * 4, [2] * 4])
+    w = fn(mask, rows, torch.tensor([0, 1, 2]))
+    assert w[mask > 0].tolist() == pytest.approx(expected)
