@@ -5,6 +5,7 @@ to run per mutant.)"""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import lightning as L
@@ -82,7 +83,8 @@ def weights(model) -> dict[str, torch.Tensor]:
 
 def test_fit_binds_the_datamodules_target_logs_and_closes() -> None:
     engine = Engine(version=7)
-    module = GRPOModule(model=small_model(), lr=1e-2, weight_sync=Sync())
+    halve = functools.partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=lambda step: 0.5**step)
+    module = GRPOModule(model=small_model(), lr=1e-2, weight_sync=Sync(), lr_scheduler=halve)
     trainer = fit(module, Batches([collate(ROWS, token_budget=16)], engine))
     assert module.weight_sync.engine is engine and module.weight_sync.closed
     assert len(engine.pushed) == 1 and module.optimizer_steps == 1 and trainer.global_step == 1
@@ -94,6 +96,7 @@ def test_fit_binds_the_datamodules_target_logs_and_closes() -> None:
     assert float(logged["rollout/reward_mean/other"]) == 0.5
     assert float(logged["rollout/pass_rate/mini"]) == 0.5
     assert float(logged["train/optimizer_steps"]) == 1.0
+    assert float(logged["train/lr"]) == pytest.approx(5e-3)  # the schedule stepped once
 
 
 def test_resumed_fit_pushes_the_restored_weights_first() -> None:
