@@ -128,3 +128,9 @@ def test_one_token_rollout_and_a_fully_masked_one(fn, expected) -> None:
     rows = torch.tensor([[0] * 4, [1] * 4, [2] * 4])
     w = fn(mask, rows, torch.tensor([0, 1, 2]))
     assert w[mask > 0].tolist() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("fn", ALL)
+def test_a_single_row_with_a_single_token(fn) -> None:
+    w = fn(torch.tensor([[0.0, 1.0, 0.0]]), torch.zeros(1, 3, dtype=torch.long), torch.tensor([0]))
+    assert w.tolist() == [[0.0, pytest.approx(1 / 4 if fn is SUM_NORM else 1.0), 0.0]]

@@ -154,3 +154,12 @@ def test_sequence_and_token_log_ratios_are_clamped_at_the_guard() -> None:
     loss, _ = gspo_policy_loss(torch.zeros(1, 4), old, adv, torch.ones(1, 4), _segments([[0, 0, 1, 1]]))
     # call 0: s = e^-20, A > 0 -> -s (unclipped); call 1: s = e^20, A < 0 -> s (unclipped)
     assert loss.tolist()[0] == pytest.approx([-math.exp(-20)] * 2 + [math.exp(20)] * 2, rel=1e-4)
+
+
+def test_a_ratio_exactly_at_the_dual_bound_is_not_dual_clipped() -> None:
+    logp = torch.tensor([[L(3.0)]], requires_grad=True)
+    c = float(torch.exp(logp.detach()))  # the ratio as computed, so the tie is exact
+    loss, clipped = clipped_policy_loss(logp, torch.zeros(1, 1), torch.tensor([[-1.0]]), dual_clip=c)
+    assert loss.item() == c and clipped.tolist() == [[False]]
+    loss.sum().backward()
+    assert logp.grad.item() == pytest.approx(c)  # the unclipped branch: d(-A r)/dlogp = r
