@@ -127,6 +127,9 @@ def test_an_unbound_sync_needs_a_push_target() -> None:
     )
     with pytest.raises(ValueError, match=msg):
         fit(module, NoTarget([collate(ROWS, token_budget=16)]))
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_progress_bar=False)
+    with pytest.raises(ValueError, match=msg):  # plain dataloaders: no datamodule at all
+        trainer.fit(module, train_dataloaders=NoTarget([collate(ROWS, token_budget=16)]).train_dataloader())
 
 
 def test_bind_engine_binds_the_sync() -> None:
