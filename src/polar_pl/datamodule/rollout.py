@@ -34,8 +34,9 @@ from polar_pl.datamodule.pools import (
     RolloutJob,
     RolloutResult,
 )
-from polar_pl.datamodule.trajectory.base import TrajectoryBuilder
+from polar_pl.datamodule.trajectory.base import BuildResult, TrajectoryBuilder
 from polar_pl.gateway.handle import Gateway
+from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.harness.protocol import GatewaySession, Harness
 from polar_pl.harness.run import run_harness
 from polar_pl.sandbox.infra import InfraError
@@ -124,7 +125,7 @@ class HarnessRolloutStages:
         if result.timed_out:
             job.status, job.error = TIMEOUT, f"harness timed out after {result.duration_s:.0f}s"
             return
-        records = await asyncio.to_thread(self.gateway.records, session.session_id)
+        records = await asyncio.to_thread(self.gateway.records, session.session_id, packed=True)
         policy_exits = getattr(self.harness, "policy_exit_codes", None)
         outcome = classify(result.exit_code, result.stderr, result.stdout, records, policy_exits)
         if outcome.failed:  # its answer is the harness's error text: never evaluated
@@ -150,8 +151,13 @@ class HarnessRolloutStages:
         session = job.state.get("session")
         if session is not None:
             info["session_id"] = session.session_id
-        records = await asyncio.to_thread(self.gateway.records, session.session_id) if session else []
-        built = self.builder.build(records, reward=reward, status=job.status, harness=self.harness.name)
+        build = {"reward": reward, "status": job.status, "harness": self.harness.name}
+        if session is not None:
+            records, built = await asyncio.to_thread(
+                read_and_merge, self.gateway, self.builder, session.session_id, **build
+            )
+        else:
+            records, built = [], self.builder.build([], **build)
         rows = built.rows
         masked = (
             job.status == INFRA_FAILURE
@@ -192,6 +198,16 @@ class HarnessRolloutStages:
                 raise RuntimeError("; ".join(errors))
 
         await asyncio.to_thread(stop)
+
+
+def read_and_merge(
+    source: Any, builder: TrajectoryBuilder, session_id: str, **build: Any
+) -> tuple[list[TraceRecord], BuildResult]:
+    """A finished session's records and its rows, as training gets them: read packed (token
+    fields are arrays over the store's blobs, no per-token Python objects) and merged by `builder`.
+    source: anything with `records(session_id, packed=...)` (the gateway, a TraceStore)."""
+    records = source.records(session_id, packed=True)
+    return records, builder.build(records, **build)
 
 
 def _collect(errors: list[str], fn: Callable[..., Any], *args: Any) -> None:

@@ -18,7 +18,7 @@ import sys
 from dataclasses import asdict, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import orjson
 from rich.console import Console
@@ -76,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    """Streams: one session's records and rows in memory at a time, written as they are built
+    (a 1 M-call store exports in the memory of a 100 k-call one, bench/export.py)."""
     out = Path(args.out)
     if out.suffix not in FORMATS:
         raise ValueError(f"--out {out}: the extension must be one of {FORMATS}")
@@ -84,32 +86,36 @@ def _export(args: argparse.Namespace) -> int:
         raise ValueError(f"--store {store}: no such file")
     rewards = _read_rewards(args.rewards) if args.rewards else {}
     builder = load_builder(args.merge)
-
-    from polar_pl.gateway.store.traces import read_records
-
-    by_session: dict[str, list[TraceRecord]] = {}
-    for rec in read_records(store):
-        if args.session is None or rec.session_id in args.session:
-            by_session.setdefault(rec.session_id, []).append(rec)
-    rows: list[TrajectoryRow] = []
+    keep_all = bool(args.stats_json)  # per-session stats of every session only when asked for
     per_session: dict[str, MergeStats] = {}
-    for sid, recs in by_session.items():
-        res = builder.build(recs, reward=rewards.get(sid, 0.0))
-        rows.extend(res.rows)
-        per_session[sid] = res.stats
-    total = sum(per_session.values(), MergeStats())
+    plain: dict[str, MergeStats] = {}
+    total = plain_total = MergeStats()
+    written = 0
+
+    from polar_pl.gateway.store.traces import TraceReader
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    (_write_jsonl if out.suffix == ".jsonl" else _write_parquet)(rows, out)
+    with TraceReader(store) as reader, RowWriter(out) as writer:
+        for sid, recs in reader.iter_sessions(args.session, packed=True):
+            res = builder.build(recs, reward=rewards.get(sid, 0.0))
+            writer.write(res.rows)
+            written += len(res.rows)
+            total += res.stats
+            if keep_all or len(per_session) < args.max_session_rows:
+                per_session[sid] = res.stats
+            if args.compare_rendered:
+                st = builder.build(plain_renders(recs)).stats
+                plain_total += st
+                if len(plain) < args.max_session_rows:
+                    plain[sid] = st
     if args.stats_json:
         stats = {"batch": stats_dict(total), "sessions": {s: stats_dict(v) for s, v in per_session.items()}}
         Path(args.stats_json).write_text(json.dumps(stats, indent=1))
     _print_stats(per_session, total, f"merge={args.merge}", args.max_session_rows)
     if args.compare_rendered:
-        plain = {sid: builder.build(plain_renders(recs)).stats for sid, recs in by_session.items()}
         title = f"merge={args.merge}, plain re-renders (token-faithful off)"
-        _print_stats(plain, sum(plain.values(), MergeStats()), title, args.max_session_rows)
-    Console(soft_wrap=True).print(f"wrote {len(rows)} rows to {out}")
+        _print_stats(plain, plain_total, title, args.max_session_rows)
+    Console(soft_wrap=True).print(f"wrote {written} rows to {out}")
     return 0
 
 
@@ -128,40 +134,72 @@ def stats_dict(s: MergeStats) -> dict[str, Any]:
     return d
 
 
+_ROW_FIELDS = tuple(TrajectoryRow.__dataclass_fields__)
+_SCHEMA_FIELDS = (
+    ("input_ids", "int32"), ("loss_mask", "int8"), ("behavior_logprobs", "float64"),
+    ("policy_version", "int32"), ("session_id", "string"), ("rollout_id", "string"),
+    ("group_id", "string"), ("reward", "float64"), ("call_indices", "int32"), ("harness", "string"),
+    ("status", "string"), ("meta", "string"),
+)  # fmt: skip
+_LISTS = {"input_ids", "loss_mask", "behavior_logprobs", "policy_version", "call_indices"}
+
+
 def _row_dict(row: TrajectoryRow) -> dict[str, Any]:
-    d = asdict(row)
+    """The row's fields, token fields as they are (lists or arrays: no deep copy of each row)."""
+    d = {f: getattr(row, f) for f in _ROW_FIELDS}
     d["call_indices"] = list(row.call_indices)
     return d
 
 
-def _write_jsonl(rows: list[TrajectoryRow], out: Path) -> None:
-    with open(out, "wb") as f:
-        f.writelines(orjson.dumps(_row_dict(row)) + b"\n" for row in rows)
+class RowWriter:
+    """Rows appended to a JSONL or parquet file as they come (parquet: one row group a batch)."""
 
+    def __init__(self, out: Path, batch: int = 1024) -> None:
+        self.out, self.batch = out, batch
+        self._pending: list[TrajectoryRow] = []
+        self._file = open(out, "wb") if out.suffix == ".jsonl" else None  # noqa: SIM115
+        self._parquet = None
 
-def _write_parquet(rows: list[TrajectoryRow], out: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    def __enter__(self) -> Self:
+        return self
 
-    # meta is free-form: stored as a JSON string so the schema does not depend on its keys
-    recs = [_row_dict(r) | {"meta": orjson.dumps(r.meta).decode()} for r in rows]
-    schema = pa.schema(
-        [
-            ("input_ids", pa.list_(pa.int32())),
-            ("loss_mask", pa.list_(pa.int8())),
-            ("behavior_logprobs", pa.list_(pa.float64())),
-            ("policy_version", pa.list_(pa.int32())),
-            ("session_id", pa.string()),
-            ("rollout_id", pa.string()),
-            ("group_id", pa.string()),
-            ("reward", pa.float64()),
-            ("call_indices", pa.list_(pa.int32())),
-            ("harness", pa.string()),
-            ("status", pa.string()),
-            ("meta", pa.string()),
-        ]
-    )
-    pq.write_table(pa.Table.from_pylist(recs, schema=schema), out)
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def write(self, rows: list[TrajectoryRow]) -> None:
+        if self._file is not None:
+            self._file.writelines(
+                orjson.dumps(_row_dict(r), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for r in rows
+            )
+            return
+        self._pending.extend(rows)
+        if len(self._pending) >= self.batch:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = pa.schema(
+            [
+                (n, pa.list_(pa.type_for_alias(t)) if n in _LISTS else pa.type_for_alias(t))
+                for n, t in _SCHEMA_FIELDS
+            ]
+        )
+        # meta is free-form: stored as a JSON string so the schema does not depend on its keys
+        recs = [_row_dict(r) | {"meta": orjson.dumps(r.meta).decode()} for r in self._pending]
+        self._pending = []
+        if self._parquet is None:
+            self._parquet = pq.ParquetWriter(self.out, schema)
+        self._parquet.write_table(pa.Table.from_pylist(recs, schema=schema))
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            return
+        if self._pending or self._parquet is None:  # an empty export is still a readable file
+            self._flush()
+        self._parquet.close()
 
 
 def read_rows(path: str | Path) -> list[TrajectoryRow]:
@@ -180,7 +218,7 @@ def plain_renders(records: list[TraceRecord]) -> list[TraceRecord]:
     """The records as they would read with token-faithful prompts off: where the gateway spliced
     sampled ids in, the prompt is the plain re-render it kept in `rendered_prompt_ids`."""
     return [
-        replace(r, prompt_ids=list(r.rendered_prompt_ids), rendered_prompt_ids=None)
+        replace(r, prompt_ids=r.rendered_prompt_ids, rendered_prompt_ids=None)
         if r.rendered_prompt_ids is not None
         else r
         for r in records

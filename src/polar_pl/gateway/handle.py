@@ -156,5 +156,6 @@ class Gateway:
             raise TimeoutError(f"gateway: no answer from its event loop in {timeout}s")
         return fut.result()  # the coroutine's own TimeoutError (DrainTimeout) is its answer
 
-    def records(self, session_id: str) -> list[TraceRecord]:
-        return self.runtime.store.records(session_id)
+    def records(self, session_id: str, *, packed: bool = False) -> list[TraceRecord]:
+        """A session's records in call order (packed: token fields as arrays, store/layout.py)."""
+        return self.runtime.store.records(session_id, packed=packed)

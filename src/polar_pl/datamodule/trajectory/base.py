@@ -187,7 +187,7 @@ class Call:
     """One record prepared for merging: token ids as int32 arrays, and their bytes, so prefix
     checks are memcmp (zero-copy for records read packed from the store)."""
 
-    __slots__ = ("pos", "prompt", "prompt_bytes", "rec", "response", "response_bytes")
+    __slots__ = ("num_tokens", "pos", "prompt", "prompt_bytes", "rec", "response", "response_bytes")
 
     def __init__(self, rec: TraceRecord, pos: int) -> None:
         self.rec = rec
@@ -197,6 +197,7 @@ class Call:
         self.prompt_bytes = _bytes(self.prompt)
         self.response_bytes = _bytes(self.response)
         n = len(self.response)
+        self.num_tokens = len(self.prompt) + n
         if len(rec.response_logprobs) != n:
             raise ValueError(
                 f"session {rec.session_id} call {rec.call_index}: {n} response_ids but "
@@ -221,10 +222,6 @@ class Call:
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(prompt, response) as int32 arrays."""
         return self.prompt, self.response
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.response)
 
 
 def _bytes(a: np.ndarray) -> bytes:

@@ -109,8 +109,11 @@ class PrefixBuilder(SideCallOptions):
                 continue
             call_tokens += c.num_tokens
             # longest first (the most recent on ties): the first chain extended is the one to join
-            by_length = sorted(enumerate(main), key=lambda ic: (ic[1].tokens, ic[0]), reverse=True)
-            best = next((ch for _, ch in by_length if ch.extended_by(c)), None)
+            if len(main) == 1:  # most sessions: no subagent, nothing to sort (per call)
+                best = main[0] if main[0].extended_by(c) else None
+            else:
+                by_length = sorted(enumerate(main), key=lambda ic: (ic[1].tokens, ic[0]), reverse=True)
+                best = next((ch for _, ch in by_length if ch.extended_by(c)), None)
             if best is not None:
                 best.append(c)
                 continue

@@ -70,13 +70,17 @@ class CallCapture:
         for ch in chunk.get("choices") or ():
             ids = ch.get("token_ids")
             if ids:
-                self.response_ids.extend(ids)
-                self.token_versions.extend([self.policy_version] * len(ids))
+                self.response_ids += ids
+                self.token_versions += [self.policy_version] * len(ids)
             lp = ch.get("logprobs")
             if lp:
-                for item in lp.get("content") or ():
-                    self.logprobs.append(float(item["logprob"]))
-            delta = ch.get("delta") or {}
+                self.logprobs += [float(item["logprob"]) for item in lp.get("content") or ()]
+            delta = ch.get("delta")
+            if not delta:
+                if ch.get("finish_reason"):
+                    self.finish_reason = ch["finish_reason"]
+                    self.stop_reason = ch.get("stop_reason")
+                continue
             text = delta.get("content")
             if text:
                 self.content.append(text)

@@ -40,7 +40,7 @@ from starlette.responses import Response
 from polar_pl.gateway.call.capture import CallCapture
 from polar_pl.gateway.call.gate import EngineGate
 from polar_pl.gateway.call.inflight import CallInFlight
-from polar_pl.gateway.call.respond import DeliveredResponse, RelayResponse
+from polar_pl.gateway.call.respond import DeliveredResponse, LastPart, RelayResponse
 from polar_pl.gateway.call.sampling import check_policy, settle_sampling
 from polar_pl.gateway.call.sidecalls import SideCallRule, classify
 from polar_pl.gateway.call.stats import GatewayStats
@@ -405,13 +405,13 @@ class Proxy:
             if not await self._commit(call, call.record(cap, b"".join([*sent, tail]).decode())):
                 tail = translator.error(*self._store_failed(call))
             sent.append(tail)
-            yield tail
+            yield LastPart(tail)
         except UpstreamError as exc:
             self._release(call)
             tail = translator.error(upstream_status(call.adapter, exc), exc.message)
             sent.append(tail)
             await self._commit(call, call.record(cap, b"".join(sent).decode(), "error", exc.for_record))
-            yield tail
+            yield LastPart(tail)
         except Exception as exc:  # a translator bug: still a record, and an error event, not a cut
             log.exception("gateway error relaying a %s stream", call.provider)
             if not call.recorded:

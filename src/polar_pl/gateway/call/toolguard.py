@@ -30,8 +30,10 @@ class ToolCallGuard:
         """The chunks to hand the harness's translator instead of `chunk`: itself without tool-call
         deltas, preceded at the finish by one chunk with the calls that passed."""
         choices = chunk.get("choices")
-        if not choices:
-            return [chunk]
+        if not choices or not any(
+            c.get("finish_reason") or (c.get("delta") or {}).get("tool_calls") for c in choices
+        ):
+            return [chunk]  # nothing to hold back or map (most chunks): the chunk itself, no copy
         out_choices = []
         flush: list[dict[str, Any]] | None = None
         for choice in choices:

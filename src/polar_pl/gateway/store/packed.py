@@ -18,6 +18,8 @@ F32 = np.dtype("<f4")
 def as_i32(ids: Any) -> np.ndarray:
     """Token ids (list, array or little-endian int32 bytes) as a 1-D int32 array (no copy when
     they are one already)."""
+    if type(ids) is np.ndarray:  # the common case (records read packed), checked first: per call
+        return ids if ids.dtype == I32 else ids.astype(I32)
     if isinstance(ids, bytes | bytearray | memoryview):
         return np.frombuffer(ids, dtype=I32)
     if isinstance(ids, np.ndarray):

@@ -60,10 +60,15 @@ class TraceRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TraceRecord:
-        d = dict(d)
+        return cls.from_owned_dict(dict(d))
+
+    @classmethod
+    def from_owned_dict(cls, d: dict[str, Any]) -> TraceRecord:
+        """`from_dict` on a dict the caller gives up (the store's decoder: no copy, per record)."""
         d["notes"] = tuple(d.get("notes") or ())
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        if not d.keys() <= _FIELDS:  # a record written by a newer version: its extra fields dropped
+            d = {k: v for k, v in d.items() if k in _FIELDS}
+        return cls(**d)
 
     def with_raw_request(self, raw_body: bytes, reason: str) -> TraceRecord:
         """This record with the request kept as the bytes the harness sent (for a record whose
@@ -84,6 +89,9 @@ class TraceRecord:
         if self.response_policy_versions is not None:
             return list(self.response_policy_versions)
         return [self.policy_version] * len(self.response_ids)
+
+
+_FIELDS = frozenset(TraceRecord.__dataclass_fields__)
 
 
 def hash_token(token: str) -> str:

@@ -34,7 +34,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
+import operator
 import queue
 import sqlite3
 import threading
@@ -86,6 +88,7 @@ class TraceStore:
         self._write_conn = _open(self.path, synchronous)
         _hash_legacy_tokens(self._write_conn)
         self._read_conn = _open(self.path, synchronous)
+        self._read_conn.execute(f"PRAGMA mmap_size={layout.MMAP_SIZE}")
         # once, here: the connection is shared by threads and used only under _read_lock after this
         self._cols = layout.record_columns(self._read_conn)
         self._read_lock = threading.Lock()
@@ -195,13 +198,18 @@ class TraceStore:
             waiters.append(fut)
         conn = self._write_conn
         try:
-            conn.execute("BEGIN")
-            conn.executemany(layout.INSERT, rows)
-            conn.executemany(
-                "UPDATE records SET status=? WHERE session_id=? AND call_index=? AND status='pending'",
-                [(status, sid, idx) for sid, idx, status in marks],
-            )
-            conn.execute("COMMIT")
+            # the inline commit of one call: one statement, its own transaction (not four)
+            if len(rows) == 1 and not marks:
+                conn.execute(layout.INSERT, rows[0])
+            else:
+                conn.execute("BEGIN")
+                conn.executemany(layout.INSERT, rows)
+                if marks:
+                    conn.executemany(
+                        "UPDATE records SET status=? WHERE session_id=? AND call_index=? AND status='pending'",
+                        [(status, sid, idx) for sid, idx, status in marks],
+                    )
+                conn.execute("COMMIT")
         except sqlite3.Error as exc:  # every waiter learns its record is not durable
             with contextlib.suppress(sqlite3.Error):
                 if conn.in_transaction:
@@ -349,9 +357,17 @@ class TraceReader:
     def iter_sessions(
         self, session_ids: list[str] | None = None, *, packed: bool = False
     ) -> Iterator[tuple[str, list[TraceRecord]]]:
-        """(session id, its records) one session at a time: a store of any size in bounded memory."""
-        for sid in self.session_ids() if session_ids is None else session_ids:
-            yield sid, self.records(sid, packed=packed)
+        """(session id, its records in call order), one session at a time, in session id order:
+        one cursor walking the session index, so a store of any size is read in the memory of
+        one session (no list of every session id first)."""
+        where, args = "", ()
+        if session_ids is not None:
+            where, args = f"WHERE session_id IN ({','.join('?' * len(session_ids))})", tuple(session_ids)
+        rows = self._conn.execute(
+            f"SELECT session_id, {self._cols} FROM records {where} ORDER BY session_id, call_index, id", args
+        )
+        for sid, group in itertools.groupby(rows, key=operator.itemgetter(0)):
+            yield sid, [_decode(r[1:], packed) for r in group]
 
 
 def read_sessions(path: str | Path) -> list[SessionInfo]:

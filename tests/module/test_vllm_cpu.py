@@ -1,0 +1,65 @@
+"""The module against vLLM's CPU build, on one server (a start costs ~50 CPU seconds): its processed
+logprobs match the trainer's at T=0.7 / top_p=0.5, then a disk push reloads the trained weights.
+The tests run in file order: the first one needs the untrained weights the second one replaces."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from module_rows import prompt_ids, sample_group
+from test_processed_logprobs import bare
+from test_weight_sync import GAP_TOL, max_gap, trained
+
+from polar_pl.engine.vllm_engine import VLLMEngine, vllm_installed, vllm_python
+from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.weight_sync import DiskSync, VLLMRoutes
+from polar_pl.testing.sampling_gap import sample_records, trainer_gap
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not vllm_installed(), reason=f"no vLLM CPU build at {vllm_python()}"),
+]
+
+
+@pytest.fixture(scope="module")
+def vllm(tiny_model_dir):
+    with VLLMEngine(tiny_model_dir, served_model_name="tiny", max_model_len=2048) as server:
+        yield server
+
+
+def test_vllm_processed_logprobs_match_the_trainer(vllm, tiny_model_dir, tmp_path) -> None:
+    """vLLM (launched with --logprobs-mode processed_logprobs) serving the untrained tiny model,
+    whose nucleus at top_p 0.5 is thousands of tokens wide (not a near-certain token)."""
+    assert vllm.policy_version() == 0
+    sessions = sample_records(vllm, tmp_path / "v.db", tiny_model_dir, temperature=0.7, top_p=0.5)
+    behaviour = [lp for recs in sessions for r in recs for lp in r.response_logprobs]
+    gap = trainer_gap(tiny_model_dir, sessions)["train/logprob_gap_mean"]
+    raw_gap = trainer_gap(tiny_model_dir, bare(sessions))["train/logprob_gap_mean"]
+    mean_lp = sum(behaviour) / len(behaviour)
+    print(
+        f"vLLM, T=0.7 top_p=0.5: gap {gap:.2e} (settings ignored: {raw_gap:.3f}), mean logprob {mean_lp:.2f}"
+    )
+    assert gap < 0.01 and raw_gap > 0.05 and mean_lp < -1.0
+
+
+def test_disk_push_into_vllm_cpu(vllm, tiny_model_dir, engine) -> None:
+    """vLLM's CPU build reloads the pushed safetensors; its logprobs then equal the trainer's."""
+    sync = DiskSync().bind(vllm)
+    module = trained(tiny_model_dir, engine, sync)
+    assert vllm.policy_version() == 1
+    assert httpx.get(f"{vllm.url}/weight_info", timeout=10).json()["weight_version"] == "1"
+    rows = sample_group(vllm, "vllm", prompt_ids(9, 4), seed=7)
+    assert max_gap(module, rows) < GAP_TOL
+    assert max_gap(GRPOModule(tiny_model_dir), rows) > GAP_TOL
+    # The control-plane routes VLLMWeightTransferSync drives, on the real server (the data plane,
+    # NCCL / IPC, needs a GPU).
+    routes = VLLMRoutes(vllm.url, timeout=60)
+    assert routes.world_size() == 1
+    routes.pause("keep")
+    assert httpx.get(f"{vllm.url}/is_paused", timeout=10).json()["is_paused"] is True
+    routes.update_weight_version(7)
+    routes.resume()
+    assert httpx.get(f"{vllm.url}/is_paused", timeout=10).json()["is_paused"] is False
+    assert httpx.get(f"{vllm.url}/weight_info", timeout=10).json()["weight_version"] == "7"
+    with pytest.raises(RuntimeError, match="start_weight_update"):
+        routes.start_weight_update()  # no weight-transfer backend was configured at launch
