@@ -8,8 +8,15 @@ policy that ignores the prompt stays at ~0.5, so the mean rises only if it reads
 Printed: mean reward by step for both runs, per answer check, the sampled entropy, the gain (mean of
 the last 5 steps minus the first 5) and how many rows each session became (2 = merged + side).
 
+Measured (2026-12-01, shared 2-core machine, load 6-28): with the defaults, --seed 1 reached
+0.62-0.69 at steps 16-18 and fell back to 0.50; --seed 2 and 3 collapsed onto lowercase (0.50,
+entropy ~0) from steps 13 and 25. The same task in one call per session (no notes, no title)
+learnt at seed 1 (1.00 from step 10) but not at seeds 2 and 3 within 16 steps: the untrained
+model's race between reading the prompt and collapsing is decided by the samples.
+
     python bench/multiturn_learning.py                    # experiment=multiturn's settings, 30 steps
     python bench/multiturn_learning.py --steps 20 --group-size 4
+    python bench/multiturn_learning.py --seed 3 --note-tokens 2 --max-tokens 8   # repeatable samples
 """
 
 from __future__ import annotations
@@ -38,24 +45,37 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--groups-per-step", type=int, default=2)
     ap.add_argument("--lr", type=float, default=3e-2)
+    ap.add_argument("--entropy-coef", type=float, default=0.0)
+    ap.add_argument("--n-tasks", type=int, default=8)
+    ap.add_argument("--note-tokens", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=16, help="the answer's token limit")
+    ap.add_argument("--seed", type=int, default=None, help="sampling seed (per session) for a repeatable run")
     args = ap.parse_args()
-    tasks = LearnableTaskSource(kind="case", n_tasks=8).tasks()
-    notes = {"work_turns": 2, "title": True, "note_tokens": 8, "extra": {"max_tokens": 16}}
+    tasks = LearnableTaskSource(kind="case", n_tasks=args.n_tasks).tasks()
+    notes = {
+        "work_turns": 2,
+        "title": True,
+        "note_tokens": args.note_tokens,
+        "extra": {"max_tokens": args.max_tokens},
+    }
     kw = {"steps": args.steps, "group_size": args.group_size, "groups_per_step": args.groups_per_step,
-          "notes": notes}  # fmt: skip
+          "notes": notes, "seed": args.seed}  # fmt: skip
     tmp = Path(tempfile.mkdtemp(prefix="polar-multiturn-"))
     with EmbeddedEngine(args.model, served_model_name="tiny") as engine:
         initial = GRPOModule(args.model).model.state_dict()
         curves = {}
         for name, sync in (("push", EmbeddedStateDictSync()), ("no push", NoSync())):
             engine.update_weights_from_state_dict(initial)
-            module = GRPOModule(args.model, lr=args.lr, weight_sync=sync.bind(engine))
+            module = GRPOModule(
+                args.model, lr=args.lr, entropy_coef=args.entropy_coef, weight_sync=sync.bind(engine)
+            )
             curves[name] = learn(module, engine, tasks, tmp / f"{name.replace(' ', '_')}.db", **kw)
     for name, c in curves.items():
         print(f"{name:8} reward  {[round(x, 3) for x in c.reward]}")
         for check, values in c.by_check.items():
             print(f"{name:8} {check:20} {[round(x, 3) for x in values]}")
         print(f"{name:8} entropy {[round(x, 3) for x in c.entropy]}")
+        print(f"{name:8} seconds: sampling {sum(c.sample_s):.1f}, update + push {sum(c.update_s):.1f}")
         per_session = args.group_size * args.groups_per_step
         half = len(c.rows_per_session) // 2
         print(f"{name:8} rows per session: first half {dict(collections.Counter(c.rows_per_session[:half]))}, "

@@ -60,3 +60,23 @@ def test_variance_filter_tolerance_is_strict() -> None:
     assert nonzero_variance_groups(T([0.0, 0.5, 0.0, 0.75]), T([0, 0, 1, 1]), tol=0.5).tolist() == [
         False, False, True, True,
     ]  # fmt: skip
+
+
+def test_no_rollouts_gives_empty_advantages() -> None:
+    """A batch whose every row is left out (side_rows="exclude" on side rows only) has K = 0
+    units: the advantage runs before the skip and must return an empty tensor, not raise."""
+    none_r, none_g = torch.zeros(0), torch.zeros(0, dtype=torch.long)
+    for fn in (group_mean, leave_one_out, nonzero_variance_groups):
+        assert fn(none_r, none_g).tolist() == []
+    assert group_mean(T([3.0, 4.0]), T([-1, -1])).tolist() == [0.0, 0.0]
+
+
+def test_a_missing_index_stays_zero_when_group_zero_scored_nothing() -> None:
+    """Index 2 has no rows; its (clamped) lookup lands on group 0, whose rewards are all 0: its
+    advantage is 0, not 0 / 0."""
+    r, g = T([0.0, 0.0, 5.0, 1.0, 0.0]), T([0, 0, -1, 1, 1])
+    a = 0.5 / math.sqrt(0.5)
+    assert group_mean(r, g).tolist() == pytest.approx([0.0, 0.0, 0.0, a, -a], abs=1e-5)
+    assert leave_one_out(r, g, std_normalize=True).tolist() == pytest.approx(
+        [0.0, 0.0, 0.0, 2 * a, -2 * a], abs=1e-5
+    )

@@ -89,3 +89,48 @@ def test_split_rollout_weighs_as_merged(fn, lengths) -> None:
         per_rollout = torch.zeros(2).index_add_(0, rollout[rows.clamp(min=0)].flatten(), (w * mask).flatten())
         totals.append(per_rollout)
     assert totals[1].tolist() == pytest.approx(totals[0].tolist())
+
+
+@pytest.mark.parametrize("fn", ALL)
+def test_a_single_rollout_and_an_empty_batch(fn) -> None:
+    """One rollout (two chains, 3 tokens) takes all the weight: 1 (sum_norm: tokens / max_len).
+    A batch of no sequences and no rows gives empty weights."""
+    mask = torch.tensor([[0.0, 1, 1, 0, 1]])
+    w = fn(mask, torch.tensor([[0, 0, 0, 1, 1]]), torch.tensor([0, 0]))
+    assert float(w.sum()) == pytest.approx(3 / 4 if fn is SUM_NORM else 1.0)
+    empty = fn(torch.zeros(0, 4), torch.zeros(0, 4, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+    assert empty.shape == (0, 4)
+
+
+def test_sum_norm_divides_by_max_len() -> None:
+    w = seq_mean_token_sum_norm(MASK, ROWS, ROLLOUT)  # default max_len 1024, K = 2
+    assert w.tolist() == [pytest.approx([x / 2048 for x in r]) for r in MASK.tolist()]
+    w = seq_mean_token_sum_norm(MASK, ROWS, ROLLOUT, max_len=1)
+    assert w.tolist() == [pytest.approx([x / 2 for x in r]) for r in MASK.tolist()]
+    with pytest.raises(ValueError, match=r"^module.aggregation.max_len=0: must be > 0$"):
+        seq_mean_token_sum_norm(MASK, ROWS, ROLLOUT, max_len=0)
+
+
+@pytest.mark.parametrize(
+    ("fn", "expected"),
+    [
+        (token_mean, [1 / 3, 1 / 3, 1 / 3]),
+        # K = 2 (rollout 1 has no trainable token left): 1 / (1 * 1 * 2), then 1 / (2 * 1 * 2)
+        (seq_mean_token_mean, [1 / 2, 1 / 4, 1 / 4]),
+        (SUM_NORM, [1 / 8, 1 / 8, 1 / 8]),
+        (rollout_mean, [1 / 2, 1 / 4, 1 / 4]),
+    ],
+)
+def test_one_token_rollout_and_a_fully_masked_one(fn, expected) -> None:
+    """Rollout 0 trains one token, rollout 1 none (all filtered out), rollout 2 two: a one-token
+    rollout counts as a rollout; one with nothing trainable does not."""
+    mask = torch.tensor([[0.0, 1, 0, 0], [0, 0, 0, 0], [0, 1, 1, 0]])
+    rows = torch.tensor([[0] * 4, [1] * 4, [2] * 4])
+    w = fn(mask, rows, torch.tensor([0, 1, 2]))
+    assert w[mask > 0].tolist() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("fn", ALL)
+def test_a_single_row_with_a_single_token(fn) -> None:
+    w = fn(torch.tensor([[0.0, 1.0, 0.0]]), torch.zeros(1, 3, dtype=torch.long), torch.tensor([0]))
+    assert w.tolist() == [[0.0, pytest.approx(1 / 4 if fn is SUM_NORM else 1.0), 0.0]]

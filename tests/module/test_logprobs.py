@@ -9,7 +9,7 @@ import torch
 from small_model import VOCAB, small_model
 
 from polar_pl.engine.sampling import processed_logits, sampling_filter
-from polar_pl.module.logprobs import Sampling, forward_inputs, token_logprobs
+from polar_pl.module.logprobs import Sampling, forward_inputs, scorable, token_logprobs
 
 
 def batch(n: int = 2, t: int = 12, seed: int = 0):
@@ -184,3 +184,8 @@ def test_no_needed_column_gives_zeros() -> None:
     ids, pos = batch()
     lp, ent = token_logprobs(small_model(), ids, pos, need=torch.zeros_like(ids), with_entropy=True)
     assert (lp == 0).all() and (ent == 0).all()
+
+
+def test_the_first_token_of_each_packed_row_is_not_scorable() -> None:
+    """Two rows packed in one sequence (positions restart at 0): neither first token has a logprob."""
+    assert scorable(torch.tensor([[0, 1, 2, 0, 1]])).tolist() == [[False, True, True, False, True]]

@@ -114,3 +114,52 @@ def test_cispo_weights_every_token() -> None:
     assert clipped.tolist() == [[True, False, False]]
     loss.sum().backward()
     assert logp.grad.tolist()[0] == pytest.approx([-1.28, 0.5, -1.1])
+
+
+def test_gspo_default_band_is_the_papers() -> None:
+    """eps (3e-4, 4e-4) by default: a call whose sequence ratio moved 1% is clipped on both sides."""
+    old = torch.tensor([[0.01, 0.01, -0.01, -0.01]])
+    logp = torch.zeros(1, 4)
+    seg = _segments([[0, 0, 1, 1]])
+    adv = torch.tensor([[-1.0, -1.0, 1.0, 1.0]])
+    loss, clipped = gspo_policy_loss(logp, old, adv, torch.ones(1, 4), seg)
+    # call 0: s = e^-0.01 < 1 - 3e-4, A < 0 -> loss 1 - 3e-4; call 1: s = e^0.01, A > 0 -> -(1 + 4e-4)
+    assert loss.tolist()[0] == pytest.approx([0.9997, 0.9997, -1.0004, -1.0004], abs=1e-6)
+    assert clipped.tolist() == [[True] * 4]
+
+
+def test_cispo_log_ratio_is_floored_at_the_guard() -> None:
+    """Like every ratio here, CISPO's is exp of a log-ratio clamped to [-20, 20]."""
+    logp = torch.tensor([[-30.0]])
+    loss, clipped = cispo_policy_loss(logp, torch.zeros(1, 1), torch.ones(1, 1))
+    assert loss.item() == pytest.approx(30 * math.exp(-20), rel=1e-4) and clipped.tolist() == [[False]]
+
+
+def test_ppo_default_band_and_a_dual_clip_just_above_one() -> None:
+    # defaults eps (0.2, 0.28): r = 0.5 with A < 0 is lifted to 0.8; r = 1.5 with A > 0 capped at 1.28.
+    logp = torch.tensor([[L(0.5), L(1.5), L(5.0)]])
+    adv = torch.tensor([[-1.0, 1.0, -1.0]])
+    loss, _ = clipped_policy_loss(logp, torch.zeros(1, 3), adv)
+    assert loss.tolist()[0] == pytest.approx([0.8, -1.28, 5.0])
+    loss, clipped = clipped_policy_loss(logp, torch.zeros(1, 3), adv, dual_clip=1.5)
+    assert loss.tolist()[0] == pytest.approx([0.8, -1.28, 1.5]) and clipped.tolist() == [[True] * 3]
+
+
+def test_sequence_and_token_log_ratios_are_clamped_at_the_guard() -> None:
+    """Log-ratios past +-20 are clamped before exp(), in the token (PPO) and sequence (GSPO) ratio."""
+    loss, _ = clipped_policy_loss(torch.tensor([[-30.0]]), torch.zeros(1, 1), torch.ones(1, 1))
+    assert loss.item() == pytest.approx(-math.exp(-20), rel=1e-4)
+    old = torch.tensor([[30.0, 30.0, -30.0, -30.0]])
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
+    loss, _ = gspo_policy_loss(torch.zeros(1, 4), old, adv, torch.ones(1, 4), _segments([[0, 0, 1, 1]]))
+    # call 0: s = e^-20, A > 0 -> -s (unclipped); call 1: s = e^20, A < 0 -> s (unclipped)
+    assert loss.tolist()[0] == pytest.approx([-math.exp(-20)] * 2 + [math.exp(20)] * 2, rel=1e-4)
+
+
+def test_a_ratio_exactly_at_the_dual_bound_is_not_dual_clipped() -> None:
+    logp = torch.tensor([[L(3.0)]], requires_grad=True)
+    c = float(torch.exp(logp.detach()))  # the ratio as computed, so the tie is exact
+    loss, clipped = clipped_policy_loss(logp, torch.zeros(1, 1), torch.tensor([[-1.0]]), dual_clip=c)
+    assert loss.item() == c and clipped.tolist() == [[False]]
+    loss.sum().backward()
+    assert logp.grad.item() == pytest.approx(c)  # the unclipped branch: d(-A r)/dlogp = r

@@ -4,6 +4,7 @@ count each rollout once however many rows it has."""
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -54,3 +55,14 @@ def test_numeric_keeps_loggable_values() -> None:
     assert numeric({"a": 1, "b": 2.5, "c": "x", "d": torch.tensor(3.0), "e": [1], "f": True}) == {
         "a": 1.0, "b": 2.5, "d": 3.0, "f": 1.0,
     }  # fmt: skip
+
+
+def test_harness_rewards_are_reduced_in_float64() -> None:
+    """The reported mean and std are those of the rollouts' (float32) rewards computed in float64,
+    not a float32 reduction that is off in the 8th digit."""
+    rows = [row(f"r{i}", x, "codex") for i, x in enumerate([0.1, 0.2, 0.7, 0.35])]
+    batch = collate(rows, token_budget=16)
+    rewards = [float(x) for x in batch.rewards]
+    m = harness_metrics(batch)
+    assert m["rollout/reward_mean/codex"] == statistics.fmean(rewards)
+    assert m["rollout/reward_std/codex"] == pytest.approx(statistics.stdev(rewards), rel=1e-12)

@@ -54,3 +54,21 @@ def test_deepseek_mask_drops_drifted_negative_calls_only() -> None:
     w = mask_sequence_kl(OLD, BEHAVIOR, MASK, SEG, -ADV, delta=0.1)
     assert w.tolist()[0] == [0, 1, 1, 0, 0, 0]
     assert mask_sequence_kl(OLD, BEHAVIOR, MASK, SEG, -ADV, delta=1.0).tolist()[0] == [0, 1, 1, 0, 1, 0]
+
+
+def test_a_masked_token_inside_a_call_never_counts() -> None:
+    """Token 1 belongs to call 0 but is out of the loss (mask 0) with a wild ratio e^5: the call's
+    product and mean are those of token 2 alone (ratio 1.5)."""
+    old = torch.tensor([[0.0, 5.0, L(1.5)]])
+    behavior = torch.zeros(1, 3, dtype=torch.float64)
+    mask = torch.tensor([[0.0, 0.0, 1.0]])
+    seg = Segments(torch.tensor([[-1, 0, 0]]), torch.tensor([0]), torch.tensor([0]))
+    adv = torch.tensor([[0.0, 0.0, -1.0]])
+    for length_norm in (False, True):
+        w = tis_sequence(old, behavior, mask, seg, adv, cap=10.0, length_norm=length_norm)
+        assert w.tolist()[0] == pytest.approx([0.0, 0.0, 1.5])
+    assert mask_sequence(old, behavior, mask, seg, adv, length_norm=False).tolist()[0] == [0.0, 0.0, 1.0]
+    # DeepSeek mask: log(mu / pi_old) of token 2 alone is 0.5 > delta (dropped); token 1's -5
+    # would pull the call's estimate below delta.
+    drifted = torch.tensor([[0.0, 0.0, 0.5 + L(1.5)]], dtype=torch.float64)
+    assert mask_sequence_kl(old, drifted, mask, seg, adv, delta=0.1).tolist()[0] == [0.0, 0.0, 0.0]

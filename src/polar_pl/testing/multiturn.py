@@ -11,7 +11,9 @@ learning test fits in CI.
 
 from __future__ import annotations
 
+import random
 import statistics
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,8 @@ class Curves:
     calls: list[list[str]] = field(default_factory=list)
     rows_per_session: list[int] = field(default_factory=list)
     side_rollouts: list[float] = field(default_factory=list)
+    sample_s: list[float] = field(default_factory=list)
+    update_s: list[float] = field(default_factory=list)
 
 
 def session(gw: Gateway, model: str, task: Any, group: str, k: int, **notes: Any) -> tuple[list, float]:
@@ -57,21 +61,25 @@ def learn(
     group_size: int,
     groups_per_step: int,
     notes: dict[str, Any],
+    seed: int | None = None,
 ) -> Curves:
     """`steps` GRPO steps, each on `groups_per_step` groups of `group_size` sessions; task
-    `step * groups_per_step + g` (cyclic) for group g."""
+    `step * groups_per_step + g` (cyclic) for group g. With `seed`, every session samples with its
+    own seed drawn from (seed, step, group, attempt): a run is then repeatable."""
     out = Curves()
     builder = PrefixBuilder()
     opt = module.configure_optimizers()
     with Gateway([engine.url], store, tokenizer_dir=engine.model_dir) as gw, ThreadPoolExecutor(16) as pool:
         for step in range(steps):
-            jobs = []
+            t0, jobs = time.perf_counter(), []
             for g in range(groups_per_step):
                 task = tasks[(step * groups_per_step + g) % len(tasks)]
                 for k in range(group_size):
-                    jobs.append(
-                        (task, pool.submit(session, gw, engine.model, task, f"s{step}g{g}", k, **notes))
-                    )
+                    kw = notes
+                    if seed is not None:
+                        sampling_seed = random.Random(f"{seed}-{step}-{g}-{k}").getrandbits(31)
+                        kw = {**notes, "extra": {**notes.get("extra", {}), "seed": sampling_seed}}
+                    jobs.append((task, pool.submit(session, gw, engine.model, task, f"s{step}g{g}", k, **kw)))
             rows, rewards, per_check = [], [], {}
             for task, fut in jobs:
                 records, reward = fut.result()
@@ -81,7 +89,10 @@ def learn(
                 per_check.setdefault(task.answer_check.kind, []).append(reward)
                 out.calls.append([r.call_kind for r in records])
                 out.rows_per_session.append(len(built))
+            t1 = time.perf_counter()
             m = module.update(collate(rows, token_budget=max(len(r.input_ids) for r in rows)), opt)
+            out.sample_s.append(t1 - t0)
+            out.update_s.append(time.perf_counter() - t1)
             out.reward.append(statistics.mean(rewards))
             for check, values in per_check.items():
                 out.by_check.setdefault(check, []).append(statistics.mean(values))
