@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
@@ -116,9 +117,10 @@ def attempt_record(
             rows.append(
                 {
                     "session_id": row.session_id,
-                    "input_ids": list(row.input_ids),
-                    "loss_mask": list(row.loss_mask),
-                    "call_indices": list(row.call_indices),
+                    # rows hold packed arrays (read from the store as int32): JSON wants Python numbers
+                    "input_ids": np.asarray(row.input_ids).tolist(),
+                    "loss_mask": np.asarray(row.loss_mask).tolist(),
+                    "call_indices": np.asarray(row.call_indices).tolist(),
                     "call_kind": row.meta.get("call_kind", "main"),
                     "chain_start": str(row.meta.get("start", "")),
                 }
