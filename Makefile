@@ -16,6 +16,9 @@ UV_VERSION := 0.13.8
 UV_Q := -q
 MODEL := .cache/tiny-model
 WARM_MODEL := .cache/tiny-model-warm
+# The multi-turn learning check's start (tests/module/test_learning_loop.py, experiment=multiturn):
+# ~1 CPU minute on one thread, built beside the installs.
+MULTITURN_MODEL := .cache/tiny-model-multiturn
 # CLI harnesses run on a tiny model warm-started inside that CLI's own request (conf/harness/*.yaml)
 BENCH_HARNESSES := pi claude_code
 TRAIN_HARNESS := $(patsubst harness=%,%,$(filter harness=%,$(ARGS)))
@@ -29,7 +32,7 @@ export POLAR_HARNESS_PREFIX := $(abspath $(HARNESS_PREFIX))
 train: env model sandbox-deps $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis .cache/tiny-model-$(TRAIN_HARNESS)/config.json)
 	$(BIN)/python train.py $(ARGS)
 
-test: test-env model vllm-env harness-clis sandbox-deps docker-deps browser-deps
+test: test-env model $(MULTITURN_MODEL)/config.json vllm-env harness-clis sandbox-deps docker-deps browser-deps
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
 
 env: $(VENV)/.installed
@@ -56,6 +59,9 @@ $(VLLM_VENV)/.installed:
 model: $(MODEL)/config.json
 $(MODEL)/config.json: | env
 	$(BIN)/polar-pl tiny-model --out $(MODEL)
+
+$(MULTITURN_MODEL)/config.json: $(MODEL)/config.json src/polar_pl/tinymodel/multiturn_warmstart.py
+	$(BIN)/polar-pl tiny-model --out $(MULTITURN_MODEL) --base $(MODEL) --multiturn-case 0.85 >/dev/null
 
 # The generic warm start (chat and tool-call formats, ~3 CPU min), then one model per CLI that
 # bench/cli_learning.py trains (~3 CPU min each: the CLI's real request is captured, the model is

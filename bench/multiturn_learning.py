@@ -32,6 +32,10 @@ from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.weight_sync import EmbeddedStateDictSync, NoSync
 from polar_pl.tasks.learnable import LearnableTaskSource
 from polar_pl.testing.multiturn import learn
+from polar_pl.tinymodel.build import build_multiturn_model, build_tiny_model
+
+TINY_MODEL = Path(os.environ.get("POLAR_TINY_MODEL", ".cache/tiny-model"))
+MULTITURN_MODEL = TINY_MODEL.parent / "tiny-model-multiturn"
 
 
 def gain(values: list[float], n: int = 5) -> float:
@@ -40,11 +44,11 @@ def gain(values: list[float], n: int = 5) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=os.environ.get("POLAR_TINY_MODEL", ".cache/tiny-model"))
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--model", default=str(MULTITURN_MODEL), help="default: the warm start, built if missing")
+    ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--groups-per-step", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=3e-2)
+    ap.add_argument("--groups-per-step", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--entropy-coef", type=float, default=0.0)
     ap.add_argument("--n-tasks", type=int, default=8)
     ap.add_argument("--note-tokens", type=int, default=8)
@@ -61,6 +65,8 @@ def main() -> None:
     kw = {"steps": args.steps, "group_size": args.group_size, "groups_per_step": args.groups_per_step,
           "notes": notes, "seed": args.seed}  # fmt: skip
     tmp = Path(tempfile.mkdtemp(prefix="polar-multiturn-"))
+    if args.model == str(MULTITURN_MODEL):
+        build_multiturn_model(MULTITURN_MODEL, build_tiny_model(TINY_MODEL, if_missing=True), if_missing=True)
     with EmbeddedEngine(args.model, served_model_name="tiny") as engine:
         initial = GRPOModule(args.model).model.state_dict()
         curves = {}

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from fixture_paths import REPO, TINY_MODEL
+from fixture_paths import MULTITURN_MODEL, REPO, TINY_MODEL
 
 
 @pytest.fixture(scope="session")
@@ -18,6 +18,15 @@ def tiny_model_dir() -> Path:
 
         build_tiny_model(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def multiturn_model_dir(tiny_model_dir) -> Path:
+    """The tiny model warm-started on note-taking sessions of the `case` task (the multi-turn
+    learning check's start; ~1 CPU minute to build, `make test` builds it beside the installs)."""
+    from polar_pl.tinymodel.build import build_multiturn_model
+
+    return build_multiturn_model(MULTITURN_MODEL, tiny_model_dir, if_missing=True)
 
 
 # The real Docker engine and the offline base image, shared by the sandbox, harness and task tests;

@@ -18,3 +18,5 @@ CAPTURES = SHARED / "fixtures" / "harness-captures"
 CONF = Path(polar_pl.__file__).resolve().parent / "conf"
 HARNESS_PREFIX = Path(os.environ.get("POLAR_HARNESS_PREFIX", REPO / ".cache" / "harness"))
 TINY_MODEL = Path(os.environ.get("POLAR_TINY_MODEL", REPO / ".cache" / "tiny-model"))
+# The tiny model warm-started on the case task's note-taking sessions (`make test` builds it).
+MULTITURN_MODEL = TINY_MODEL.parent / "tiny-model-multiturn"

@@ -75,6 +75,22 @@ def sweep_leftovers(cfg: DictConfig) -> None:
         log.info("swept what earlier runs of sandbox owner %r left: %s", owner, report)
 
 
+def ensure_warm_model(cfg: DictConfig) -> None:
+    """Build the warm-started `model_dir` on first use: a CLI harness's (trained inside that CLI's
+    request) or the multi-turn check's (trained on the case task's note-taking sessions)."""
+    from polar_pl.tinymodel.build import build_multiturn_model, build_tiny_model, ensure_harness_model
+
+    ws = cfg.warm_start
+    if ws.get("harness"):
+        ensure_harness_model(
+            cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes
+        )
+    elif not (Path(cfg.model_dir) / "config.json").exists():
+        base = build_tiny_model(ws.base, if_missing=True)
+        print(f"polar-pl: warm-starting the multi-turn check's model at {cfg.model_dir} (once, ~1 CPU min)", flush=True)
+        build_multiturn_model(cfg.model_dir, base, share=ws.multiturn_case, if_missing=True)
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit GRPO on rollouts; returns the final logged metrics. Raises SystemExit(128 + signal)
     when SIGTERM / SIGINT stopped the run."""
@@ -83,13 +99,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         torch.set_num_threads(int(cfg.torch_threads))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     sweep_leftovers(cfg)
-    if cfg.get("warm_start"):  # a CLI harness's model: warm-started inside that CLI's request
-        from polar_pl.tinymodel.build import ensure_harness_model
-
-        ws = cfg.warm_start
-        ensure_harness_model(
-            cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes
-        )
+    if cfg.get("warm_start"):
+        ensure_warm_model(cfg)
     parts: dict[str, Any] = {}
     loggers: list = []
     checkpoint = Path(cfg.trainer.default_root_dir) / "checkpoints" / "last.ckpt"

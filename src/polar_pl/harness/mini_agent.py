@@ -261,10 +261,14 @@ def run_notes(
         messages.append({"role": "assistant", "content": text})
         if turn == work_turns:
             return 0, text
-        last = turn + 1 == work_turns
-        nxt = "Now give your final answer." if last else "Write your next note."
-        messages.append({"role": "user", "content": f"Note {turn + 1} saved. The task: {task} {nxt}"})
+        messages.append({"role": "user", "content": observation(turn, work_turns, task)})
     return 0, ""
+
+
+def observation(turn: int, work_turns: int, task: str) -> str:
+    """The user message that answers note `turn` (0-based) of `work_turns`: it restates the task."""
+    nxt = "Now give your final answer." if turn + 1 == work_turns else "Write your next note."
+    return f"Note {turn + 1} saved. The task: {task} {nxt}"
 
 
 def main(argv: list[str] | None = None) -> int:

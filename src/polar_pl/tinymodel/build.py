@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,13 @@ def build_tiny_model(
     """
     if vocab not in VOCABS:
         raise ValueError(f"vocab must be one of {VOCABS}, got {vocab!r}")
+    return _locked_build(
+        out_dir, if_missing, lambda tmp: _build_into(tmp, seed, vocab, warm_start, warm_start_minutes)
+    )
+
+
+def _locked_build(out_dir: str | os.PathLike[str], if_missing: bool, fill: Callable[[Path], None]) -> Path:
+    """`fill` a fresh directory beside `out_dir`, then swap it in, under a lock on `out_dir`."""
     out = Path(out_dir).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
@@ -48,7 +56,7 @@ def build_tiny_model(
             return out
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
-            _build_into(tmp, seed, vocab, warm_start, warm_start_minutes)
+            fill(tmp)
             _make_readable(tmp)
             _swap_in(tmp, out)
         finally:
@@ -117,20 +125,10 @@ def build_harness_model(
     the pinned CLI's real request is captured once, then the model is trained inside it
     (harness_warmstart.py). The captured request is kept as `harness_prompt.json`.
     if_missing: leave an existing model at `out_dir` as it is (checked under the lock)."""
-    out = Path(out_dir).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if if_missing and (out / "config.json").exists():
-            return out
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
-            _build_harness_into(tmp, harness, Path(base_dir), Path(harness_prefix), seed, minutes)
-            _make_readable(tmp)
-            _swap_in(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return _locked_build(
+        out_dir, if_missing,
+        lambda tmp: _build_harness_into(tmp, harness, Path(base_dir), Path(harness_prefix), seed, minutes),
+    )  # fmt: skip
 
 
 def _build_harness_into(out: Path, harness: str, base: Path, prefix: Path, seed: int, minutes: float) -> None:
@@ -196,3 +194,50 @@ def ensure_harness_model(
         build_tiny_model(base, warm_start=True, if_missing=True)
     print(f"polar-pl: warm-starting the tiny model for {harness} at {out} (once, ~{minutes:g} CPU minutes)", flush=True)
     return build_harness_model(out, harness, base, harness_prefix, minutes=minutes, if_missing=True)
+
+
+def build_multiturn_model(
+    out_dir: str | os.PathLike[str],
+    base_dir: str | os.PathLike[str],
+    share: float = 0.85,
+    steps: int = 400,
+    seed: int = 0,
+    if_missing: bool = False,
+) -> Path:
+    """A copy of the tiny model at `base_dir` fine-tuned on the mini agent's note-taking sessions
+    of the `case` task, answers in the asked case with probability `share` per word
+    (multiturn_warmstart.py): the start of the multi-turn learning check. ~1 CPU minute."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"share must be in [0, 1], got {share}")
+    return _locked_build(
+        out_dir, if_missing, lambda tmp: _build_multiturn_into(tmp, Path(base_dir), share, steps, seed)
+    )
+
+
+def _build_multiturn_into(out: Path, base: Path, share: float, steps: int, seed: int) -> None:
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from polar_pl.tinymodel.multiturn_warmstart import warm_start_multiturn
+
+    started = time.monotonic()
+    if not (base / "config.json").exists():
+        raise FileNotFoundError(f"no base model at {base} (polar-pl tiny-model --out {base})")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(base / name, out / name)
+    tok = Tokenizer.from_file(str(base / "tokenizer.json"))
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    torch.manual_seed(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 2-layer model: more threads only spin-wait on each other
+    try:
+        report = warm_start_multiturn(model, tok, share=share, steps=steps, seed=seed)
+    finally:
+        torch.set_num_threads(threads)
+    ids = special_ids(tok)
+    save_model(model, out, eos_ids=[ids[IM_END], ids[ENDOFTEXT]], pad_id=ids[ENDOFTEXT])
+    base_record = json.loads((base / BUILD_RECORD).read_text()) if (base / BUILD_RECORD).exists() else {}
+    record = {**base_record, "base": str(base.resolve()), "multiturn_warm_start": report,
+              "build_seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+    (out / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

@@ -27,7 +27,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="fine-tune --base for this CLI harness, inside its real request (needs the CLI installed)",
     )
-    parser.add_argument("--base", default=None, help="with --harness: the warm-started model to start from")
+    parser.add_argument(
+        "--multiturn-case",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="fine-tune --base on the mini agent's note-taking sessions of the case task, each answer "
+        "word in the asked case with probability SHARE (the multi-turn learning check's start)",
+    )
+    parser.add_argument(
+        "--base", default=None, help="with --harness / --multiturn-case: the model to start from"
+    )
     parser.add_argument(
         "--harness-prefix", default=None, help="where the CLIs are installed (default: $POLAR_HARNESS_PREFIX)"
     )
@@ -42,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.harness is not None:
         return _run_harness(args)
+    if args.multiturn_case is not None:
+        return _run_multiturn(args)
     try:
         out = build_tiny_model(
             args.out,
@@ -80,4 +92,21 @@ def _run_harness(args: argparse.Namespace) -> int:
         return 1
     record = json.loads((out / BUILD_RECORD).read_text())
     print(json.dumps({"out": str(out), **record}, indent=2))
+    return 0
+
+
+def _run_multiturn(args: argparse.Namespace) -> int:
+    from polar_pl.tinymodel.build import BUILD_RECORD, build_multiturn_model
+
+    if args.base is None:
+        print("error: --multiturn-case needs --base DIR (the tiny model to start from)", file=sys.stderr)
+        return 2
+    try:
+        out = build_multiturn_model(
+            args.out, args.base, share=args.multiturn_case, seed=args.seed, if_missing=args.if_missing
+        )
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"out": str(out), **json.loads((out / BUILD_RECORD).read_text())}, indent=2))
     return 0

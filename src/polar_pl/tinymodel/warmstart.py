@@ -97,17 +97,19 @@ def train(
     batch_size: int = 4,
     peak_lr: float = 6e-3,
     warmup_steps: int = 10,
+    steps: int | None = None,
 ) -> dict[str, Any]:
-    """AdamW until the time budget runs out; the learning rate decays with elapsed time, not steps."""
+    """AdamW until the time budget runs out (the learning rate decays with elapsed time), or for
+    exactly `steps` steps when given (decaying with steps: the same model on a busy machine)."""
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, weight_decay=0.0, betas=(0.9, 0.98))
     budget = minutes * 60.0
     started = time.monotonic()
     model.train()
     step, losses, tokens = 0, [], 0
-    while (elapsed := time.monotonic() - started) < budget:
-        # Cosine on the fraction of time used, floor 10% of peak.
-        progress = elapsed / budget
+    while (elapsed := time.monotonic() - started) < budget if steps is None else step < steps:
+        # Cosine on the fraction of the budget used, floor 10% of peak.
+        progress = elapsed / budget if steps is None else step / steps
         lr = peak_lr * min(1.0, (step + 1) / warmup_steps) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
         for group in optimizer.param_groups:
             group["lr"] = lr
