@@ -53,13 +53,14 @@ def test_reward_climbs_only_when_weights_reach_the_engine(tiny_model_dir, fresh_
     assert drift[-1] > 0.1, drift
 
 
-# The multi-turn check, sized by measurement (bench/multiturn_learning.py over seeds 1-5): two
-# capitals and two lowercase groups of 8 per step (with one of each, a step's single capitals
-# group swung 0.0-0.9 and two seeds of three fell back onto lowercase), Adam at 3e-3 (1e-2 collapsed
-# the warm model onto lowercase in three updates).
+# The multi-turn check, sized by measurement (bench/multiturn_learning.py, sampling seeds 1-5: the
+# mean of the last 3 of 12 steps 0.94-0.99 against a control at 0.69): two capitals and two
+# lowercase groups of 8 per step (with one of each, a step's single capitals group swung 0.0-0.9
+# and seeds 2 and 3 fell back onto one case), Adam at 3e-3 (1e-2 collapsed the warm model onto
+# lowercase in three updates).
 MULTITURN = {"group_size": 8, "groups_per_step": 4, "seed": 1}
 NOTES = {"work_turns": 2, "title": True, "note_tokens": 8, "extra": {"max_tokens": 16}}
-ENTROPY_FLOOR = 0.1  # nats per sampled token; collapsed runs of the untrained model reached 0.01
+ENTROPY_FLOOR = 0.3  # nats per sampled token: seeds 1-5 stayed >= 0.94; collapsed untrained runs hit 0.01
 
 
 @pytest.mark.slow
@@ -70,7 +71,7 @@ def test_multiturn_sessions_learn_to_read_the_prompt(multiturn_model_dir, fresh_
     for capitals or lowercase by prompt, so a policy collapsed onto one case scores 0.5: the reward
     rises above the no-push control only if the policy reads the prompt, and it must rise for both
     cases. The model starts warm (tinymodel/multiturn_warmstart.py: it follows the asked case for
-    ~60% of the letters); the untrained one races collapse and is not a reliable check."""
+    ~70% of the letters); the untrained one races collapse and is not a reliable check."""
     tasks = LearnableTaskSource(kind="case", n_tasks=8).tasks()
     model = str(multiturn_model_dir)
     initial = GRPOModule(model).model.state_dict()
@@ -86,13 +87,9 @@ def test_multiturn_sessions_learn_to_read_the_prompt(multiturn_model_dir, fresh_
     control = run(NoSync(), 4)  # the engine keeps the warm weights: a flat estimate of their reward
     assert all(kinds == ["side", "main", "main", "main"] for kinds in push.calls)
     assert set(push.rows_per_session) == {2} and set(push.side_rollouts) == {32}  # merged + side row
-    start = sum(control.reward) / len(control.reward)
-    end = sum(push.reward[-3:]) / 3
-    assert end > start + 0.2, (push.reward, control.reward)
-    for check, values in push.by_check.items():  # both cases: no prompt-blind policy does this
-        assert sum(values[-3:]) / 3 > sum(control.by_check[check]) / 4 + 0.1, (
-            check,
-            push.by_check,
-            control.by_check,
-        )
+    start = sum(control.reward) / len(control.reward)  # measured 0.69 (0.66-0.71 a step)
+    assert sum(push.reward[-3:]) / 3 > start + 0.2, (push.reward, control.reward)  # seeds 1-5: 0.94-0.99
+    # Both cases: answers that ignore the prompt have capitals + lowercase shares summing to <= 1.
+    for check, values in push.by_check.items():
+        assert sum(values[-3:]) / 3 > 0.75, (check, push.by_check, control.by_check)
     assert min(push.entropy) > ENTROPY_FLOOR, push.entropy
