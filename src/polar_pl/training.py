@@ -86,6 +86,8 @@ def ensure_warm_model(cfg: DictConfig) -> None:
             cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes
         )
     elif not (Path(cfg.model_dir) / "config.json").exists():
+        if not 0.0 <= float(ws.multiturn_case) <= 1.0:
+            raise ValueError(f"warm_start.multiturn_case must be in [0, 1], got {ws.multiturn_case}")
         base = build_tiny_model(ws.base, if_missing=True)
         print(f"polar-pl: warm-starting the multi-turn check's model at {cfg.model_dir} (once, ~1 CPU min)", flush=True)
         build_multiturn_model(cfg.model_dir, base, share=ws.multiturn_case, if_missing=True)
