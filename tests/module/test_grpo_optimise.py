@@ -1,0 +1,186 @@
+"""GRPOModule._optimise's bookkeeping on the small model: which sequences each optimiser step
+trains, in which order, which minibatches are skipped, and the timing / counter metrics."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import numpy as np
+import pytest
+import torch
+from small_model import small_model
+from synthetic import row
+
+from polar_pl.datamodule.collate import collate
+from polar_pl.module import losses
+from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.weight_sync import EmbeddedStateDictSync
+
+# One row per sequence (mode "pad"); row i trains i + 1 tokens, so a micro-batch's mask row sums
+# name its sequences. Rewards differ: no group is filtered.
+ROWS = [row(f"r{i}", "g", float(i), [(1, 2 + i)], 8) for i in range(6)]
+
+
+class Seen:
+    """The default clipped loss, recording the trainable-token count of each sequence it is given."""
+
+    def __init__(self):
+        self.calls: list[list[int]] = []
+
+    def __call__(self, logp, old, adv, mask, segments):
+        self.calls.append([int(c) for c in mask.sum(1)])
+        return losses.clipped_policy_loss(logp, old, adv, mask, segments, eps_low=0.2, eps_high=0.28)
+
+
+def module(seen: Seen, **kw) -> GRPOModule:
+    return GRPOModule(model=small_model(), policy_loss=seen, filter_zero_variance=False, lr=1e-3, **kw)
+
+
+def counts(order: torch.Tensor) -> list[int]:
+    return [int(i) + 1 for i in order]
+
+
+def test_minibatches_follow_the_seeded_permutation_of_each_batch() -> None:
+    """The shuffle is seeded by seed + optimizer_steps (reproducible, and not the global RNG)."""
+    seen = Seen()
+    mod = module(seen, minibatches=2, seed=3)
+    opt = mod.configure_optimizers()
+    torch.manual_seed(11)  # the global RNG must not matter
+    mod.update(collate(ROWS, mode="pad"), opt)
+    mod.update(collate(ROWS, mode="pad"), opt)
+    expected = []
+    for seed in (3, 5):  # the second batch starts after 2 optimiser steps
+        order = torch.randperm(6, generator=torch.Generator().manual_seed(seed))
+        expected += [counts(mb) for mb in torch.tensor_split(order, 2)]
+    assert seen.calls == expected
+
+
+def test_one_minibatch_keeps_the_batch_order() -> None:
+    seen = Seen()
+    mod = module(seen, micro_batch_size=2)
+    mod.update(collate(ROWS, mode="pad"), mod.configure_optimizers())
+    assert seen.calls == [[1, 2], [3, 4], [5, 6]]
+
+
+def test_minibatches_without_trainable_tokens_take_no_step() -> None:
+    """Group b (one rollout) is filtered: its minibatch is skipped, not stepped with no gradient."""
+    rows = [
+        row("a0", "a", 1.0, [(1, 3)], 5),
+        row("a1", "a", 0.0, [(1, 4)], 5),
+        row("b0", "b", 1.0, [(1, 3)], 5),
+    ]
+    mod = GRPOModule(model=small_model(), minibatches=3, lr=1e-3)
+    m = mod.update(collate(rows, mode="pad"), mod.configure_optimizers())
+    assert m["train/optimizer_steps"] == 2.0 and mod.optimizer_steps == 2
+    assert m["train/filtered_groups_frac"] == 0.5
+
+
+def test_push_time_is_zero_without_a_weight_sync() -> None:
+    mod = module(Seen())
+    m = mod.update(collate(ROWS, mode="pad"), mod.configure_optimizers())
+    assert 0.0 <= m["train/push_s"] < 0.5 and mod.own_version == 1
+
+
+def test_micro_batches_by_tokens() -> None:
+    seen = Seen()
+    mod = module(seen, micro_batch_tokens=20)  # 8-token sequences: two a micro-batch
+    mod.update(collate(ROWS, mode="pad"), mod.configure_optimizers())
+    assert seen.calls == [[1, 2], [3, 4], [5, 6]]
+
+
+class Sleepy:
+    """Stands in for the engine (not under test): each push takes 50 ms."""
+
+    def __init__(self):
+        self.pushed = 0
+
+    def update_weights_from_state_dict(self, state) -> int:
+        time.sleep(0.05)
+        self.pushed += 1
+        return self.pushed
+
+    def policy_version(self) -> int:
+        return self.pushed
+
+
+def test_push_time_sums_every_push() -> None:
+    engine = Sleepy()
+    mod = module(Seen(), minibatches=2, weight_sync=EmbeddedStateDictSync(engine))
+    m = mod.update(collate(ROWS, mode="pad"), mod.configure_optimizers())
+    assert engine.pushed == 2 and 0.1 <= m["train/push_s"] < 5.0
+    assert m["train/policy_version"] == 2.0
+
+
+def independent_logprobs(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, T) float64 logprob of each token and entropy of its distribution (one row per
+    sequence, temperature 1), straight from the HF forward."""
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids).logits.double()[:, :-1]
+    lp_all = torch.log_softmax(logits, -1)
+    lp = lp_all.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+    ent = -(lp_all.exp() * lp_all).sum(-1)
+    return torch.nn.functional.pad(lp, (1, 0)), torch.nn.functional.pad(ent, (1, 0))
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_update_metrics_by_hand(minibatches) -> None:
+    """lr 0: every step sees the initial weights, so pi_old is the policy (ratio 1) and the
+    metrics are token means over the batch, whatever the minibatching (train/loss and train/kl
+    are means over optimiser steps of steps that each carry their share at full scale)."""
+    rows = [row(f"r{i}", "g", float(i), [(1, 2 + i)], 8, behavior=-1.0, version=1) for i in range(6)]
+    batch = collate(rows, mode="pad")
+    mod = GRPOModule(
+        model=small_model(), kl=losses.kl_k2, kl_coef=0.1, entropy_coef=0.01, minibatches=minibatches,
+        grad_clip=None,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # move the policy off the frozen reference: KL > 0
+        for p in mod.model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+    mod.own_version = 3
+    opt = torch.optim.SGD(mod.model.parameters(), lr=0.0)
+    norms = []
+    opt.register_step_pre_hook(
+        lambda *_: norms.append(float(torch.cat([p.grad.flatten() for p in mod.model.parameters()]).norm()))
+    )
+    m = mod.update(batch, opt)
+
+    mask = batch.loss_mask.double()
+    lp, ent = independent_logprobs(mod.model, batch)
+    ref_lp, _ = independent_logprobs(small_model(), batch)
+    r = torch.arange(6, dtype=torch.float64)
+    adv = ((r - r.mean()) / (r.std() + 1e-6))[:, None] * mask
+    k2 = 0.5 * (lp - ref_lp) ** 2
+
+    def token_mean(x):
+        return float((x * mask).sum() / 21)
+
+    assert set(m) == {
+        "train/loss", "train/clip_frac", "train/kl", "train/grad_norm", "train/optimizer_steps", "train/push_s",
+        "train/lr", "train/logprob_gap_mean", "train/ratio_p05", "train/ratio_p50", "train/ratio_p95",
+        "train/staleness_mean", "train/staleness_max", "train/entropy", "train/advantage_abs_mean",
+        "train/rollouts", "train/side_rollouts", "train/truncated_calls", "train/tokens_per_s",
+        "train/old_logprob_s", "train/update_s", "train/filtered_groups_frac", "train/trainable_tokens",
+        "train/skipped_batches", "train/policy_version",
+    }  # fmt: skip
+    approx = functools.partial(pytest.approx, rel=1e-4, abs=1e-6)
+    assert m["train/loss"] == approx(token_mean(-adv + 0.1 * k2 - 0.01 * ent))
+    assert m["train/kl"] == approx(token_mean(k2)) and m["train/kl"] > 1e-3
+    assert m["train/clip_frac"] == 0.0
+    assert len(norms) == minibatches and m["train/grad_norm"] == approx(sum(norms) / minibatches)
+    assert m["train/optimizer_steps"] == float(minibatches) and m["train/lr"] == 0.0
+    assert m["train/logprob_gap_mean"] == approx(float(((lp + 1.0).abs() * mask).sum() / 21))
+    ratios = (lp + 1.0).exp()[mask > 0].numpy()
+    for k, q in (("p05", 0.05), ("p50", 0.5), ("p95", 0.95)):
+        assert m[f"train/ratio_{k}"] == approx(float(np.quantile(ratios, q)))
+    assert m["train/entropy"] == approx(token_mean(ent))
+    assert m["train/staleness_mean"] == 2.0 and m["train/staleness_max"] == 2.0
+    assert m["train/advantage_abs_mean"] == approx(float(adv.abs().amax(1).mean()))
+    assert (m["train/rollouts"], m["train/side_rollouts"], m["train/truncated_calls"]) == (6.0, 0.0, 0.0)
+    assert (m["train/trainable_tokens"], m["train/filtered_groups_frac"]) == (21.0, 0.0)
+    assert (m["train/skipped_batches"], m["train/policy_version"]) == (0.0, 3.0 + minibatches)
+    # tokens_per_s is the batch's non-padding tokens over the time spent outside pushes
+    assert m["train/old_logprob_s"] > 0 and m["train/update_s"] > 0
+    seconds = m["train/old_logprob_s"] + m["train/update_s"]
+    assert m["train/tokens_per_s"] * seconds == approx(48.0)
