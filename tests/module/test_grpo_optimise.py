@@ -184,3 +184,58 @@ def test_update_metrics_by_hand(minibatches) -> None:
     assert m["train/old_logprob_s"] > 0 and m["train/update_s"] > 0
     seconds = m["train/old_logprob_s"] + m["train/update_s"]
     assert m["train/tokens_per_s"] * seconds == approx(48.0)
+
+
+class Ranks:
+    """Stands in for a two-process Trainer (not under test): this process's rank, and a strategy
+    that runs each backward here and sums the metric sums with the other rank's (`others`)."""
+
+    def __init__(self, global_rank: int, others: torch.Tensor | None = None):
+        self.world_size, self.global_rank, self.strategy = 2, global_rank, self
+        self.others, self.backwards, self.reduced = others, 0, None
+
+    def backward(self, loss, optimizer, *args, **kwargs) -> None:
+        self.backwards += 1
+        loss.backward()
+
+    def reduce(self, sums: torch.Tensor, reduce_op: str) -> torch.Tensor:
+        assert reduce_op == "sum"
+        self.reduced = sums.clone()
+        return sums + self.others if self.others is not None else sums
+
+
+def grads_of(mod: GRPOModule, trainer=None) -> tuple[torch.Tensor, dict]:
+    mod._trainer = trainer
+    opt = torch.optim.SGD(mod.model.parameters(), lr=0.0)
+    grads = []
+    opt.register_step_pre_hook(
+        lambda *_: grads.append(torch.cat([p.grad.flatten() for p in mod.model.parameters()]))
+    )
+    m = mod.update(collate(ROWS[:5], mode="pad"), opt)
+    assert len(grads) == 1
+    return grads[0], m
+
+
+def test_two_ranks_average_to_the_one_process_gradient() -> None:
+    """5 micro-batches over 2 ranks: rank 0 trains 3, rank 1 trains 2 and pads one empty
+    backward; the strategy averages the gradients, so each rank scales its loss by 2."""
+    one, m_one = grads_of(module(Seen(), micro_batch_size=1, grad_clip=None))
+    r1 = Ranks(1)
+    g1, _ = grads_of(module(Seen(), micro_batch_size=1, grad_clip=None), r1)
+    r0 = Ranks(0, others=r1.reduced)
+    g0, m0 = grads_of(module(Seen(), micro_batch_size=1, grad_clip=None), r0)
+    assert r0.backwards == 3 and r1.backwards == 3
+    assert not torch.allclose(g0, g1)
+    assert torch.allclose((g0 + g1) / 2, one, atol=1e-6, rtol=1e-5)
+    for k in ("train/loss", "train/clip_frac", "train/kl"):
+        assert m0[k] == pytest.approx(m_one[k], rel=1e-5, abs=1e-7)
+
+
+def test_gspo_micro_batches_see_their_own_segments() -> None:
+    """A micro-batch's sequence-level ratio uses the segments of its own sequences."""
+    gspo = functools.partial(losses.gspo_policy_loss, eps_low=3e-4, eps_high=4e-4)
+    full, _ = grads_of(GRPOModule(model=small_model(), policy_loss=gspo, filter_zero_variance=False))
+    micro, _ = grads_of(
+        GRPOModule(model=small_model(), policy_loss=gspo, filter_zero_variance=False, micro_batch_size=1)
+    )
+    assert full.abs().sum() > 0 and torch.allclose(micro, full, atol=1e-6, rtol=1e-5)
