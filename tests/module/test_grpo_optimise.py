@@ -23,14 +23,21 @@ ROWS = [row(f"r{i}", "g", float(i), [(1, 2 + i)], 8) for i in range(6)]
 
 
 class Seen:
-    """The default clipped loss, recording the trainable-token count of each sequence it is given."""
+    """The default clipped loss, recording the trainable-token count of each sequence it is given;
+    clip_all: report every token clipped; off_mask: the per-token value at untrained tokens."""
 
-    def __init__(self):
+    def __init__(self, clip_all: bool = False, off_mask: float | None = None):
         self.calls: list[list[int]] = []
+        self.clip_all, self.off_mask = clip_all, off_mask
 
     def __call__(self, logp, old, adv, mask, segments):
         self.calls.append([int(c) for c in mask.sum(1)])
-        return losses.clipped_policy_loss(logp, old, adv, mask, segments, eps_low=0.2, eps_high=0.28)
+        per_token, clipped = losses.clipped_policy_loss(
+            logp, old, adv, mask, segments, eps_low=0.2, eps_high=0.28
+        )
+        if self.off_mask is not None:
+            per_token = torch.where(mask > 0, per_token, self.off_mask)
+        return per_token, (mask if self.clip_all else clipped)
 
 
 def module(seen: Seen, **kw) -> GRPOModule:
@@ -239,3 +246,19 @@ def test_gspo_micro_batches_see_their_own_segments() -> None:
         GRPOModule(model=small_model(), policy_loss=gspo, filter_zero_variance=False, micro_batch_size=1)
     )
     assert full.abs().sum() > 0 and torch.allclose(micro, full, atol=1e-6, rtol=1e-5)
+
+
+def test_clip_frac_is_clipped_over_trained_tokens_of_every_micro_batch() -> None:
+    mod = module(Seen(clip_all=True), micro_batch_size=1)
+    assert mod.update(collate(ROWS, mode="pad"), mod.configure_optimizers())["train/clip_frac"] == 1.0
+    one = [row("a0", "a", 1.0, [(1, 2)], 4), row("a1", "a", 0.0, [], 4)]  # a single trained token
+    mod = module(Seen(clip_all=True))
+    assert mod.update(collate(one, mode="pad"), mod.configure_optimizers())["train/clip_frac"] == 1.0
+
+
+def test_untrained_tokens_never_reach_the_loss() -> None:
+    """Whatever a policy loss computes off the mask (nan included) weighs nothing."""
+    base, m_base = grads_of(module(Seen(), micro_batch_size=2))
+    for value in (float("nan"), 5.0):
+        g, m = grads_of(module(Seen(off_mask=value), micro_batch_size=2))
+        assert torch.equal(g, base) and m["train/loss"] == m_base["train/loss"]
