@@ -94,6 +94,10 @@ def test_micro_batches_by_tokens() -> None:
     mod = module(seen, micro_batch_tokens=20)  # 8-token sequences: two a micro-batch
     mod.update(collate(ROWS, mode="pad"), mod.configure_optimizers())
     assert seen.calls == [[1, 2], [3, 4], [5, 6]]
+    seen = Seen()
+    mod = module(seen, micro_batch_tokens=4)  # under one sequence: still one sequence a micro-batch
+    mod.update(collate(ROWS, mode="pad"), mod.configure_optimizers())
+    assert seen.calls == [[1], [2], [3], [4], [5], [6]]
 
 
 class Sleepy:
