@@ -87,6 +87,17 @@ def test_push_time_is_zero_without_a_weight_sync() -> None:
     mod = module(Seen())
     m = mod.update(collate(ROWS, mode="pad"), mod.configure_optimizers())
     assert 0.0 <= m["train/push_s"] < 0.5 and mod.own_version == 1
+    mod = module(Seen(), push_every=2)  # a step that does not push takes no push time
+    m = mod.update(collate(ROWS, mode="pad"), mod.configure_optimizers())
+    assert 0.0 <= m["train/push_s"] < 0.5 and mod.own_version == 0
+
+
+def test_gradients_are_clipped_to_grad_clip() -> None:
+    """The step applies the clipped gradient; train/grad_norm reports the norm before clipping."""
+    g, m = grads_of(module(Seen(), grad_clip=1e-3))
+    assert float(g.norm()) == pytest.approx(1e-3, rel=1e-4) and m["train/grad_norm"] > 2e-3
+    g, m = grads_of(module(Seen(), grad_clip=None))
+    assert float(g.norm()) == pytest.approx(m["train/grad_norm"], rel=1e-5)
 
 
 def test_micro_batches_by_tokens() -> None:
