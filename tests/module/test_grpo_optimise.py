@@ -13,8 +13,9 @@ from small_model import small_model
 from synthetic import row
 
 from polar_pl.datamodule.collate import collate
-from polar_pl.module import losses
+from polar_pl.module import losses, offpolicy
 from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.segments import call_segments
 from polar_pl.module.weight_sync import EmbeddedStateDictSync
 
 # One row per sequence (mode "pad"); row i trains i + 1 tokens, so a micro-batch's mask row sums
@@ -66,8 +67,9 @@ def test_minibatches_follow_the_seeded_permutation_of_each_batch() -> None:
 def test_one_minibatch_keeps_the_batch_order() -> None:
     seen = Seen()
     mod = module(seen, micro_batch_size=2)
-    mod.update(collate(ROWS, mode="pad"), mod.configure_optimizers())
+    m = mod.update(collate(ROWS, mode="pad"), mod.configure_optimizers())
     assert seen.calls == [[1, 2], [3, 4], [5, 6]]
+    assert m["train/filtered_groups_frac"] == 0.0  # no filter
 
 
 def test_minibatches_without_trainable_tokens_take_no_step() -> None:
@@ -134,27 +136,28 @@ def test_push_time_sums_every_push() -> None:
     assert m["train/policy_version"] == 2.0
 
 
-def independent_logprobs(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+def independent_logprobs(model, batch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, T) float64 logprob of each token and entropy of its distribution (one row per
-    sequence, temperature 1), straight from the HF forward."""
+    sequence, no top-k / top-p), straight from the HF forward."""
     with torch.no_grad():
-        logits = model(input_ids=batch.input_ids).logits.double()[:, :-1]
+        logits = model(input_ids=batch.input_ids).logits.double()[:, :-1] / temperature
     lp_all = torch.log_softmax(logits, -1)
     lp = lp_all.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
     ent = -(lp_all.exp() * lp_all).sum(-1)
     return torch.nn.functional.pad(lp, (1, 0)), torch.nn.functional.pad(ent, (1, 0))
 
 
-@pytest.mark.parametrize("minibatches", [1, 2])
-def test_update_metrics_by_hand(minibatches) -> None:
+@pytest.mark.parametrize(("minibatches", "epochs"), [(1, 1), (2, 2)])
+def test_update_metrics_by_hand(minibatches, epochs) -> None:
     """lr 0: every step sees the initial weights, so pi_old is the policy (ratio 1) and the
     metrics are token means over the batch, whatever the minibatching (train/loss and train/kl
-    are means over optimiser steps of steps that each carry their share at full scale)."""
+    are means over optimiser steps of steps that each carry their share at full scale). The rows
+    record no sampling settings: they were sampled at module.temperature."""
     rows = [row(f"r{i}", "g", float(i), [(1, 2 + i)], 8, behavior=-1.0, version=1) for i in range(6)]
     batch = collate(rows, mode="pad")
     mod = GRPOModule(
         model=small_model(), kl=losses.kl_k2, kl_coef=0.1, entropy_coef=0.01, minibatches=minibatches,
-        grad_clip=None,
+        epochs=epochs, grad_clip=None, temperature=0.7,
     )  # fmt: skip
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():  # move the policy off the frozen reference: KL > 0
@@ -169,8 +172,8 @@ def test_update_metrics_by_hand(minibatches) -> None:
     m = mod.update(batch, opt)
 
     mask = batch.loss_mask.double()
-    lp, ent = independent_logprobs(mod.model, batch)
-    ref_lp, _ = independent_logprobs(small_model(), batch)
+    lp, ent = independent_logprobs(mod.model, batch, 0.7)
+    ref_lp, _ = independent_logprobs(small_model(), batch, 0.7)
     r = torch.arange(6, dtype=torch.float64)
     adv = ((r - r.mean()) / (r.std() + 1e-6))[:, None] * mask
     k2 = 0.5 * (lp - ref_lp) ** 2
@@ -190,8 +193,9 @@ def test_update_metrics_by_hand(minibatches) -> None:
     assert m["train/loss"] == approx(token_mean(-adv + 0.1 * k2 - 0.01 * ent))
     assert m["train/kl"] == approx(token_mean(k2)) and m["train/kl"] > 1e-3
     assert m["train/clip_frac"] == 0.0
-    assert len(norms) == minibatches and m["train/grad_norm"] == approx(sum(norms) / minibatches)
-    assert m["train/optimizer_steps"] == float(minibatches) and m["train/lr"] == 0.0
+    steps = minibatches * epochs
+    assert len(norms) == steps and m["train/grad_norm"] == approx(sum(norms) / steps)
+    assert m["train/optimizer_steps"] == float(steps) and m["train/lr"] == 0.0
     assert m["train/logprob_gap_mean"] == approx(float(((lp + 1.0).abs() * mask).sum() / 21))
     ratios = (lp + 1.0).exp()[mask > 0].numpy()
     for k, q in (("p05", 0.05), ("p50", 0.5), ("p95", 0.95)):
@@ -201,11 +205,11 @@ def test_update_metrics_by_hand(minibatches) -> None:
     assert m["train/advantage_abs_mean"] == approx(float(adv.abs().amax(1).mean()))
     assert (m["train/rollouts"], m["train/side_rollouts"], m["train/truncated_calls"]) == (6.0, 0.0, 0.0)
     assert (m["train/trainable_tokens"], m["train/filtered_groups_frac"]) == (21.0, 0.0)
-    assert (m["train/skipped_batches"], m["train/policy_version"]) == (0.0, 3.0 + minibatches)
+    assert (m["train/skipped_batches"], m["train/policy_version"]) == (0.0, 3.0 + steps)
     # tokens_per_s is the batch's non-padding tokens over the time spent outside pushes
     assert m["train/old_logprob_s"] > 0 and m["train/update_s"] > 0
     seconds = m["train/old_logprob_s"] + m["train/update_s"]
-    assert m["train/tokens_per_s"] * seconds == approx(48.0)
+    assert m["train/tokens_per_s"] * seconds == approx(48.0 * epochs)
 
 
 class Ranks:
@@ -277,3 +281,24 @@ def test_untrained_tokens_never_reach_the_loss() -> None:
     for value in (float("nan"), 5.0):
         g, m = grads_of(module(Seen(off_mask=value), micro_batch_size=2))
         assert torch.equal(g, base) and m["train/loss"] == m_base["train/loss"]
+
+
+def test_off_policy_weights_see_segments_and_advantages() -> None:
+    """Sequence-level TIS needs the call segments, the DeepSeek mask the advantages: the logged
+    means are those of the weights computed from the batch's own pi_old."""
+    rows = [row(f"r{i}", "g", float(i), [(1, 2 + i)], 8, behavior=-1.0) for i in range(6)]
+    batch = collate(rows, mode="pad")
+    tis = functools.partial(offpolicy.tis_sequence, cap=2.0, length_norm=True)
+    mask_kl = functools.partial(offpolicy.mask_sequence_kl, delta=0.5)
+    mod = GRPOModule(model=small_model(), tis=tis, off_policy_mask=mask_kl)
+    m = mod.update(batch, torch.optim.SGD(mod.model.parameters(), lr=0.0))
+    lp, _ = independent_logprobs(small_model(), batch)
+    mask = batch.loss_mask.float()
+    segments = call_segments(batch.loss_mask, batch.row_index, batch.position_ids, batch.row_meta)
+    r = torch.arange(6, dtype=torch.float64)
+    adv = (((r - r.mean()) / (r.std() + 1e-6))[:, None] * mask).float()
+    tis_w = tis(lp.float(), batch.behavior_logprobs, mask, segments, adv)
+    keep_w = mask_kl(lp.float(), batch.behavior_logprobs, mask, segments, adv)
+    assert m["train/tis_weight_mean"] == pytest.approx(float((tis_w * mask).sum() / 21), rel=1e-4)
+    assert m["train/off_policy_masked_frac"] == pytest.approx(6 / 21)  # the 3 negative-advantage rows
+    assert float((keep_w * mask).sum()) == 15.0
