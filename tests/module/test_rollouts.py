@@ -97,6 +97,7 @@ def test_prepare_splits_touching_calls_and_defaults_to_temperature_one() -> None
     touching = row("r", "g", 1.0, [(2, 4), (4, 6)], 7)
     p = prepare(collate([touching, row("q", "g", 0.0, [(1, 2)], 3)], token_budget=12))
     assert p.segments.count == 3 and p.segments.ordinal.tolist() == [0, 1, 0]
+    assert p.calls == [*touching.meta["calls"], {"start": 1, "finish_reason": None, "sampling": {}}]
     assert (p.sampling.temperature == 1.0).all()  # no call records settings
     assert p.token_unit[0, 10:].tolist() == [-1, -1]  # padding: no unit
 
