@@ -183,7 +183,7 @@ def test_no_needed_column_gives_zeros() -> None:
     LM head for nothing: it crashed with 'range() arg 3 must not be zero'."""
     ids, pos = batch()
     lp, ent = token_logprobs(small_model(), ids, pos, need=torch.zeros_like(ids), with_entropy=True)
-    assert (lp == 0).all() and (ent == 0).all()
+    assert lp.shape == ent.shape == ids.shape and (lp == 0).all() and (ent == 0).all()
 
 
 def test_the_first_token_of_each_packed_row_is_not_scorable() -> None:

@@ -91,3 +91,21 @@ def test_overlong_masking(overlong, kept) -> None:
     assert float(p.sampled.sum()) == 12
     with pytest.raises(ValueError, match="module.overlong"):
         prepare(collate(rows, token_budget=16), overlong="row")
+
+
+def test_prepare_splits_touching_calls_and_defaults_to_temperature_one() -> None:
+    touching = row("r", "g", 1.0, [(2, 4), (4, 6)], 7)
+    p = prepare(collate([touching, row("q", "g", 0.0, [(1, 2)], 3)], token_budget=12))
+    assert p.segments.count == 3 and p.segments.ordinal.tolist() == [0, 1, 0]
+    assert p.calls == [*touching.meta["calls"], {"start": 1, "finish_reason": None, "sampling": {}}]
+    assert (p.sampling.temperature == 1.0).all()  # no call records settings
+    assert p.token_unit[0, 10:].tolist() == [-1, -1]  # padding: no unit
+
+
+@pytest.mark.parametrize("overlong", ["call", "rollout"])
+def test_overlong_masking_of_a_batch_without_calls(overlong) -> None:
+    """Prompt-only rows (no sampled token, so no call segment)."""
+    p = prepare(
+        collate([row("r", "g", 1.0, [], 4), row("q", "g", 0.0, [], 3)], token_budget=8), overlong=overlong
+    )
+    assert p.segments.count == 0 and p.truncated_calls == 0 and float(p.eligible.sum()) == 0.0

@@ -66,10 +66,13 @@ def test_side_rows_train_as_their_own_rollouts(builder, inherit) -> None:
 def test_side_rows_excluded_by_config() -> None:
     built = rows(PrefixBuilder(side_calls_inherit_reward=True))
     model = small_model()
+    batch = collate(built, token_budget=32)
     m = GRPOModule(model=model, side_rows="exclude").update(
-        collate(built, token_budget=32), torch.optim.SGD(model.parameters(), lr=0.1)
+        batch, torch.optim.SGD(model.parameters(), lr=0.1)
     )
     assert (m["train/rollouts"], m["train/side_rollouts"]) == (4.0, 0.0)
+    side = [r.meta["call_kind"] == "side" for r in built]
+    assert [a for a, s in zip(batch.advantages.tolist(), side, strict=True) if s] == [0.0] * 4
     assert m["train/trainable_tokens"] == sum(
         sum(r.loss_mask) for r in built if r.meta["call_kind"] == "main"
     )
