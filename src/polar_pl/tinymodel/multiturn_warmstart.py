@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 from polar_pl.harness.mini_agent import NOTES_SYSTEM, observation
 from polar_pl.tasks.learnable import learnable_task
 from polar_pl.tinymodel.tokenizer import ENDOFTEXT, render_chat
-from polar_pl.tinymodel.warmstart import IGNORE, assistant_mask, train
+from polar_pl.tinymodel.warmstart import labelled, train
 
 WORDS = (
     "the", "weather", "is", "nice", "today", "my", "cat", "likes", "fish", "a", "river",
@@ -63,11 +63,7 @@ def warm_start_multiturn(
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"share must be in [0, 1], got {share}")
     rng = random.Random(seed)
-    examples = []
-    for _ in range(count):
-        ids = tok.encode(render_chat(case_session(rng, share, work_turns))).ids
-        mask = assistant_mask(ids, tok)
-        examples.append((ids, [t if m else IGNORE for t, m in zip(ids, mask, strict=True)]))
+    examples = [labelled(tok.encode(render_chat(case_session(rng, share, work_turns))).ids, tok) for _ in range(count)]
     pad_id = tok.token_to_id(ENDOFTEXT)
     report = train(model, examples, 0.0, seed, pad_id, batch_size=8, peak_lr=3e-3, steps=steps)
     return {"share": share, "work_turns": work_turns, "examples": len(examples), **report}

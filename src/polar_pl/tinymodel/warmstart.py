@@ -55,9 +55,14 @@ def training_examples(
         ids = tok.encode(render_chat(conv.messages, conv.tools)).ids
         if len(ids) > max_len:
             continue
-        mask = assistant_mask(ids, tok)
-        examples.append((ids, [t if m else IGNORE for t, m in zip(ids, mask, strict=True)]))
+        examples.append(labelled(ids, tok))
     return examples
+
+
+def labelled(ids: list[int], tok: Tokenizer) -> tuple[list[int], list[int]]:
+    """(ids, labels): labels are the ids on assistant turns (assistant_mask), IGNORE elsewhere."""
+    mask = assistant_mask(ids, tok)
+    return ids, [t if m else IGNORE for t, m in zip(ids, mask, strict=True)]
 
 
 def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
