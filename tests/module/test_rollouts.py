@@ -109,3 +109,9 @@ def test_overlong_masking_of_a_batch_without_calls(overlong) -> None:
         collate([row("r", "g", 1.0, [], 4), row("q", "g", 0.0, [], 3)], token_budget=8), overlong=overlong
     )
     assert p.segments.count == 0 and p.truncated_calls == 0 and float(p.eligible.sum()) == 0.0
+
+
+def test_no_kept_row_gives_no_rollout() -> None:
+    """Every row left out (an excluded side row alone, say): K = 0."""
+    rewards, group = rollout_rewards(T([1.0, 0.5]), T([-1, -1]), T([0, 0]))
+    assert rewards.shape == group.shape == (0,)
