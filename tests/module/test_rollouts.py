@@ -41,6 +41,12 @@ def test_disagreeing_rows_name_the_rollout() -> None:
         rollouts(collate(rows, token_budget=16))
     rewards, group = rollout_rewards(T([1.0, 1.0, 0.0, 9.0]), T([0, 0, 2, -1]), T([0, 0, 1, 1]))
     assert rewards.tolist() == [1.0, 0.0, 0.0] and group.tolist() == [0, -1, 1]  # row -1 ignored
+    with pytest.raises(
+        ValueError, match=r"^rows of rollout 1 disagree on reward or group \(rewards \[0.0, 1.0\]\)$"
+    ):
+        rollout_rewards(T([1.0, 0.0, 1.0]), T([0, 1, 1]), T([0, 0, 0]))  # no ids: the index
+    with pytest.raises(ValueError, match=r"^module.side_rows='merge': allowed own, exclude$"):
+        rollouts(collate(rows, token_budget=16), "merge")
 
 
 def test_segments_are_calls() -> None:
