@@ -67,6 +67,7 @@ def test_call_info_per_segment() -> None:
     two = Segments(T([[0, 1]]), T([0, 0]), T([0, 1]))
     assert call_info(two, [{"meta": {"calls": [{"start": 0}]}}]) == [{"start": 0}, {}]
     assert call_info(Segments(T([[0]]), T([3]), T([0])), [{}]) == [{}]
+    assert call_info(Segments(T([[0]]), T([1]), T([0])), [{}]) == [{}]  # just past the end
 
 
 def test_per_token_and_segment_sum() -> None:
@@ -91,6 +92,8 @@ def test_sampling_of_fills_unrecorded_settings() -> None:
     assert samp.top_p.tolist()[0] == pytest.approx([1.0, 1.0, 1.0, 1.0, 0.3])
     assert samp.temperature.dtype == samp.top_p.dtype == torch.float32
     assert sampling_of(s, info).temperature.tolist()[0] == pytest.approx([1.0, 0.5, 0.5, 1.0, 1.0])
+    empty = sampling_of(Segments(T([[-1, -1]]), T([], dtype=torch.long), T([], dtype=torch.long)), [])
+    assert empty.top_k.dtype == torch.long and empty.top_k.tolist() == [[-1, -1]]  # no call at all
 
 
 def test_select_keeps_global_segment_ids() -> None:
