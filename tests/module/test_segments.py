@@ -44,7 +44,9 @@ def test_packed_rows_keep_apart_and_count_ordinals_per_row() -> None:
 def test_recorded_starts_out_of_range_or_absent() -> None:
     """A start past every position is ignored; a row without meta or calls adds no start."""
     r = row("a", "g", 1.0, [(1, 3), (3, 5)], 6)
-    r.meta["calls"].append({"start": 50, "finish_reason": None, "sampling": {}})
+    r.meta["calls"] += [
+        {"start": p, "finish_reason": None, "sampling": {}} for p in (6, 50)
+    ]  # positions 0..5
     plain = replace(row("b", "g", 0.0, [(1, 3), (3, 5)], 6), meta={"calls": None})
     s = segments_of(collate([r, plain], mode="pad"))
     assert s.index.tolist() == [[-1, 0, 0, 1, 1, -1], [-1, 2, 2, 2, 2, -1]]
