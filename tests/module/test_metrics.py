@@ -106,3 +106,13 @@ def test_unit_metrics_count_units_not_rows() -> None:
     assert unit_metrics(none, torch.zeros(1), None, 0) == {
         "train/advantage_abs_mean": 0.0, "train/rollouts": 0.0, "train/side_rollouts": 0.0, "train/truncated_calls": 0.0,
     }  # fmt: skip
+
+
+def test_means_over_a_single_token() -> None:
+    one = torch.tensor([[0.0, 1.0]])
+    m = batch_metrics(
+        old=torch.zeros(1, 2), behavior=torch.zeros(1, 2, dtype=torch.float64), sampled=one, mask=one,
+        entropy=torch.tensor([[5.0, 3.0]]), token_versions=torch.zeros(1, 2, dtype=torch.long), current_version=0,
+        tis_w=torch.tensor([[9.0, 1.5]]),
+    )  # fmt: skip
+    assert (m["train/entropy"], m["train/tis_weight_mean"]) == (3.0, 1.5)
