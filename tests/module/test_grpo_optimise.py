@@ -302,3 +302,13 @@ def test_off_policy_weights_see_segments_and_advantages() -> None:
     assert m["train/tis_weight_mean"] == pytest.approx(float((tis_w * mask).sum() / 21), rel=1e-4)
     assert m["train/off_policy_masked_frac"] == pytest.approx(6 / 21)  # the 3 negative-advantage rows
     assert float((keep_w * mask).sum()) == 15.0
+
+
+def test_tokens_per_second_counts_non_padding_tokens() -> None:
+    rows = [*ROWS, row("short", "g", 2.5, [(1, 3)], 5)]  # pad mode: 3 padding tokens
+    batch = collate(rows, mode="pad")
+    assert (batch.total_tokens, batch.padding_tokens) == (56, 3)
+    mod = module(Seen())
+    m = mod.update(batch, mod.configure_optimizers())
+    seconds = m["train/old_logprob_s"] + m["train/update_s"]
+    assert m["train/tokens_per_s"] * seconds == pytest.approx(53.0, rel=1e-6)

@@ -11,7 +11,8 @@ import torch
 
 from polar_pl.datamodule.collate import collate
 from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.module.metrics import batch_metrics, harness_metrics, numeric
+from polar_pl.module.metrics import batch_metrics, harness_metrics, numeric, unit_metrics
+from polar_pl.module.rollouts import Rollouts
 
 L = math.log
 
@@ -66,3 +67,52 @@ def test_harness_rewards_are_reduced_in_float64() -> None:
     m = harness_metrics(batch)
     assert m["rollout/reward_mean/codex"] == statistics.fmean(rewards)
     assert m["rollout/reward_std/codex"] == pytest.approx(statistics.stdev(rewards), rel=1e-12)
+
+
+def test_batch_metrics_without_sampled_tokens_and_optional_inputs() -> None:
+    zeros = torch.zeros(1, 3)
+    args = {"old": zeros, "behavior": zeros.double(), "sampled": zeros, "mask": zeros,
+            "token_versions": torch.zeros(1, 3, dtype=torch.long), "current_version": 2}  # fmt: skip
+    assert batch_metrics(entropy=None, **args) == {}
+    m = batch_metrics(entropy=torch.ones(1, 3), tis_w=torch.ones(1, 3), keep_w=torch.ones(1, 3), **args)
+    assert m == {"train/entropy": 0.0, "train/tis_weight_mean": 0.0, "train/off_policy_masked_frac": 1.0}
+
+
+def test_off_policy_masked_fraction_over_loss_tokens() -> None:
+    sampled = torch.tensor([[1.0, 1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    m = batch_metrics(
+        old=torch.zeros(1, 4), behavior=torch.zeros(1, 4, dtype=torch.float64), sampled=sampled, mask=mask,
+        entropy=None, token_versions=torch.tensor([[0, 1, 1, 1]]), current_version=1,
+        keep_w=torch.tensor([[1.0, 0.0, 1.0, 0.0]]),
+    )  # fmt: skip
+    assert m["train/off_policy_masked_frac"] == pytest.approx(1 / 3)
+    assert (m["train/staleness_mean"], m["train/staleness_max"]) == (0.25, 1.0)
+    assert m["train/logprob_gap_mean"] == 0.0 and m["train/ratio_p50"] == 1.0
+
+
+def test_unit_metrics_count_units_not_rows() -> None:
+    units = Rollouts(
+        row=torch.tensor([0, 0, 1, 3]), reward=torch.tensor([1.0, 0.0, 0.0, 0.0]),
+        group=torch.tensor([0, 0, -1, 1]), side=torch.tensor([False, False, True, True]), ids=["a", "b", "a/side", "b/side"],
+    )  # fmt: skip
+    adv = torch.tensor([0.5, -1.5, 9.0, 0.25])  # unit 2 has no rows: not counted
+    m = unit_metrics(units, adv, torch.tensor([0.2, 0.4, 9.0, 0.0], dtype=torch.float64), truncated_calls=3)
+    assert m == pytest.approx({
+        "train/advantage_abs_mean": 0.75, "train/rollouts": 2.0, "train/side_rollouts": 1.0,
+        "train/truncated_calls": 3.0, "train/kl_reward_penalty_mean": 0.2,
+    })  # fmt: skip
+    none = Rollouts(torch.tensor([-1]), torch.zeros(1), torch.tensor([-1]), torch.tensor([False]), ["a"])
+    assert unit_metrics(none, torch.zeros(1), None, 0) == {
+        "train/advantage_abs_mean": 0.0, "train/rollouts": 0.0, "train/side_rollouts": 0.0, "train/truncated_calls": 0.0,
+    }  # fmt: skip
+
+
+def test_means_over_a_single_token() -> None:
+    one = torch.tensor([[0.0, 1.0]])
+    m = batch_metrics(
+        old=torch.zeros(1, 2), behavior=torch.zeros(1, 2, dtype=torch.float64), sampled=one, mask=one,
+        entropy=torch.tensor([[5.0, 3.0]]), token_versions=torch.zeros(1, 2, dtype=torch.long), current_version=0,
+        tis_w=torch.tensor([[9.0, 1.5]]),
+    )  # fmt: skip
+    assert (m["train/entropy"], m["train/tis_weight_mean"]) == (3.0, 1.5)

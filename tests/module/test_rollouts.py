@@ -41,6 +41,12 @@ def test_disagreeing_rows_name_the_rollout() -> None:
         rollouts(collate(rows, token_budget=16))
     rewards, group = rollout_rewards(T([1.0, 1.0, 0.0, 9.0]), T([0, 0, 2, -1]), T([0, 0, 1, 1]))
     assert rewards.tolist() == [1.0, 0.0, 0.0] and group.tolist() == [0, -1, 1]  # row -1 ignored
+    with pytest.raises(
+        ValueError, match=r"^rows of rollout 1 disagree on reward or group \(rewards \[0.0, 1.0\]\)$"
+    ):
+        rollout_rewards(T([1.0, 0.0, 1.0]), T([0, 1, 1]), T([0, 0, 0]))  # no ids: the index
+    with pytest.raises(ValueError, match=r"^module.side_rows='merge': allowed own, exclude$"):
+        rollouts(collate(rows, token_budget=16), "merge")
 
 
 def test_segments_are_calls() -> None:
@@ -109,3 +115,9 @@ def test_overlong_masking_of_a_batch_without_calls(overlong) -> None:
         collate([row("r", "g", 1.0, [], 4), row("q", "g", 0.0, [], 3)], token_budget=8), overlong=overlong
     )
     assert p.segments.count == 0 and p.truncated_calls == 0 and float(p.eligible.sum()) == 0.0
+
+
+def test_no_kept_row_gives_no_rollout() -> None:
+    """Every row left out (an excluded side row alone, say): K = 0."""
+    rewards, group = rollout_rewards(T([1.0, 0.5]), T([-1, -1]), T([0, 0]))
+    assert rewards.shape == group.shape == (0,)
