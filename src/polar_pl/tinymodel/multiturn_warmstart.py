@@ -59,9 +59,8 @@ def warm_start_multiturn(
     work_turns: int = 2,
     count: int = 2000,
 ) -> dict[str, Any]:
-    """Fine-tune `model` in place on `count` generated sessions for exactly `steps` steps of 8."""
-    if not 0.0 <= share <= 1.0:
-        raise ValueError(f"share must be in [0, 1], got {share}")
+    """Fine-tune `model` in place on `count` generated sessions for exactly `steps` steps of 8
+    (build.build_multiturn_model checks `share` before any of this starts)."""
     rng = random.Random(seed)
     examples = [labelled(tok.encode(render_chat(case_session(rng, share, work_turns))).ids, tok) for _ in range(count)]
     pad_id = tok.token_to_id(ENDOFTEXT)
