@@ -19,6 +19,7 @@ WARM_MODEL := .cache/tiny-model-warm
 # The multi-turn learning check's start (tests/module/test_learning_loop.py, experiment=multiturn):
 # ~1 CPU minute on one thread, built beside the installs.
 MULTITURN_MODEL := .cache/tiny-model-multiturn
+PI_CASE_MODEL := .cache/tiny-model-pi-case
 # CLI harnesses run on a tiny model warm-started inside that CLI's own request (conf/harness/*.yaml)
 BENCH_HARNESSES := pi claude_code
 TRAIN_HARNESS := $(patsubst harness=%,%,$(filter harness=%,$(ARGS)))
@@ -32,7 +33,7 @@ export POLAR_HARNESS_PREFIX := $(abspath $(HARNESS_PREFIX))
 train: env model sandbox-deps $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis .cache/tiny-model-$(TRAIN_HARNESS)/config.json)
 	$(BIN)/python train.py $(ARGS)
 
-test: test-env model $(MULTITURN_MODEL)/config.json vllm-env harness-clis sandbox-deps docker-deps browser-deps
+test: test-env model $(MULTITURN_MODEL)/config.json $(PI_CASE_MODEL)/config.json vllm-env harness-clis sandbox-deps docker-deps browser-deps
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
 
 env: $(VENV)/.installed
@@ -62,6 +63,11 @@ $(MODEL)/config.json: | env
 
 $(MULTITURN_MODEL)/config.json: $(MODEL)/config.json src/polar_pl/tinymodel/multiturn_warmstart.py
 	$(BIN)/polar-pl tiny-model --out $(MULTITURN_MODEL) --base $(MODEL) --multiturn-case 0.85 >/dev/null
+
+# The CLI learning check's start (experiment=cli_sanity harness=pi, tests/test_train.py): the tiny
+# model fine-tuned inside pi's captured request on the case task, ~2 CPU minutes.
+$(PI_CASE_MODEL)/config.json: $(MODEL)/config.json src/polar_pl/tinymodel/harness_case.py | harness-clis
+	$(BIN)/polar-pl tiny-model --out $(PI_CASE_MODEL) --harness pi --case 0.7 --base $(MODEL) >/dev/null
 
 # The generic warm start (chat and tool-call formats, ~3 CPU min), then one model per CLI that
 # bench/cli_learning.py trains (~3 CPU min each: the CLI's real request is captured, the model is

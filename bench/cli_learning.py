@@ -1,19 +1,18 @@
 """Does a real CLI harness learn? `experiment=cli_sanity` with weight pushes against the same run
-without them (`module/weight_sync=none`), side by side, on the CLI's warm-started tiny model.
+without them (`module/weight_sync=none`), side by side, on the CLI's case-task warm start.
 
-Each run is `python train.py experiment=cli_sanity harness=<cli>` (one task, a group of 8 per step,
-5 steps): the harness CLI runs unmodified in its sandbox against the gateway. Printed per harness:
-the mean reward by step for both runs, the gain (mean of the last two steps minus the first two)
-and the push run's lead over the control, plus the wall time of each run and how many rollouts
-were masked as infrastructure failures or scored as harness errors.
+Each run is `python train.py experiment=cli_sanity harness=<cli>` (the `case` task: capitals or
+lowercase by prompt, one group of 8 of each a step): the harness CLI runs unmodified in its
+sandbox against the gateway. Printed per harness: the mean reward by step for both runs, by case
+for the push run, the push run's lead over the control's mean, the wall time of each run and how
+many rollouts were masked as infrastructure failures or scored as harness errors. The control
+runs `--control-steps` steps: its weights never move, so its steps only estimate one number.
 
-This is a measurement, not a test: on 2 CPU cores one run of Claude Code takes ~8-15 minutes and a
-5-step curve moves +-0.2 by chance (tests/ checks the parts: outcome classification, the warm
-start, the loop's learning on the mini agent).
+tests/test_train.py runs this pair for pi in CI; Claude Code's ~15k-token rows make one of its
+runs ~25+ minutes on 2 CPU cores, so it is measured here only.
 
-    make harness-models                          # the warm-started models (pi, claude_code)
     python bench/cli_learning.py --harness pi
-    python bench/cli_learning.py --harness pi,claude_code --steps 8
+    python bench/cli_learning.py --harness pi,claude_code --steps 12
 """
 
 from __future__ import annotations
@@ -58,21 +57,27 @@ def gain(values: list[float]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--harness", default="pi", help="comma-separated harness names")
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--control-steps", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0, help="train.py's seed (sampling, task order)")
     ap.add_argument("--out", default=None, help="run folder (default: a temporary one)")
     args = ap.parse_args()
     root = Path(args.out or tempfile.mkdtemp(prefix="polar-cli-learning-"))
     print(f"{'harness':12} {'run':8} {'wall s':>7} {'infra':>6} {'policy':>6}  reward by step")
     for harness in args.harness.split(","):
         curves = {}
-        for name, extra in (("push", ()), ("no push", ("module/weight_sync=none",))):
-            rows, wall = run(harness, root / harness / name.replace(" ", "_"), args.steps, *extra)
+        for name, steps, extra in (("push", args.steps, ()), ("no push", args.control_steps, ("module/weight_sync=none",))):
+            rows, wall = run(harness, root / harness / name.replace(" ", "_"), steps, f"seed={args.seed}", *extra)
             rewards, infra, policy = summary(rows)
             curves[name] = rewards
             print(f"{harness:12} {name:8} {wall:7.0f} {infra:6.0f} {policy:6.0f}  {[round(x, 3) for x in rewards]}")
-        lead = sum(curves["push"][-2:]) / 2 - sum(curves["no push"][-2:]) / 2
-        print(f"{harness:12} gain push {gain(curves['push']):+.3f}, no push {gain(curves['no push']):+.3f}; "
-              f"push leads the control by {lead:+.3f} at the end")  # fmt: skip
+            if name == "push":
+                for check in ("uppercase_fraction", "lowercase_fraction"):
+                    values = [round(float(r[f"rollout/reward_by_check/{check}"]), 3) for r in rows]
+                    print(f"{'':12} {check[:9]:8} {'':7} {'':6} {'':6}  {values}")
+        lead = sum(curves["push"][-3:]) / 3 - sum(curves["no push"]) / len(curves["no push"])
+        print(f"{harness:12} gain push {gain(curves['push']):+.3f}; push's last 3 steps lead the "
+              f"control's mean by {lead:+.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -77,14 +77,16 @@ def sweep_leftovers(cfg: DictConfig) -> None:
 
 def ensure_warm_model(cfg: DictConfig) -> None:
     """Build the warm-started `model_dir` on first use: a CLI harness's (trained inside that CLI's
-    request) or the multi-turn check's (trained on the case task's note-taking sessions)."""
+    request; with `case`, the CLI learning check's) or the multi-turn check's (trained on the case
+    task's note-taking sessions)."""
     from polar_pl.tinymodel.build import build_multiturn_model, build_tiny_model, ensure_harness_model
 
     ws = cfg.warm_start
     if ws.get("harness"):
         ensure_harness_model(
-            cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes
-        )
+            cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes,
+            case=ws.get("case"), case_base=ws.get("base"),
+        )  # fmt: skip
     elif not (Path(cfg.model_dir) / "config.json").exists():
         if not 0.0 <= float(ws.multiturn_case) <= 1.0:
             raise ValueError(f"warm_start.multiturn_case must be in [0, 1], got {ws.multiturn_case}")

@@ -120,22 +120,30 @@ def build_harness_model(
     seed: int = 0,
     minutes: float = 3.0,
     if_missing: bool = False,
+    case: float | None = None,
 ) -> Path:
     """A copy of the model at `base_dir` (a warm-started tiny model) fine-tuned for `harness`:
     the pinned CLI's real request is captured once, then the model is trained inside it
     (harness_warmstart.py). The captured request is kept as `harness_prompt.json`.
+    case: instead, fine-tune on the `case` task with answers in the asked case with this
+    probability per word (harness_case.py: the CLI learning check's start; any base will do).
     if_missing: leave an existing model at `out_dir` as it is (checked under the lock)."""
+    if case is not None and not 0.0 <= case <= 1.0:
+        raise ValueError(f"case must be in [0, 1], got {case}")
     return _locked_build(
         out_dir, if_missing,
-        lambda tmp: _build_harness_into(tmp, harness, Path(base_dir), Path(harness_prefix), seed, minutes),
+        lambda tmp: _build_harness_into(tmp, harness, Path(base_dir), Path(harness_prefix), seed, minutes, case),
     )  # fmt: skip
 
 
-def _build_harness_into(out: Path, harness: str, base: Path, prefix: Path, seed: int, minutes: float) -> None:
+def _build_harness_into(
+    out: Path, harness: str, base: Path, prefix: Path, seed: int, minutes: float, case: float | None
+) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from polar_pl.tinymodel.harness_capture import capture_harness_prompt
+    from polar_pl.tinymodel.harness_case import warm_start_case
     from polar_pl.tinymodel.harness_warmstart import Schedule, warm_start_harness
 
     started = time.monotonic()
@@ -152,7 +160,11 @@ def _build_harness_into(out: Path, harness: str, base: Path, prefix: Path, seed:
     if os.getloadavg()[0] >= (os.cpu_count() or 1):
         torch.set_num_threads(1)  # oversubscribed OpenMP threads spin-wait on each other
     try:
-        report = warm_start_harness(model, tok, prompt, seed=seed, schedule=Schedule(minutes=minutes))
+        if case is None:
+            report = warm_start_harness(model, tok, prompt, seed=seed, schedule=Schedule(minutes=minutes))
+        else:
+            torch.set_num_threads(1)  # a 2-layer model: fixed steps, more threads only spin-wait
+            report = warm_start_case(model, tok, prompt, share=case, seed=seed)
     finally:
         torch.set_num_threads(threads)
     ids = special_ids(tok.backend_tokenizer)
@@ -162,7 +174,9 @@ def _build_harness_into(out: Path, harness: str, base: Path, prefix: Path, seed:
     record = {
         **base_record,
         "base": str(base),
-        "harness_warm_start": {**report, "capture_seconds": round(capture_s, 1)},
+        ("harness_warm_start" if case is None else "harness_case_warm_start"): {
+            **report, "capture_seconds": round(capture_s, 1)
+        },
         "build_seconds": round(time.monotonic() - started, 1),
     }
     (out / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -177,9 +191,13 @@ def ensure_harness_model(
     cache_dir: str | os.PathLike[str],
     harness_prefix: str | os.PathLike[str] | None,
     minutes: float = 3.0,
+    case: float | None = None,
+    case_base: str | os.PathLike[str] | None = None,
 ) -> Path:
     """The harness's warm-started model at `model_dir`, built on first use (with the generic warm
-    start under `cache_dir` it starts from): what `python train.py harness=X` runs on."""
+    start under `cache_dir` it starts from): what `python train.py harness=X` runs on.
+    case: the CLI learning check's model instead (`build_harness_model`'s `case`), started from
+    the plain tiny model at `case_base`."""
     out = Path(model_dir)
     if (out / "config.json").exists():
         return out
@@ -188,6 +206,10 @@ def ensure_harness_model(
             f"model_dir {out} is missing and building it needs the {harness} CLI: set "
             f"POLAR_HARNESS_PREFIX (polar-pl harness install {harness} --prefix DIR)"
         )
+    if case is not None:
+        base = build_tiny_model(case_base or Path(cache_dir) / "tiny-model", if_missing=True)
+        print(f"polar-pl: warm-starting the {harness} learning check's model at {out} (once, ~2 CPU min)", flush=True)
+        return build_harness_model(out, harness, base, harness_prefix, case=case, if_missing=True)
     base = Path(cache_dir) / WARM_BASE
     if not (base / "config.json").exists():
         print(f"polar-pl: building the warm-started tiny model at {base} (once, ~3 CPU minutes)", flush=True)

@@ -36,6 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "word in the asked case with probability SHARE (the multi-turn learning check's start)",
     )
     parser.add_argument(
+        "--case",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="with --harness: fine-tune on the case task instead, each answer word in the asked case "
+        "with probability SHARE (the CLI learning check's start)",
+    )
+    parser.add_argument(
         "--base", default=None, help="with --harness / --multiturn-case: the model to start from"
     )
     parser.add_argument(
@@ -85,7 +93,7 @@ def _run_harness(args: argparse.Namespace) -> int:
     try:
         out = build_harness_model(
             args.out, args.harness, args.base, prefix, seed=args.seed,
-            minutes=args.warm_start_minutes, if_missing=args.if_missing,
+            minutes=args.warm_start_minutes, if_missing=args.if_missing, case=args.case,
         )  # fmt: skip
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
