@@ -131,16 +131,17 @@ def test_pi_cli_learns_to_read_the_prompt_against_a_no_push_control(tiny_model_d
     train("experiment=cli_sanity", "harness=pi", "module/weight_sync=none", "steps=3", f"hydra.run.dir={control}")
     r_push, r_control = rewards_by_step(push), rewards_by_step(control)
     print(f"pi case reward by step: push {curve(r_push)}, control {curve(r_control)}")
-    start = sum(r_control) / len(r_control)  # measured 0.86 (0.81-0.88 a step)
-    assert sum(r_push[-3:]) / 3 > start + 0.06, (r_push, r_control)
+    start = sum(r_control) / len(r_control)  # measured 0.66 (0.61-0.75 a step)
+    assert sum(r_push[-3:]) / 3 > start + 0.15, (r_push, r_control)  # measured +0.28
+    # Both cases: answers that ignore the prompt have capitals + lowercase rewards summing to <= 1.
     for check in ("uppercase_fraction", "lowercase_fraction"):
         values = column(push, f"rollout/reward_by_check/{check}")
-        assert sum(values[-3:]) / 3 > 0.9, (check, values)
+        assert sum(values[-3:]) / 3 > 0.85, (check, values)  # measured 0.94 / 0.93
     for run in (push, control):
         for key in ("rollout/masked", "rollout/harness_error_policy", "rollout/harness_error_infra"):
             assert sum(column(run, key)) == 0, (run.name, key)
     versions = column(push, "train/policy_version")
-    assert versions == sorted(versions) and versions[-1] >= 6, versions
+    assert versions == sorted(versions) and versions[-1] >= 12, versions  # 3 epochs: a push each
     assert set(column(control, "train/policy_version")) == {0.0}
 
 

@@ -7,29 +7,15 @@ import random
 import re
 
 import pytest
+from harness_shapes import prompt
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from polar_pl.chat.render import render_chat
 from polar_pl.tasks.answer import score_answer
 from polar_pl.tasks.learnable import learnable_task
 from polar_pl.tinymodel.build import build_harness_model
-from polar_pl.tinymodel.harness_capture import MARKER, HarnessPrompt
 from polar_pl.tinymodel.harness_case import case_answer, case_example, case_groups, warm_start_case
 from polar_pl.tinymodel.multiturn_warmstart import WORDS
-
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a command.", "parameters": {}}}]
-
-
-def prompt(after_task: str = "") -> HarnessPrompt:
-    """A request shaped like pi's (system, tools, the task last) or, with `after_task`, like Claude
-    Code's (a long block after the task)."""
-    messages = [
-        {"role": "system", "content": "You are a coding agent. Working directory: /tmp/w1/workspace"},
-        {"role": "user", "content": f"<reminder>context</reminder>\n\n{MARKER}"},
-    ]
-    if after_task:
-        messages.append({"role": "system", "content": after_task + " Primary working directory: /tmp/w1/workspace"})
-    return HarnessPrompt("pi", "0", messages, TOOLS, "/tmp/w1/workspace")
 
 
 @pytest.fixture(scope="module")

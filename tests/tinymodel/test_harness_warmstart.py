@@ -5,46 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from harness_shapes import TOOLS, prompt
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from polar_pl.chat.render import render_chat
-from polar_pl.tinymodel.harness_capture import MARKER, HarnessPrompt
+from polar_pl.tinymodel.harness_capture import HarnessPrompt
 from polar_pl.tinymodel.harness_conversations import examples, shell_tool
 from polar_pl.tinymodel.harness_data import Group, long_groups, render_tail, short_group, tail_tokens
 from polar_pl.tinymodel.harness_warmstart import compute_kvs, step_loss
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "bash",
-            "description": "Execute a bash command.",
-            "parameters": {
-                "type": "object",
-                "required": ["command", "description"],
-                "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
-            },
-        },
-    },
-    {"type": "function", "function": {"name": "read", "description": "Read a file.", "parameters": {}}},
-]
 
 
 @pytest.fixture(scope="module")
 def tok(tiny_model_dir):
     return AutoTokenizer.from_pretrained(str(tiny_model_dir))
-
-
-def prompt(after_task: str = "") -> HarnessPrompt:
-    """A request shaped like pi's (system, tools, then the task last) or, with `after_task`, like
-    Claude Code's (a long block after the task)."""
-    messages = [
-        {"role": "system", "content": "You are a coding agent. Working directory: /tmp/w1/workspace"},
-        {"role": "user", "content": f"<reminder>context</reminder>\n\n{MARKER}"},
-    ]
-    if after_task:
-        messages.append({"role": "system", "content": after_task + " Primary working directory: /tmp/w1/workspace"})
-    return HarnessPrompt("pi", "0", messages, TOOLS, "/tmp/w1/workspace")
 
 
 def test_shell_tool_and_its_required_arguments_come_from_the_schemas():
