@@ -12,7 +12,8 @@ tests/test_train.py runs this pair for pi in CI; Claude Code's ~15k-token rows m
 runs ~25+ minutes on 2 CPU cores, so it is measured here only.
 
     python bench/cli_learning.py --harness pi
-    python bench/cli_learning.py --harness pi,claude_code --steps 12
+    python bench/cli_learning.py --harness claude_code --experiment cli_sanity_claude_code
+    python bench/cli_learning.py --harness claude_code    # its full ~15k-token request: slow
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(harness: str, out: Path, steps: int, *extra: str) -> tuple[list[dict[str, str]], float]:
+def run(experiment: str, harness: str, out: Path, steps: int, *extra: str) -> tuple[list[dict[str, str]], float]:
     env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
-    argv = [sys.executable, "train.py", "experiment=cli_sanity", f"harness={harness}", f"steps={steps}",
+    argv = [sys.executable, "train.py", f"experiment={experiment}", f"harness={harness}", f"steps={steps}",
             f"hydra.run.dir={out}", *extra]  # fmt: skip
     t0 = time.monotonic()
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
@@ -60,6 +61,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--control-steps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0, help="train.py's seed (sampling, task order)")
+    ap.add_argument("--experiment", default="cli_sanity", help="e.g. cli_sanity_claude_code (Claude Code's lean request)")
     ap.add_argument("--out", default=None, help="run folder (default: a temporary one)")
     args = ap.parse_args()
     root = Path(args.out or tempfile.mkdtemp(prefix="polar-cli-learning-"))
@@ -67,7 +69,7 @@ def main() -> None:
     for harness in args.harness.split(","):
         curves = {}
         for name, steps, extra in (("push", args.steps, ()), ("no push", args.control_steps, ("module/weight_sync=none",))):
-            rows, wall = run(harness, root / harness / name.replace(" ", "_"), steps, f"seed={args.seed}", *extra)
+            rows, wall = run(args.experiment, harness, root / harness / name.replace(" ", "_"), steps, f"seed={args.seed}", *extra)
             rewards, infra, policy = summary(rows)
             curves[name] = rewards
             print(f"{harness:12} {name:8} {wall:7.0f} {infra:6.0f} {policy:6.0f}  {[round(x, 3) for x in rewards]}")

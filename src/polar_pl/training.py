@@ -85,7 +85,7 @@ def ensure_warm_model(cfg: DictConfig) -> None:
     if ws.get("harness"):
         ensure_harness_model(
             cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes,
-            case=ws.get("case"), case_base=ws.get("base"),
+            case=ws.get("case"), case_base=ws.get("base"), extra_args=cfg.harness.get("extra_args") or (),
         )  # fmt: skip
     elif not (Path(cfg.model_dir) / "config.json").exists():
         if not 0.0 <= float(ws.multiturn_case) <= 1.0:

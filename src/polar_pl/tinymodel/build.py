@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,23 +121,35 @@ def build_harness_model(
     minutes: float = 3.0,
     if_missing: bool = False,
     case: float | None = None,
+    extra_args: Sequence[str] = (),
 ) -> Path:
     """A copy of the model at `base_dir` (a warm-started tiny model) fine-tuned for `harness`:
     the pinned CLI's real request is captured once, then the model is trained inside it
     (harness_warmstart.py). The captured request is kept as `harness_prompt.json`.
     case: instead, fine-tune on the `case` task with answers in the asked case with this
     probability per word (harness_case.py: the CLI learning check's start; any base will do).
+    extra_args: the CLI's extra command-line arguments (harness.extra_args), which can change
+    its request (Claude Code's --system-prompt, --tools); the request is captured with them.
     if_missing: leave an existing model at `out_dir` as it is (checked under the lock)."""
     if case is not None and not 0.0 <= case <= 1.0:
         raise ValueError(f"case must be in [0, 1], got {case}")
     return _locked_build(
         out_dir, if_missing,
-        lambda tmp: _build_harness_into(tmp, harness, Path(base_dir), Path(harness_prefix), seed, minutes, case),
+        lambda tmp: _build_harness_into(
+            tmp, harness, Path(base_dir), Path(harness_prefix), seed, minutes, case, tuple(extra_args)
+        ),
     )  # fmt: skip
 
 
 def _build_harness_into(
-    out: Path, harness: str, base: Path, prefix: Path, seed: int, minutes: float, case: float | None
+    out: Path,
+    harness: str,
+    base: Path,
+    prefix: Path,
+    seed: int,
+    minutes: float,
+    case: float | None,
+    extra_args: tuple[str, ...],
 ) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -149,7 +161,7 @@ def _build_harness_into(
     started = time.monotonic()
     if not (base / "config.json").exists():
         raise FileNotFoundError(f"no base model at {base} (polar-pl tiny-model --out {base} --warm-start)")
-    prompt = capture_harness_prompt(harness, base, prefix)
+    prompt = capture_harness_prompt(harness, base, prefix, extra_args=extra_args)
     capture_s = time.monotonic() - started
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(base / name, out / name)
@@ -174,6 +186,7 @@ def _build_harness_into(
     record = {
         **base_record,
         "base": str(base),
+        "harness_extra_args": list(extra_args),
         ("harness_warm_start" if case is None else "harness_case_warm_start"): {
             **report, "capture_seconds": round(capture_s, 1)
         },
@@ -193,13 +206,22 @@ def ensure_harness_model(
     minutes: float = 3.0,
     case: float | None = None,
     case_base: str | os.PathLike[str] | None = None,
+    extra_args: Sequence[str] = (),
 ) -> Path:
     """The harness's warm-started model at `model_dir`, built on first use (with the generic warm
     start under `cache_dir` it starts from): what `python train.py harness=X` runs on.
     case: the CLI learning check's model instead (`build_harness_model`'s `case`), started from
-    the plain tiny model at `case_base`."""
+    the plain tiny model at `case_base`. extra_args: the CLI's (`build_harness_model`); a model
+    built for other ones is refused, since it was trained inside another request."""
     out = Path(model_dir)
     if (out / "config.json").exists():
+        record = json.loads((out / BUILD_RECORD).read_text()) if (out / BUILD_RECORD).exists() else {}
+        built = record.get("harness_extra_args", [])
+        if list(extra_args) != built:
+            raise ValueError(
+                f"model_dir {out} was warm-started for {harness} with extra_args {built}, not "
+                f"{list(extra_args)}: point model_dir elsewhere (or delete it to rebuild)"
+            )
         return out
     if harness_prefix is None:
         raise ValueError(
@@ -209,13 +231,17 @@ def ensure_harness_model(
     if case is not None:
         base = build_tiny_model(case_base or Path(cache_dir) / "tiny-model", if_missing=True)
         print(f"polar-pl: warm-starting the {harness} learning check's model at {out} (once, ~2 CPU min)", flush=True)
-        return build_harness_model(out, harness, base, harness_prefix, case=case, if_missing=True)
+        return build_harness_model(
+            out, harness, base, harness_prefix, case=case, extra_args=extra_args, if_missing=True
+        )
     base = Path(cache_dir) / WARM_BASE
     if not (base / "config.json").exists():
         print(f"polar-pl: building the warm-started tiny model at {base} (once, ~3 CPU minutes)", flush=True)
         build_tiny_model(base, warm_start=True, if_missing=True)
     print(f"polar-pl: warm-starting the tiny model for {harness} at {out} (once, ~{minutes:g} CPU minutes)", flush=True)
-    return build_harness_model(out, harness, base, harness_prefix, minutes=minutes, if_missing=True)
+    return build_harness_model(
+        out, harness, base, harness_prefix, minutes=minutes, extra_args=extra_args, if_missing=True
+    )
 
 
 def build_multiturn_model(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
 
@@ -42,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SHARE",
         help="with --harness: fine-tune on the case task instead, each answer word in the asked case "
         "with probability SHARE (the CLI learning check's start)",
+    )
+    parser.add_argument(
+        "--harness-args",
+        default="",
+        metavar="ARGS",
+        help="with --harness: the CLI's extra arguments (harness.extra_args, shell-quoted), "
+        "which can change its request, e.g. \"--tools Bash --system-prompt 'Be brief.'\"",
     )
     parser.add_argument(
         "--base", default=None, help="with --harness / --multiturn-case: the model to start from"
@@ -94,6 +102,7 @@ def _run_harness(args: argparse.Namespace) -> int:
         out = build_harness_model(
             args.out, args.harness, args.base, prefix, seed=args.seed,
             minutes=args.warm_start_minutes, if_missing=args.if_missing, case=args.case,
+            extra_args=shlex.split(args.harness_args),
         )  # fmt: skip
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,9 +66,14 @@ class HarnessPrompt:
 
 
 def capture_harness_prompt(
-    name: str, model_dir: str | Path, harness_prefix: str | Path, timeout: float = 240.0
+    name: str,
+    model_dir: str | Path,
+    harness_prefix: str | Path,
+    timeout: float = 240.0,
+    extra_args: Sequence[str] = (),
 ) -> HarnessPrompt:
-    """Run harness `name` once on `MARKER` and return its first main call's request."""
+    """Run harness `name` once on `MARKER` (with its command-line `extra_args`) and return its
+    first main call's request."""
     from polar_pl.engine.embedded import EmbeddedEngine
     from polar_pl.gateway.handle import Gateway
     from polar_pl.harness import build_harness
@@ -75,7 +81,7 @@ def capture_harness_prompt(
     from polar_pl.harness.run import run_harness
     from polar_pl.sandbox.local import LocalSandbox
 
-    harness = build_harness(name)
+    harness = build_harness(name, extra_args=list(extra_args))
     if not harness.is_installed(Path(harness_prefix)):
         raise FileNotFoundError(
             f"harness {name} is not installed under {harness_prefix}: "
