@@ -3,8 +3,11 @@ exactly as the engine renders that request, following the asked case with the co
 
 from __future__ import annotations
 
+import json
 import random
 import re
+import subprocess
+import sys
 
 import pytest
 from harness_shapes import prompt
@@ -13,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from polar_pl.chat.render import render_chat
 from polar_pl.tasks.answer import score_answer
 from polar_pl.tasks.learnable import learnable_task
-from polar_pl.tinymodel.build import build_harness_model
+from polar_pl.tinymodel.build import build_harness_model, ensure_harness_model
 from polar_pl.tinymodel.harness_case import case_answer, case_example, case_groups, warm_start_case
 from polar_pl.tinymodel.multiturn_warmstart import WORDS
 
@@ -76,8 +79,11 @@ def test_per_task_groups_are_the_checks_own_requests(tok):
     assert [g.task for g in groups] == [learnable_task("case", i, 0).prompt for i in range(2)]
     for g in groups:
         workdir = re.search(r"/tmp/polar-sbx-default-\w+/workspace", tok.decode(g.prefix)).group(0)
-        assert g.prefix == render_chat(tok, p.with_task(g.task, workdir), p.tools)[1] and len(g.rows) == 4
-        assert all(labels[0] != -100 for _, labels in g.rows)  # the segment is the answer alone
+        request = render_chat(tok, p.with_task(g.task, workdir), p.tools)[1]
+        assert len(g.rows) == 4
+        for ids, labels in g.rows:
+            # the request's last token opens the segment, so the answer's first token is trained
+            assert g.prefix + ids[:1] == request and labels[0] == -100 and labels[1] == ids[1] != -100
 
 
 def test_warm_start_runs_fixed_steps_and_reports_the_reward_by_case(tiny_model_dir, tok):
@@ -93,3 +99,24 @@ def test_a_share_outside_zero_one_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(ValueError, match="case must be in"):
         build_harness_model(tmp_path / "m", "pi", tmp_path / "no-base", tmp_path / "no-prefix", case=1.5)
     assert not (tmp_path / "m").exists()
+
+
+def test_cli_refuses_a_share_outside_zero_one_without_a_traceback(tmp_path):
+    cmd = [sys.executable, "-m", "polar_pl.cli", "tiny-model", "--out", str(tmp_path / "m"), "--harness", "pi"]
+    args = ["--base", str(tmp_path), "--harness-prefix", str(tmp_path), "--case", "1.5"]
+    proc = subprocess.run([*cmd, *args], check=False, capture_output=True, text=True)
+    assert proc.returncode == 1 and "case must be in [0, 1]" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_model_built_inside_another_request_is_refused(tmp_path):
+    """The check's model is trained inside the request the CLI sends with its extra_args
+    (Claude Code's --system-prompt / --tools change it from ~15k tokens to ~1.9k): reusing one
+    built with other arguments would train a policy on a context it never saw."""
+    model = tmp_path / "tiny-model-claude_code-case"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "tinymodel.json").write_text(json.dumps({"harness_extra_args": ["--tools", "Bash"]}))
+    same = ensure_harness_model(model, "claude_code", tmp_path, tmp_path, case=0.7, extra_args=["--tools", "Bash"])
+    assert same == model
+    with pytest.raises(ValueError, match=r"extra_args \['--tools', 'Bash'\], not \[\]"):
+        ensure_harness_model(model, "claude_code", tmp_path, tmp_path, case=0.7)

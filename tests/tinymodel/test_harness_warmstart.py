@@ -58,6 +58,12 @@ def test_modes_shared_when_the_task_is_last_per_task_when_a_block_follows(tok):
     assert len(shared) == 1 and shared[0].task is None and len(shared[0].rows) == 20
     per_task = long_groups(tok, prompt("environment " * 300), seed=0, n_upper=2, per_task=2, shared_rows=20)
     assert len(per_task) > 1 and all(g.task and len(g.rows) == 2 for g in per_task)
+    # A segment's first token is predicted inside the prefix, so it can never be trained: in both
+    # modes it is prompt, and the assistant's first token comes right after it.
+    for g in [*shared, *per_task]:
+        for ids, labels in g.rows:
+            first = next(i for i, t in enumerate(labels) if t != -100)
+            assert first >= 1 and tok.decode(g.prefix + ids[:first]).endswith("<|im_start|>assistant\n")
     assert short_group(tok, prompt(), seed=0, count=10).rows
 
 

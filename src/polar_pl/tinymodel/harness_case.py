@@ -28,7 +28,7 @@ from polar_pl.chat.render import render_chat
 from polar_pl.tasks.learnable import learnable_task
 from polar_pl.tinymodel.harness_capture import HarnessPrompt
 from polar_pl.tinymodel.harness_conversations import Example
-from polar_pl.tinymodel.harness_data import MAX_SEGMENT_PROMPT, Group, _segment, _workdir, lcp
+from polar_pl.tinymodel.harness_data import MAX_SEGMENT_PROMPT, Group, _segment, _workdir, lcp, per_task_group
 from polar_pl.tinymodel.harness_warmstart import Schedule, compute_kvs, step_loss
 from polar_pl.tinymodel.multiturn_warmstart import WORDS
 
@@ -74,7 +74,7 @@ def case_groups(tok, prompt: HarnessPrompt, share: float, seed: int, rows: int, 
     for i in range(n_tasks):
         task = learnable_task("case", i, 0).prompt
         exs = [case_example(rng, i, 0, share) for _ in range(max(1, rows // n_tasks))]
-        groups.append(Group("case", request(task), [_segment(tok, [], ex, memo) for ex in exs], task=task))
+        groups.append(per_task_group("case", tok, request(task), exs, memo, task))
     return groups
 
 

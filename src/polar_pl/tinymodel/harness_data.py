@@ -128,7 +128,7 @@ def long_groups(tok, prompt: HarnessPrompt, seed: int, n_upper: int, per_task: i
     few = task_examples(prompt.harness, prompt.tools, seed, PER_TASK_UPPER, per_task, PER_TASK_FILE_WORDS)
     for task, exs in few.items():
         ids = render_chat(tok, prompt.with_task(task, _workdir(rng)), prompt.tools)[1]
-        groups.append(Group("long", ids, [_segment(tok, [], ex, memo) for ex in exs], task=task))
+        groups.append(per_task_group("long", tok, ids, exs, memo, task))
     return groups
 
 
@@ -149,6 +149,15 @@ def short_group(tok, prompt: HarnessPrompt, seed: int, count: int) -> Group:
     group = Group("short", next(iter(ctx.values()))[:shared])
     group.rows = [_segment(tok, ctx[ex.task][shared:], ex, memo) for ex in exs]
     return group
+
+
+def per_task_group(family: str, tok, request: list[int], exs: list[Example], memo: dict[str, str], task: str) -> Group:
+    """Rows behind one task's whole request. The request's last token opens each segment: a
+    segment's first token is predicted from the position before it, so with the whole request in
+    the prefix the answer's first token would never be trained (measured: Claude Code's warm
+    model then opened every answer with junk echoed from the request, "day ..." after "Today's
+    date")."""
+    return Group(family, request[:-1], [_segment(tok, request[-1:], ex, memo) for ex in exs], task=task)
 
 
 def _segment(tok, prompt_ids: list[int], ex: Example, memo: dict[str, str]) -> tuple[list[int], list[int]]:
