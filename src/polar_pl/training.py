@@ -86,6 +86,7 @@ def ensure_warm_model(cfg: DictConfig) -> None:
         ensure_harness_model(
             cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes,
             case=ws.get("case"), case_base=ws.get("base"), extra_args=cfg.harness.get("extra_args") or (),
+            case_steps=ws.get("case_steps", 600),
         )  # fmt: skip
     elif not (Path(cfg.model_dir) / "config.json").exists():
         if not 0.0 <= float(ws.multiturn_case) <= 1.0:

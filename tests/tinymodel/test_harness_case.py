@@ -98,6 +98,8 @@ def test_warm_start_runs_fixed_steps_and_reports_the_reward_by_case(tiny_model_d
 def test_a_share_outside_zero_one_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(ValueError, match="case must be in"):
         build_harness_model(tmp_path / "m", "pi", tmp_path / "no-base", tmp_path / "no-prefix", case=1.5)
+    with pytest.raises(ValueError, match="case_steps must be positive"):
+        build_harness_model(tmp_path / "m", "pi", tmp_path / "no-base", tmp_path / "no-prefix", case=0.7, case_steps=0)
     assert not (tmp_path / "m").exists()
 
 

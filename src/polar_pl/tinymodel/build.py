@@ -122,21 +122,25 @@ def build_harness_model(
     if_missing: bool = False,
     case: float | None = None,
     extra_args: Sequence[str] = (),
+    case_steps: int = 600,
 ) -> Path:
     """A copy of the model at `base_dir` (a warm-started tiny model) fine-tuned for `harness`:
     the pinned CLI's real request is captured once, then the model is trained inside it
     (harness_warmstart.py). The captured request is kept as `harness_prompt.json`.
     case: instead, fine-tune on the `case` task with answers in the asked case with this
-    probability per word (harness_case.py: the CLI learning check's start; any base will do).
+    probability per word (harness_case.py: the CLI learning check's start; any base will do),
+    for `case_steps` steps.
     extra_args: the CLI's extra command-line arguments (harness.extra_args), which can change
     its request (Claude Code's --system-prompt, --tools); the request is captured with them.
     if_missing: leave an existing model at `out_dir` as it is (checked under the lock)."""
     if case is not None and not 0.0 <= case <= 1.0:
         raise ValueError(f"case must be in [0, 1], got {case}")
+    if case_steps < 1:
+        raise ValueError(f"case_steps must be positive, got {case_steps}")
     return _locked_build(
         out_dir, if_missing,
         lambda tmp: _build_harness_into(
-            tmp, harness, Path(base_dir), Path(harness_prefix), seed, minutes, case, tuple(extra_args)
+            tmp, harness, Path(base_dir), Path(harness_prefix), seed, minutes, case, tuple(extra_args), case_steps
         ),
     )  # fmt: skip
 
@@ -150,6 +154,7 @@ def _build_harness_into(
     minutes: float,
     case: float | None,
     extra_args: tuple[str, ...],
+    case_steps: int,
 ) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -176,7 +181,7 @@ def _build_harness_into(
             report = warm_start_harness(model, tok, prompt, seed=seed, schedule=Schedule(minutes=minutes))
         else:
             torch.set_num_threads(1)  # a 2-layer model: fixed steps, more threads only spin-wait
-            report = warm_start_case(model, tok, prompt, share=case, seed=seed)
+            report = warm_start_case(model, tok, prompt, share=case, seed=seed, steps=case_steps)
     finally:
         torch.set_num_threads(threads)
     ids = special_ids(tok.backend_tokenizer)
@@ -207,6 +212,7 @@ def ensure_harness_model(
     case: float | None = None,
     case_base: str | os.PathLike[str] | None = None,
     extra_args: Sequence[str] = (),
+    case_steps: int = 600,
 ) -> Path:
     """The harness's warm-started model at `model_dir`, built on first use (with the generic warm
     start under `cache_dir` it starts from): what `python train.py harness=X` runs on.
@@ -232,8 +238,9 @@ def ensure_harness_model(
         base = build_tiny_model(case_base or Path(cache_dir) / "tiny-model", if_missing=True)
         print(f"polar-pl: warm-starting the {harness} learning check's model at {out} (once, ~2 CPU min)", flush=True)
         return build_harness_model(
-            out, harness, base, harness_prefix, case=case, extra_args=extra_args, if_missing=True
-        )
+            out, harness, base, harness_prefix, case=case, extra_args=extra_args, case_steps=case_steps,
+            if_missing=True,
+        )  # fmt: skip
     base = Path(cache_dir) / WARM_BASE
     if not (base / "config.json").exists():
         print(f"polar-pl: building the warm-started tiny model at {base} (once, ~3 CPU minutes)", flush=True)

@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with probability SHARE (the CLI learning check's start)",
     )
     parser.add_argument(
+        "--case-steps", type=int, default=600, help="with --case: fine-tuning steps of 8 rows (fixed)"
+    )
+    parser.add_argument(
         "--harness-args",
         default="",
         metavar="ARGS",
@@ -102,7 +105,7 @@ def _run_harness(args: argparse.Namespace) -> int:
         out = build_harness_model(
             args.out, args.harness, args.base, prefix, seed=args.seed,
             minutes=args.warm_start_minutes, if_missing=args.if_missing, case=args.case,
-            extra_args=shlex.split(args.harness_args),
+            extra_args=shlex.split(args.harness_args), case_steps=args.case_steps,
         )  # fmt: skip
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
