@@ -92,7 +92,7 @@ def warm_start_case(
     refresh_every: int = 20,
 ) -> dict[str, Any]:
     """Fine-tune `model` in place for exactly `steps` AdamW steps of `batch` rows (warmup, then
-    cosine to 10%); returns the report with the sampled case shares by prompt."""
+    cosine to 10%); returns the report with the sampled reward by case (`evaluate_case`)."""
     groups = case_groups(tok, prompt, share, seed, rows, n_tasks)
     thin = Schedule()
     gen = torch.Generator().manual_seed(seed)
