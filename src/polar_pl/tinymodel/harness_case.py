@@ -17,7 +17,6 @@ every `refresh_every` steps (harness_warmstart.py says why it must be fresh).
 
 from __future__ import annotations
 
-import math
 import random
 from typing import Any
 
@@ -31,6 +30,7 @@ from polar_pl.tinymodel.harness_conversations import Example
 from polar_pl.tinymodel.harness_data import MAX_SEGMENT_PROMPT, Group, _segment, _workdir, lcp, per_task_group
 from polar_pl.tinymodel.harness_warmstart import Schedule, compute_kvs, step_loss
 from polar_pl.tinymodel.multiturn_warmstart import WORDS
+from polar_pl.tinymodel.warmstart import set_lr
 
 
 def case_answer(rng: random.Random, upper: bool, share: float) -> str:
@@ -104,9 +104,7 @@ def warm_start_case(
     for step in range(steps):
         if step % refresh_every == 0:
             compute_kvs(model, groups)
-        lr = peak_lr * min(1.0, (step + 1) / 10) * (0.1 + 0.45 * (1 + math.cos(math.pi * step / steps)))
-        for g in opt.param_groups:
-            g["lr"] = lr
+        set_lr(opt, peak_lr, step, step / steps)
         group = groups[step % len(groups)]
         keep_frac = thin.keep_frac if len(group.prefix) > thin.subsample_over else 1.0
         picked = rng.sample(group.rows, min(batch, len(group.rows)))

@@ -24,7 +24,6 @@ when sampled behind the full one.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from polar_pl.tinymodel.harness_capture import HarnessPrompt
 from polar_pl.tinymodel.harness_data import IGNORE, Group, lcp, long_groups, short_group
+from polar_pl.tinymodel.warmstart import set_lr
 
 
 @torch.no_grad()
@@ -141,10 +141,7 @@ def train(
     model.train()
     while (elapsed := time.monotonic() - started) < budget:
         progress = elapsed / budget
-        warmup = min(1.0, (counts["short"] + counts["long"] + 1) / 10)
-        lr = schedule.peak_lr * warmup * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
-        for group in opt.param_groups:
-            group["lr"] = lr
+        set_lr(opt, schedule.peak_lr, counts["short"] + counts["long"], progress)
         is_long = progress >= schedule.short_first and rng.random() < schedule.long_share
         kind = "long" if is_long else "short"
         if fresh[kind].due(elapsed, progress, schedule):

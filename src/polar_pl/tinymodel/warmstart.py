@@ -93,6 +93,14 @@ def assistant_loss(
     return torch.nn.functional.cross_entropy(model.lm_head(hidden[keep]), targets[keep])
 
 
+
+def set_lr(optimizer: torch.optim.Optimizer, peak: float, step: int, progress: float, warmup: int = 10) -> None:
+    """The warm starts' schedule: linear warmup over `warmup` steps, then cosine on `progress`
+    (the fraction of the budget or of the steps used) down to 10% of `peak`."""
+    lr = peak * min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
 def train(
     model: PreTrainedModel,
     examples: list[tuple[list[int], list[int]]],
@@ -113,11 +121,8 @@ def train(
     model.train()
     step, losses, tokens = 0, [], 0
     while (elapsed := time.monotonic() - started) < budget if steps is None else step < steps:
-        # Cosine on the fraction of the budget used, floor 10% of peak.
         progress = elapsed / budget if steps is None else step / steps
-        lr = peak_lr * min(1.0, (step + 1) / warmup_steps) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, peak_lr, step, progress, warmup_steps)
         input_ids, labels, attention = _batch(rng.sample(examples, batch_size), pad_id)
         loss = assistant_loss(model, input_ids, labels, attention)
         optimizer.zero_grad(set_to_none=True)
