@@ -20,6 +20,10 @@ WARM_MODEL := .cache/tiny-model-warm
 # ~1 CPU minute on one thread, built beside the installs.
 MULTITURN_MODEL := .cache/tiny-model-multiturn
 PI_CASE_MODEL := .cache/tiny-model-pi-case
+# Claude Code's check runs on the request its own options shrink (conf/experiment/cli_sanity_claude_code.yaml:
+# the same extra_args; a model built with other ones is refused by name).
+CLAUDE_CASE_MODEL := .cache/tiny-model-claude_code-case-lean
+CLAUDE_LEAN_ARGS := --tools Bash --system-prompt 'You are a helpful assistant. Answer the user directly.'
 # CLI harnesses run on a tiny model warm-started inside that CLI's own request (conf/harness/*.yaml)
 BENCH_HARNESSES := pi claude_code
 TRAIN_HARNESS := $(patsubst harness=%,%,$(filter harness=%,$(ARGS)))
@@ -33,8 +37,13 @@ export POLAR_HARNESS_PREFIX := $(abspath $(HARNESS_PREFIX))
 train: env model sandbox-deps $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis .cache/tiny-model-$(TRAIN_HARNESS)/config.json)
 	$(BIN)/python train.py $(ARGS)
 
-test: test-env model $(MULTITURN_MODEL)/config.json $(PI_CASE_MODEL)/config.json vllm-env harness-clis sandbox-deps docker-deps browser-deps
-	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+# Two xdist workers: most of the suite waits on processes (CLIs, sandboxes, servers), not on the
+# CPU. tests/scheduling.py keeps tests that share an expensive fixture on one worker and starts
+# the longest first.
+PYTEST_XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
+
+test: test-env model $(MULTITURN_MODEL)/config.json $(PI_CASE_MODEL)/config.json $(CLAUDE_CASE_MODEL)/config.json vllm-env harness-clis sandbox-deps docker-deps browser-deps
+	$(BIN)/python -m pytest -q -ra $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 env: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -68,6 +77,11 @@ $(MULTITURN_MODEL)/config.json: $(MODEL)/config.json src/polar_pl/tinymodel/mult
 # model fine-tuned inside pi's captured request on the case task, ~2 CPU minutes.
 $(PI_CASE_MODEL)/config.json: $(MODEL)/config.json src/polar_pl/tinymodel/harness_case.py | harness-clis
 	$(BIN)/polar-pl tiny-model --out $(PI_CASE_MODEL) --harness pi --case 0.7 --base $(MODEL) >/dev/null
+
+# Claude Code's check (experiment=cli_sanity_claude_code): 1500 steps inside its lean request, ~4 CPU min.
+$(CLAUDE_CASE_MODEL)/config.json: $(MODEL)/config.json src/polar_pl/tinymodel/harness_case.py | harness-clis
+	$(BIN)/polar-pl tiny-model --out $(CLAUDE_CASE_MODEL) --harness claude_code --case 0.7 --case-steps 1500 \
+		--base $(MODEL) --harness-args "$(CLAUDE_LEAN_ARGS)" >/dev/null
 
 # The generic warm start (chat and tool-call formats, ~3 CPU min), then one model per CLI that
 # bench/cli_learning.py trains (~3 CPU min each: the CLI's real request is captured, the model is

@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny offline model (built once if absent)."""
+"""Shared fixtures: the tiny offline model (built once if absent); how two xdist workers split the
+suite (scheduling.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,35 @@ import os
 from pathlib import Path
 
 import pytest
+import scheduling
 from fixture_paths import MULTITURN_MODEL, REPO, TINY_MODEL
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--store-durations", action="store_true",
+        help=f"merge this run's test durations into {scheduling.DURATIONS.name} (xdist's longest-first order)",
+    )  # fmt: skip
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist appends the group names to the node ids
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker
+        scheduling.plan(items)
+
+
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    head, at, group = report.nodeid.rpartition("@")  # xdist's "@group" suffix, not a "[a@b]" parameter
+    nodeid = head if at and "]" not in group else report.nodeid
+    _durations[nodeid] = _durations.get(nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    if session.config.getoption("store_durations") and not hasattr(session.config, "workerinput"):
+        scheduling.store(scheduling.DURATIONS, _durations)
 
 
 @pytest.fixture(scope="session")

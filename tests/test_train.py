@@ -118,29 +118,42 @@ def test_learning_sanity_still_learns(tiny_model_dir, tmp_path):
     assert versions == sorted(versions) and versions[-1] >= 5
 
 
+# The CLI learning checks: harness, experiment, and the bars each run must clear. Measured with
+# bench/cli_learning.py --harness H [--experiment E] --seed N (push run of 8 steps, control of 3).
+CLI_CHECKS = [
+    # pi, seeds 0-2: start 0.66-0.71, push's last 3 steps 0.84-0.94 (+0.13 to +0.28), each case
+    # 0.80-0.95.
+    pytest.param("pi", "cli_sanity", 0.1, 0.75, id="pi"),
+    # Claude Code on its lean request (--system-prompt, --tools Bash): the start reads the task
+    # less well (it sits before Claude Code's environment block); seeds 0-1: start 0.63-0.66,
+    # push's last 3 steps 0.75-0.81 (+0.12, +0.16), capitals 0.71-0.75, lowercase 0.79-0.87.
+    pytest.param("claude_code", "cli_sanity_claude_code", 0.08, 0.65, id="claude_code"),
+]
+
+
 @pytest.mark.slow
-def test_pi_cli_learns_to_read_the_prompt_against_a_no_push_control(tiny_model_dir, tmp_path):
-    """`python train.py experiment=cli_sanity harness=pi`: the real pi CLI in bwrap sandboxes, its
-    calls through the gateway, GRPO pushing weights to the engine pi talks to. The `case` task asks
-    for capitals or lowercase by prompt: a policy that ignores the prompt scores <= 0.5 on
-    average, so the reward rises above the no-push control (the same run with
-    module/weight_sync=none: the engine keeps the start's weights) only by reading it, and must
-    rise for both cases. Harness errors are never scored (issue 14): there must be none here."""
+@pytest.mark.parametrize(("harness", "experiment", "lead", "each_case"), CLI_CHECKS)
+def test_cli_learns_to_read_the_prompt_against_a_no_push_control(harness, experiment, lead, each_case, tiny_model_dir, tmp_path):
+    """`python train.py experiment=cli_sanity harness=pi` (and Claude Code's lean variant): the
+    real CLI in bwrap sandboxes, its calls through the gateway, GRPO pushing weights to the
+    engine the CLI talks to. The `case` task asks for capitals or lowercase by prompt: a policy
+    that ignores the prompt scores <= 0.5 on average, so the reward rises above the no-push
+    control (the same run with module/weight_sync=none: the engine keeps the start's weights)
+    only by reading it, and must rise for both cases. Harness errors are never scored (issue
+    14): there must be none here."""
     push, control = tmp_path / "push", tmp_path / "control"
-    train("experiment=cli_sanity", "harness=pi", f"hydra.run.dir={push}")
-    train("experiment=cli_sanity", "harness=pi", "module/weight_sync=none", "steps=2", f"hydra.run.dir={control}")
+    train(f"experiment={experiment}", f"harness={harness}", f"hydra.run.dir={push}")
+    train(f"experiment={experiment}", f"harness={harness}", "module/weight_sync=none", "steps=2", f"hydra.run.dir={control}")
     r_push, r_control = rewards_by_step(push), rewards_by_step(control)
-    print(f"pi case reward by step: push {curve(r_push)}, control {curve(r_control)}")
+    print(f"{harness} case reward by step: push {curve(r_push)}, control {curve(r_control)}")
     # The start's reward: the control's steps and the push run's first (sampled before any update).
-    # Measured over seeds 0-2 (bench/cli_learning.py --seed N): 0.66-0.71 (single steps
-    # 0.61-0.80); push's last 3 steps 0.84-0.94, leading by +0.13 to +0.28.
     start = (sum(r_control) + r_push[0]) / (len(r_control) + 1)
-    assert sum(r_push[-3:]) / 3 > start + 0.1, (r_push, r_control)
-    # Both cases (last 3 steps, measured 0.80-0.95): answers that ignore the prompt have capitals
-    # + lowercase rewards summing to <= 1.
+    assert sum(r_push[-3:]) / 3 > start + lead, (r_push, r_control)
+    # Both cases, last 3 steps: answers that ignore the prompt have capitals + lowercase rewards
+    # summing to <= 1.
     for check in ("uppercase_fraction", "lowercase_fraction"):
         values = column(push, f"rollout/reward_by_check/{check}")
-        assert sum(values[-3:]) / 3 > 0.75, (check, values)
+        assert sum(values[-3:]) / 3 > each_case, (check, values)
     for run in (push, control):
         for key in ("rollout/masked", "rollout/harness_error_policy", "rollout/harness_error_infra"):
             assert sum(column(run, key)) == 0, (run.name, key)

@@ -19,6 +19,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from polar_pl.utils.locks import file_lock
+
 DEFAULT_TAG = "polar-pl/sandbox:bookworm"
 SUITE = "bookworm"  # the host's Debian: same python3.11 and glibc as the pydeps folder and Node
 PACKAGES = ("python3", "git", "ca-certificates", "procps", "patch", "less")
@@ -34,8 +36,13 @@ def rootfs_tarball(cache: Path | None = None, mirror: str | None = None) -> Path
     """The cached rootfs tarball, built with debootstrap when missing (root, ~2 minutes)."""
     cache = cache or cache_dir()
     out = cache / f"rootfs-{SUITE}.tar"
-    if out.exists():
-        return out
+    with file_lock(out):
+        if not out.exists():
+            _debootstrap(out, cache, mirror)
+    return out
+
+
+def _debootstrap(out: Path, cache: Path, mirror: str | None) -> None:
     if os.geteuid() != 0:
         raise RuntimeError("building the sandbox rootfs needs root (debootstrap)")
     if not shutil.which("debootstrap"):
@@ -62,7 +69,6 @@ def rootfs_tarball(cache: Path | None = None, mirror: str | None = None) -> Path
         with tarfile.open(partial, "w") as tar:
             tar.add(root, arcname=".")
         partial.rename(out)
-    return out
 
 
 def _add_user(root: Path) -> None:
@@ -89,8 +95,13 @@ def pydeps_dir(cache: Path | None = None) -> Path:
     """A `pip install --target` folder with the mini agent's dependencies, for mounting read-only."""
     cache = cache or cache_dir()
     out = cache / "pydeps"
-    if (out / ".complete").exists():
-        return out
+    with file_lock(out):
+        if not (out / ".complete").exists():
+            _pip_target(out)
+    return out
+
+
+def _pip_target(out: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
     pins = []
     for name in MINI_DEPS:
@@ -101,7 +112,6 @@ def pydeps_dir(cache: Path | None = None) -> Path:
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", str(out), *pins]
     subprocess.run(cmd, check=True)
     (out / ".complete").write_text(" ".join(pins) + "\n")
-    return out
 
 
 def build_image(client, tag: str = DEFAULT_TAG, cache: Path | None = None, force: bool = False) -> str:

@@ -6,7 +6,9 @@
 socket (dockerd.py), stopped by pid at the end of the session after removing the test containers;
 `docker_image`: the offline base image (and the mini agent's pydeps folder), imported once.
 Tests are skipped, with the reason, only when not root or dockerd cannot be installed / started.
-POLAR_DOCKERD_ROOT (default <cwd>/.cache/dockerd) keeps the image between runs.
+POLAR_DOCKERD_ROOT (default <cwd>/.cache/dockerd) keeps the image between runs; each pytest-xdist
+worker gets its own engine below it (one shared engine would be stopped by whichever worker ends
+first, under the other's tests).
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ def docker_engine():
 
     if os.geteuid() != 0:
         pytest.skip("docker tests need root to start a private dockerd")
-    daemon = DockerDaemon(root=os.environ.get("POLAR_DOCKERD_ROOT", Path.cwd() / ".cache" / "dockerd"))
+    root = Path(os.environ.get("POLAR_DOCKERD_ROOT", Path.cwd() / ".cache" / "dockerd"))
+    daemon = DockerDaemon(root=root / os.environ.get("PYTEST_XDIST_WORKER", ""))
     try:
         daemon.start()
     except DockerUnavailable as e:

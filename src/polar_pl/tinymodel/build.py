@@ -7,7 +7,6 @@ a half-written model.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -19,6 +18,7 @@ from typing import Any
 
 from polar_pl.tinymodel.model import MAX_POSITIONS, init_model, save_model, tiny_config
 from polar_pl.tinymodel.tokenizer import ENDOFTEXT, IM_END, save_tokenizer, special_ids
+from polar_pl.utils.locks import file_lock
 
 BPE_VOCAB_SIZE = 8192
 VOCABS = ("bpe", "qwen")
@@ -49,9 +49,7 @@ def build_tiny_model(
 def _locked_build(out_dir: str | os.PathLike[str], if_missing: bool, fill: Callable[[Path], None]) -> Path:
     """`fill` a fresh directory beside `out_dir`, then swap it in, under a lock on `out_dir`."""
     out = Path(out_dir).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(out):
         if if_missing and (out / "config.json").exists():
             return out
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
