@@ -11,13 +11,26 @@ the last 3 steps minus the first 3) and how many rows each session became (2 = m
 The default model is the warm start (tinymodel/multiturn_warmstart.py, built if missing: the
 note loop's sessions of `case` with 85% of the answer words in the asked case).
 
-Measured (2026-12-01, shared 2-core machine, load 6-8), defaults (12 steps, 4 groups of 8, lr 3e-3):
+Measured, defaults (12 steps, 4 groups of 8, lr 3e-3), on two machines whose numerics give
+different sample paths from the same seed (each machine's runs are exactly repeatable):
+    machine A (2026-12-01, shared 2-core machine, load 6-8)
     seed                     1     2     3     4     5    no push (seed 1)
     mean of steps 1-3      0.64  0.70  0.73  0.66  0.72   0.69
     mean of steps 10-12    0.94  0.94  0.99  0.98  0.98   0.68
     capitals, last 3       0.96  0.94  0.98  0.97  0.98   0.43
     lowercase, last 3      0.92  0.94  0.99  0.99  0.99   0.93
     min entropy            0.94  0.97  1.04  1.04  1.03   1.05
+    machine B (2026-12-02, AMD EPYC, 2 cores)
+    seed                     1     2     3     4     5
+    mean of steps 1-3      0.75  0.75  0.67  0.74  0.72
+    mean of steps 10-12    0.83  0.90  0.88  0.99  0.84
+    no push, steps 1-4     0.67  0.69  0.69  0.69  0.66
+    capitals, last 3       0.66  0.80  0.76  1.00  0.94
+    lowercase, last 3      1.00  1.00  0.99  0.98  0.74
+    min entropy            0.63  0.20  0.97  0.80  0.62
+On B capitals rise slower, and seed 5 swung onto capitals for a step (lowercase 0.49 at step 10).
+lr 5e-3 reached 0.97 on seed 1 and then collapsed onto capitals (lowercase 0.43); KL (k3+, 0.1)
+at 5e-3 or three epochs per batch at 3e-3 (with KL 0.1) ended lower (0.77-0.84) on seeds 1-2.
 From the untrained tiny model (--model .cache/tiny-model --lr 3e-2 --groups-per-step 2 --steps 30)
 seed 1 reached 0.62-0.69 at steps 16-18 and fell back to 0.50; seeds 2 and 3 collapsed onto
 lowercase (0.50, entropy ~0): its race between reading the prompt and collapsing is decided by

@@ -53,14 +53,23 @@ def test_reward_climbs_only_when_weights_reach_the_engine(tiny_model_dir, fresh_
     assert drift[-1] > 0.1, drift
 
 
-# The multi-turn check, sized by measurement (bench/multiturn_learning.py, sampling seeds 1-5: the
-# mean of the last 3 of 12 steps 0.94-0.99 against a control at 0.69): two capitals and two
-# lowercase groups of 8 per step (with one of each, a step's single capitals group swung 0.0-0.9
-# and seeds 2 and 3 fell back onto one case), Adam at 3e-3 (1e-2 collapsed the warm model onto
-# lowercase in three updates).
+# The multi-turn check, sized by measurement (bench/multiturn_learning.py --seed N): two capitals
+# and two lowercase groups of 8 per step (with one of each, a step's single capitals group swung
+# 0.0-0.9 and seeds 2 and 3 fell back onto one case), Adam at 3e-3 (1e-2 collapsed the warm model
+# onto lowercase in three updates; 5e-3 reached 0.97 and then collapsed onto capitals). The bars
+# hold for every run measured, on two machines whose numerics give different sample paths from
+# the same seed (seeds 1-5 each; the test runs seed 1, whichever machine CI lands on):
+#                         machine A (2026-12-01)         machine B (2026-12-02)
+#   lead over control     +0.25 .. +0.31                 +0.15 +0.21 +0.19 +0.30 +0.18
+#   weaker case, last 3   0.92 .. 0.97                   0.66  0.80  0.76  0.98  0.74
+#   min entropy           0.94 .. 1.04                   0.63  0.20  0.97  0.80  0.62
+# On B capitals rise slower (seed 1: 0.48 -> 0.66 while lowercase reaches 1.0) and seed 5 swung
+# onto capitals for a step (lowercase 0.49 at step 10) before both recovered.
 MULTITURN = {"group_size": 8, "groups_per_step": 4, "seed": 1}
 NOTES = {"work_turns": 2, "title": True, "note_tokens": 8, "extra": {"max_tokens": 16}}
-ENTROPY_FLOOR = 0.3  # nats per sampled token: seeds 1-5 stayed >= 0.94; collapsed untrained runs hit 0.01
+LEAD = 0.1  # the push run's last 3 steps over the control's mean (a control step varies +-0.03)
+EACH_CASE = 0.6  # both cases at once: a prompt-blind policy has capitals + lowercase <= 1
+ENTROPY_FLOOR = 0.1  # nats per sampled token; collapsed untrained runs hit 0.01
 
 
 @pytest.mark.slow
@@ -87,9 +96,8 @@ def test_multiturn_sessions_learn_to_read_the_prompt(multiturn_model_dir, fresh_
     control = run(NoSync(), 4)  # the engine keeps the warm weights: a flat estimate of their reward
     assert all(kinds == ["side", "main", "main", "main"] for kinds in push.calls)
     assert set(push.rows_per_session) == {2} and set(push.side_rollouts) == {32}  # merged + side row
-    start = sum(control.reward) / len(control.reward)  # measured 0.69 (0.66-0.71 a step)
-    assert sum(push.reward[-3:]) / 3 > start + 0.2, (push.reward, control.reward)  # seeds 1-5: 0.94-0.99
-    # Both cases: answers that ignore the prompt have capitals + lowercase shares summing to <= 1.
+    start = sum(control.reward) / len(control.reward)  # measured 0.66-0.69 (0.64-0.72 a step)
+    assert sum(push.reward[-3:]) / 3 > start + LEAD, (push.reward, control.reward)
     for check, values in push.by_check.items():
-        assert sum(values[-3:]) / 3 > 0.75, (check, push.by_check, control.by_check)
+        assert sum(values[-3:]) / 3 > EACH_CASE, (check, push.by_check, control.by_check)
     assert min(push.entropy) > ENTROPY_FLOOR, push.entropy
