@@ -35,9 +35,9 @@ PER_WORKER = frozenset({"tiny_model_dir", "multiturn_model_dir", "harness_prefix
 _OURS = (str(HERE), str(Path(polar_pl.testing.__file__).resolve().parent))
 
 
-def shared_keys(item: pytest.Item) -> set[str]:
+def shared_keys(item: pytest.Item, roots: tuple[str, ...] = _OURS) -> set[str]:
     """The expensive fixtures `item` shares with other items: session ones by name, module and
-    package ones by the module that instantiates them."""
+    package ones by the module that instantiates them. Only fixtures defined under `roots`."""
     keys = set()
     for name, defs in item._fixtureinfo.name2fixturedefs.items():
         fd = defs[-1]
@@ -47,13 +47,13 @@ def shared_keys(item: pytest.Item) -> set[str]:
             source = inspect.getsourcefile(fd.func) or ""
         except TypeError:
             continue
-        if not source.startswith(_OURS):
+        if not source.startswith(roots):
             continue  # a plugin's (pytest-asyncio's session event loop): per worker by design
-        keys.add(name if fd.scope == "session" else f"{item.path.relative_to(HERE.parent)}")
+        keys.add(name if fd.scope == "session" else item.nodeid.split("::")[0])
     return keys
 
 
-def groups(items: list[pytest.Item]) -> dict[str, str]:
+def groups(items: list[pytest.Item], roots: tuple[str, ...] = _OURS) -> dict[str, str]:
     """nodeid -> group name, for items that share a key with anything (union-find over keys)."""
     parent: dict[str, str] = {}
 
@@ -63,7 +63,7 @@ def groups(items: list[pytest.Item]) -> dict[str, str]:
             k = parent[k]
         return k
 
-    keys = {item.nodeid: sorted(shared_keys(item)) for item in items}
+    keys = {item.nodeid: sorted(shared_keys(item, roots)) for item in items}
     for ks in keys.values():
         for k in ks:
             parent[find(k)] = find(ks[0])
@@ -74,11 +74,11 @@ def groups(items: list[pytest.Item]) -> dict[str, str]:
     return {nodeid: name[find(ks[0])] for nodeid, ks in keys.items() if ks}
 
 
-def plan(items: list[pytest.Item]) -> None:
+def plan(items: list[pytest.Item], durations: Path = DURATIONS, roots: tuple[str, ...] = _OURS) -> None:
     """Mark each shared group and reorder `items` so units run longest first (order within a
     unit kept: pytest already ordered it for its fixtures)."""
-    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-    group_of = groups(items)
+    seconds = json.loads(durations.read_text()) if durations.exists() else {}
+    group_of = groups(items, roots)
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
         group = group_of.get(item.nodeid)
