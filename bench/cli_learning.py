@@ -8,8 +8,9 @@ for the push run, the push run's lead over the control's mean, the wall time of 
 many rollouts were masked as infrastructure failures or scored as harness errors. The control
 runs `--control-steps` steps: its weights never move, so its steps only estimate one number.
 
-tests/test_train.py runs this pair for pi in CI; Claude Code's ~15k-token rows make one of its
-runs ~25+ minutes on 2 CPU cores, so it is measured here only.
+tests/test_train.py runs this pair in CI for pi and for Claude Code on its lean request
+(experiment=cli_sanity_claude_code); Claude Code's full ~15k-token rows make one of its runs
+~25+ minutes on 2 CPU cores, so that one is measured here only.
 
     python bench/cli_learning.py --harness pi
     python bench/cli_learning.py --harness claude_code --experiment cli_sanity_claude_code
