@@ -7,35 +7,17 @@ import os
 from pathlib import Path
 
 import pytest
-import scheduling
 from fixture_paths import MULTITURN_MODEL, REPO, TINY_MODEL
 
-
-def pytest_addoption(parser):
-    parser.addoption(
-        "--store-durations", action="store_true",
-        help=f"merge this run's test durations into {scheduling.DURATIONS.name} (xdist's longest-first order)",
-    )  # fmt: skip
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist appends the group names to the node ids
-def pytest_collection_modifyitems(config, items):
-    if hasattr(config, "workerinput"):  # an xdist worker
-        scheduling.plan(items)
-
-
-_durations: dict[str, float] = {}
-
-
-def pytest_runtest_logreport(report):
-    head, at, group = report.nodeid.rpartition("@")  # xdist's "@group" suffix, not a "[a@b]" parameter
-    nodeid = head if at and "]" not in group else report.nodeid
-    _durations[nodeid] = _durations.get(nodeid, 0.0) + report.duration
-
-
-def pytest_sessionfinish(session):
-    if session.config.getoption("store_durations") and not hasattr(session.config, "workerinput"):
-        scheduling.store(scheduling.DURATIONS, _durations)
+# How two xdist workers split the suite, and the durations that order it (scheduling.py)
+from scheduling import (  # noqa: F401
+    pytest_addoption,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_xdist_make_scheduler,
+)
 
 
 @pytest.fixture(scope="session")

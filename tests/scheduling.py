@@ -1,43 +1,48 @@
-"""How `make test` spreads the suite over two pytest-xdist workers (`-n 2 --dist loadgroup`).
+"""How `make test` spreads the suite over two pytest-xdist workers (`-n 2`).
 
 Most of the suite's wall time is spent waiting (CLI harnesses and sandboxes starting, vLLM and
 dockerd coming up, rollouts in flight), so two workers on two cores finish well before one.
 Two rules keep that safe and short:
 
 - Tests that share an expensive fixture run on one worker: an item's non-function-scoped fixtures
-  defined in this repository (tests/ or polar_pl.testing) are its shared keys (a session fixture
-  by name, a module or package fixture by module), and items whose keys connect form one
-  `xdist_group`. So one dockerd with its data root, one vLLM server per module, one Ray cluster,
-  one `short_run`: never two of them racing for the same folder or started twice. Fixtures that
-  only read what `make test` built (`PER_WORKER`) are not keys.
+  defined in this repository (under pytest's rootdir, not in an installed package) are its shared keys (a session fixture
+  by name, a module or package fixture by module), and items whose keys connect form one unit
+  that a single worker runs. So one vLLM server per module, one Ray cluster, one `short_run`, one
+  batch of reward-hacking scores: never started twice. Fixtures that only read what `make test`
+  built (`PER_WORKER`) are not keys. (Docker is reached through `getfixturevalue` by
+  backend-parametrized tests, which no static closure shows: each worker has its own dockerd.)
 - Units (a group, or a lone test) go out longest first, by the durations measured in an earlier
   run (`durations.json`, refreshed with `pytest --store-durations`); a test it does not know
   counts as `UNKNOWN_S`. The 10-minute CLI learning checks then start at once instead of
   finishing last on one worker while the other idles.
+
+The workers compute the plan (they hold the fixtures) and publish the unit of each test to a file
+that the controller's scheduler reads: xdist's own `loadgroup` rewrites node ids, which pytest 9.2
+no longer allows (the groups silently vanish), so `SharedFixtureScheduling` replaces it.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
-import polar_pl.testing
-
-HERE = Path(__file__).resolve().parent
-DURATIONS = HERE / "durations.json"
+DURATIONS = "tests/durations.json"  # below the rootdir
+UNITS_ENV = "POLAR_XDIST_UNITS"  # the file where workers publish nodeid -> unit
 UNKNOWN_S = 0.5
 # Session fixtures that cost nothing per worker: paths to models and CLIs `make test` built, the
 # per-process leftover check.
 PER_WORKER = frozenset({"tiny_model_dir", "multiturn_model_dir", "harness_prefix", "tool_case", "no_sandbox_leftovers"})
-_OURS = (str(HERE), str(Path(polar_pl.testing.__file__).resolve().parent))
 
 
-def shared_keys(item: pytest.Item, roots: tuple[str, ...] = _OURS) -> set[str]:
+def shared_keys(item: pytest.Item, root: Path) -> set[str]:
     """The expensive fixtures `item` shares with other items: session ones by name, module and
-    package ones by the module that instantiates them. Only fixtures defined under `roots`."""
+    package ones by the module that instantiates them. Only fixtures defined under `root`."""
     keys = set()
     for name, defs in item._fixtureinfo.name2fixturedefs.items():
         fd = defs[-1]
@@ -47,13 +52,13 @@ def shared_keys(item: pytest.Item, roots: tuple[str, ...] = _OURS) -> set[str]:
             source = inspect.getsourcefile(fd.func) or ""
         except TypeError:
             continue
-        if not source.startswith(roots):
+        if not source.startswith(f"{root}{os.sep}") or "site-packages" in source:
             continue  # a plugin's (pytest-asyncio's session event loop): per worker by design
         keys.add(name if fd.scope == "session" else item.nodeid.split("::")[0])
     return keys
 
 
-def groups(items: list[pytest.Item], roots: tuple[str, ...] = _OURS) -> dict[str, str]:
+def groups(items: list[pytest.Item], root: Path) -> dict[str, str]:
     """nodeid -> group name, for items that share a key with anything (union-find over keys)."""
     parent: dict[str, str] = {}
 
@@ -63,7 +68,7 @@ def groups(items: list[pytest.Item], roots: tuple[str, ...] = _OURS) -> dict[str
             k = parent[k]
         return k
 
-    keys = {item.nodeid: sorted(shared_keys(item, roots)) for item in items}
+    keys = {item.nodeid: sorted(shared_keys(item, root)) for item in items}
     for ks in keys.values():
         for k in ks:
             parent[find(k)] = find(ks[0])
@@ -74,19 +79,41 @@ def groups(items: list[pytest.Item], roots: tuple[str, ...] = _OURS) -> dict[str
     return {nodeid: name[find(ks[0])] for nodeid, ks in keys.items() if ks}
 
 
-def plan(items: list[pytest.Item], durations: Path = DURATIONS, roots: tuple[str, ...] = _OURS) -> None:
-    """Mark each shared group and reorder `items` so units run longest first (order within a
-    unit kept: pytest already ordered it for its fixtures)."""
+def plan(items: list[pytest.Item], root: Path) -> dict[str, str]:
+    """Reorder `items` so units run longest first (order within a unit kept: pytest already
+    ordered it for its fixtures); returns nodeid -> unit for every grouped item."""
+    durations = root / DURATIONS
     seconds = json.loads(durations.read_text()) if durations.exists() else {}
-    group_of = groups(items, roots)
+    group_of = groups(items, root)
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
-        group = group_of.get(item.nodeid)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
-        units.setdefault(group or item.nodeid, []).append(item)
+        units.setdefault(group_of.get(item.nodeid, item.nodeid), []).append(item)
     cost = {u: sum(seconds.get(i.nodeid, UNKNOWN_S) for i in members) for u, members in units.items()}
     items[:] = [i for u in sorted(units, key=lambda u: -cost[u]) for i in units[u]]
+    return group_of
+
+
+def publish(group_of: dict[str, str], path: Path) -> None:
+    """Write the units for the controller (every worker writes the same; rename is atomic)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(group_of))
+    tmp.replace(path)
+
+
+class SharedFixtureScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling over our units: a unit's tests go to one worker together, units
+    in the workers' collection order (longest first), the next unit to whichever worker is
+    nearly done."""
+
+    def __init__(self, config: pytest.Config, log=None) -> None:
+        config.option.loadscopereorder = False  # keep the planned order
+        super().__init__(config, log)
+        self._units: dict[str, str] | None = None
+
+    def _split_scope(self, nodeid: str) -> str:
+        if self._units is None:  # called once all workers collected, i.e. published
+            self._units = json.loads(Path(os.environ[UNITS_ENV]).read_text())
+        return self._units.get(nodeid, nodeid)
 
 
 def store(path: Path, reports: dict[str, float]) -> None:
@@ -95,3 +122,49 @@ def store(path: Path, reports: dict[str, float]) -> None:
     old = json.loads(path.read_text()) if path.exists() else {}
     merged = {k: v for k, v in {**old, **reports}.items() if v >= UNKNOWN_S}
     path.write_text(json.dumps({k: round(v, 1) for k, v in sorted(merged.items())}, indent=0) + "\n")
+
+
+# -- the hooks (imported by tests/conftest.py) --
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--store-durations", action="store_true",
+        help=f"merge this run's test durations into {DURATIONS} (xdist's longest-first order)",
+    )  # fmt: skip
+
+
+def pytest_configure(config):
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        fd, path = tempfile.mkstemp(prefix="polar-xdist-units-", suffix=".json")
+        os.close(fd)
+        os.environ[UNITS_ENV] = path  # the workers inherit it
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own; absent with -p no:xdist
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "each":
+        return SharedFixtureScheduling(config, log)
+    return None
+
+
+@pytest.hookimpl(trylast=True)  # after pytest ordered the items for their fixtures, and -k / -m
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker
+        publish(plan(items, config.rootpath), Path(os.environ[UNITS_ENV]))
+
+
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workerinput"):
+        return
+    if session.config.getoption("store_durations"):
+        store(session.config.rootpath / DURATIONS, _durations)
+    if os.environ.get(UNITS_ENV):
+        Path(os.environ.pop(UNITS_ENV)).unlink(missing_ok=True)
