@@ -64,13 +64,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="train.py's seed (sampling, task order)")
     ap.add_argument("--experiment", default="cli_sanity", help="e.g. cli_sanity_claude_code (Claude Code's lean request)")
     ap.add_argument("--out", default=None, help="run folder (default: a temporary one)")
+    ap.add_argument("overrides", nargs="*", help="train.py overrides for both runs, e.g. module.lr=2e-3")
     args = ap.parse_args()
     root = Path(args.out or tempfile.mkdtemp(prefix="polar-cli-learning-"))
     print(f"{'harness':12} {'run':8} {'wall s':>7} {'infra':>6} {'policy':>6}  reward by step")
     for harness in args.harness.split(","):
         curves = {}
         for name, steps, extra in (("push", args.steps, ()), ("no push", args.control_steps, ("module/weight_sync=none",))):
-            rows, wall = run(args.experiment, harness, root / harness / name.replace(" ", "_"), steps, f"seed={args.seed}", *extra)
+            rows, wall = run(args.experiment, harness, root / harness / name.replace(" ", "_"), steps,
+                             f"seed={args.seed}", *args.overrides, *extra)  # fmt: skip
             rewards, infra, policy = summary(rows)
             curves[name] = rewards
             print(f"{harness:12} {name:8} {wall:7.0f} {infra:6.0f} {policy:6.0f}  {[round(x, 3) for x in rewards]}")
@@ -78,9 +80,13 @@ def main() -> None:
                 for check in ("uppercase_fraction", "lowercase_fraction"):
                     values = [round(float(r[f"rollout/reward_by_check/{check}"]), 3) for r in rows]
                     print(f"{'':12} {check[:9]:8} {'':7} {'':6} {'':6}  {values}")
-        lead = sum(curves["push"][-3:]) / 3 - sum(curves["no push"]) / len(curves["no push"])
-        print(f"{harness:12} gain push {gain(curves['push']):+.3f}; push's last 3 steps lead the "
-              f"control's mean by {lead:+.3f}")  # fmt: skip
+        # the start as tests/test_train.py takes it: the control's steps and the push run's first
+        # (sampled before any update)
+        push, control = curves["push"], curves["no push"]
+        start = (sum(control) + push[0]) / (len(control) + 1)
+        lead = sum(push[-3:]) / 3 - start
+        print(f"{harness:12} gain push {gain(push):+.3f}; push's last 3 steps lead the start "
+              f"({start:.3f}) by {lead:+.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -4,8 +4,6 @@ and every way an agent's patch can be empty, broken, slow or tampering scores 0 
 from __future__ import annotations
 
 import dataclasses
-import glob
-import tempfile
 import time
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from polar_pl.tasks.evaluator import SandboxEvaluator
 from polar_pl.tasks.patching import must_restore, protected_paths
 from polar_pl.tasks.workspace import prepare_workspace
+from polar_pl.testing.sandbox import leftovers
 
 # A patch that "fixes" strkit-1 by rewriting its tests instead of the code: the tests the task's
 # test patch adds are replaced by ones that always pass.
@@ -104,7 +103,7 @@ def evaluator(local_factory):
 
 
 def _leftovers() -> set[str]:
-    return set(glob.glob(f"{tempfile.gettempdir()}/polar-sbx-pytest-*"))
+    return set(leftovers())  # this worker's sandboxes only: the other xdist worker's come and go
 
 
 def test_reference_patch_resolves_with_per_test_results(evaluator, builtin_tasks):
