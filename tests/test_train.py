@@ -125,10 +125,10 @@ CLI_CHECKS = [
     # 0.80-0.95.
     pytest.param("pi", "cli_sanity", 0.1, 0.75, id="pi"),
     # Claude Code on its lean request (--system-prompt, --tools Bash): the task sits before Claude
-    # Code's environment block, farther from the answer. Seeds 0-1 on two machines: start
-    # 0.60-0.66, push's last 3 steps 0.75-0.83 (+0.12 to +0.23), capitals 0.71-0.82, lowercase
-    # 0.79-0.87.
-    pytest.param("claude_code", "cli_sanity_claude_code", 0.08, 0.65, id="claude_code"),
+    # Code's environment block, farther from the answer; lr 2e-3. Seeds 4-7: start 0.64-0.76,
+    # push's last 3 steps 0.84-0.92 (+0.13 to +0.25), each case 0.80-0.93. A run that does not
+    # learn leads by 0 +- ~0.05.
+    pytest.param("claude_code", "cli_sanity_claude_code", 0.06, 0.7, id="claude_code"),
 ]
 
 
