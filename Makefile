@@ -37,10 +37,11 @@ export POLAR_HARNESS_PREFIX := $(abspath $(HARNESS_PREFIX))
 train: env model sandbox-deps $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis .cache/tiny-model-$(TRAIN_HARNESS)/config.json)
 	$(BIN)/python train.py $(ARGS)
 
-# Two xdist workers: much of the suite waits on processes (CLIs, sandboxes, servers), not on the
-# CPU. tests/scheduling.py keeps tests that share an expensive fixture on one worker and starts
-# the longest first.
-PYTEST_XDIST := -n 2
+# Three xdist workers on the 2-core machine: much of the suite waits on processes (CLIs,
+# sandboxes, servers, Docker), not on the CPU. pytest took 1756 s on -n 2 and 1460 s on -n 3 here
+# (the CPU then busy throughout; serial: 2260 s). tests/scheduling.py keeps tests that share an
+# expensive fixture on one worker and starts the longest first.
+PYTEST_XDIST := -n 3
 
 test: test-env model $(MULTITURN_MODEL)/config.json $(PI_CASE_MODEL)/config.json $(CLAUDE_CASE_MODEL)/config.json vllm-env harness-clis sandbox-deps docker-deps browser-deps
 	$(BIN)/python -m pytest -q -ra $(PYTEST_XDIST) $(PYTEST_ARGS)

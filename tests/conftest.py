@@ -1,4 +1,4 @@
-"""Shared fixtures: the tiny offline model (built once if absent); how two xdist workers split the
+"""Shared fixtures: the tiny offline model (built once if absent); how xdist workers split the
 suite (scheduling.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fixture_paths import MULTITURN_MODEL, REPO, TINY_MODEL
 
-# How two xdist workers split the suite, and the durations that order it (scheduling.py)
+# How xdist workers split the suite, and the durations that order it (scheduling.py)
 from scheduling import (  # noqa: F401
     pytest_addoption,
     pytest_collection_modifyitems,

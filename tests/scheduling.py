@@ -1,7 +1,7 @@
-"""How `make test` spreads the suite over two pytest-xdist workers (`-n 2`).
+"""How `make test` spreads the suite over pytest-xdist workers (`-n 3`, Makefile).
 
-Most of the suite's wall time is spent waiting (CLI harnesses and sandboxes starting, vLLM and
-dockerd coming up, rollouts in flight), so two workers on two cores finish well before one.
+Much of the suite's wall time is spent waiting (CLI harnesses and sandboxes starting, vLLM and
+dockerd coming up, rollouts in flight), so three workers on two cores finish well before one.
 Two rules keep that safe and short:
 
 - Tests that share an expensive fixture run on one worker: an item's non-function-scoped fixtures

@@ -1,4 +1,4 @@
-"""tests/scheduling.py: how `make test` splits the suite over two xdist workers. On a suite made
+"""tests/scheduling.py: how `make test` splits the suite over xdist workers. On a suite made
 here (pytester): tests sharing an expensive fixture form one unit, cheap and plugin fixtures
 group nothing, units run longest first by the stored durations, and a real `-n 2` run keeps each
 unit on one worker (xdist's own loadgroup lost its groups on pytest 9.2: the reason for this)."""
