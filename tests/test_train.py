@@ -125,10 +125,9 @@ CLI_CHECKS = [
     # 0.80-0.95.
     pytest.param("pi", "cli_sanity", 0.1, 0.75, id="pi"),
     # Claude Code on its lean request (--system-prompt, --tools Bash): the task sits before Claude
-    # Code's environment block, farther from the answer; lr 2e-3. Seeds 4-7: start 0.64-0.76,
-    # push's last 3 steps 0.84-0.92 (+0.13 to +0.25), each case 0.80-0.93. A run that does not
-    # learn leads by 0 +- ~0.05.
-    pytest.param("claude_code", "cli_sanity_claude_code", 0.06, 0.7, id="claude_code"),
+    # Code's environment block, farther from the answer; lr 2e-3, groups of 16. Seeds 0 and 8:
+    # start 0.65 / 0.71, push's last 3 steps 0.86 / 0.91 (+0.22 / +0.20), each case 0.86-0.91.
+    pytest.param("claude_code", "cli_sanity_claude_code", 0.1, 0.75, id="claude_code"),
 ]
 
 
