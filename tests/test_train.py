@@ -125,9 +125,11 @@ CLI_CHECKS = [
     # 0.80-0.95.
     pytest.param("pi", "cli_sanity", 0.1, 0.75, id="pi"),
     # Claude Code on its lean request (--system-prompt, --tools Bash): the task sits before Claude
-    # Code's environment block, farther from the answer; lr 2e-3, groups of 16. Seeds 0 and 8:
-    # start 0.65 / 0.71, push's last 3 steps 0.86 / 0.91 (+0.22 / +0.20), each case 0.86-0.91.
-    pytest.param("claude_code", "cli_sanity_claude_code", 0.1, 0.75, id="claude_code"),
+    # Code's environment block, farther from the answer; lr 2e-3, groups of 16. Seeds 0 and 8
+    # (bench, two runs at a time): start 0.65 / 0.71, push's last 3 steps 0.86 / 0.91 (+0.22 /
+    # +0.20), each case 0.86-0.91; seed 0 inside a full `make test -n 3`: start 0.68, last 3 0.81
+    # (+0.13), capitals 0.77, lowercase 0.84.
+    pytest.param("claude_code", "cli_sanity_claude_code", 0.08, 0.7, id="claude_code"),
 ]
 
 
