@@ -38,8 +38,9 @@ train: env model sandbox-deps $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-c
 	$(BIN)/python train.py $(ARGS)
 
 # Three xdist workers on the 2-core machine: much of the suite waits on processes (CLIs,
-# sandboxes, servers, Docker), not on the CPU. pytest took 1756 s on -n 2 and 1460 s on -n 3 here
-# (the CPU then busy throughout; serial: 2260 s). tests/scheduling.py keeps tests that share an
+# sandboxes, servers, Docker), not on the CPU. With the same suite pytest took 2260 s serial,
+# 1756 s on -n 2 and 1460 s on -n 3 here (the CPU then busy throughout); the whole suite now, with
+# Claude Code's check on groups of 16: 1628 s. tests/scheduling.py keeps tests that share an
 # expensive fixture on one worker and starts the longest first.
 PYTEST_XDIST := -n 3
 

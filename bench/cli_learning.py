@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from polar_pl.testing.learning import CONTROL_OVERRIDES, start_and_lead
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -70,7 +72,7 @@ def main() -> None:
     print(f"{'harness':12} {'run':8} {'wall s':>7} {'infra':>6} {'policy':>6}  reward by step")
     for harness in args.harness.split(","):
         curves = {}
-        for name, steps, extra in (("push", args.steps, ()), ("no push", args.control_steps, ("module/weight_sync=none",))):
+        for name, steps, extra in (("push", args.steps, ()), ("no push", args.control_steps, CONTROL_OVERRIDES)):
             rows, wall = run(args.experiment, harness, root / harness / name.replace(" ", "_"), steps,
                              f"seed={args.seed}", *args.overrides, *extra)  # fmt: skip
             rewards, infra, policy = summary(rows)
@@ -80,11 +82,8 @@ def main() -> None:
                 for check in ("uppercase_fraction", "lowercase_fraction"):
                     values = [round(float(r[f"rollout/reward_by_check/{check}"]), 3) for r in rows]
                     print(f"{'':12} {check[:9]:8} {'':7} {'':6} {'':6}  {values}")
-        # the start as tests/test_train.py takes it: the control's steps and the push run's first
-        # (sampled before any update)
-        push, control = curves["push"], curves["no push"]
-        start = (sum(control) + push[0]) / (len(control) + 1)
-        lead = sum(push[-3:]) / 3 - start
+        push = curves["push"]
+        start, lead = start_and_lead(push, curves["no push"])  # as tests/test_train.py measures it
         print(f"{harness:12} gain push {gain(push):+.3f}; push's last 3 steps lead the start "
               f"({start:.3f}) by {lead:+.3f}")  # fmt: skip
 

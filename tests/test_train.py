@@ -20,6 +20,7 @@ from omegaconf import open_dict
 
 from polar_pl.engine.vllm_engine import vllm_installed, vllm_python
 from polar_pl.gateway.store.traces import TraceStore
+from polar_pl.testing.learning import CONTROL_OVERRIDES, start_and_lead
 
 
 def train(*overrides: str, timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -134,7 +135,7 @@ CLI_CHECKS = [
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # the pair runs beside the other on 2 cores in `make test`: ~1100 s each
+@pytest.mark.timeout(1800)  # beside the other on 2 cores in `make test`: 645-869 s, >900 s seen
 @pytest.mark.parametrize(("harness", "experiment", "lead", "each_case"), CLI_CHECKS)
 def test_cli_learns_to_read_the_prompt_against_a_no_push_control(harness, experiment, lead, each_case, tiny_model_dir, tmp_path):
     """`python train.py experiment=cli_sanity harness=pi` (and Claude Code's lean variant): the
@@ -146,14 +147,11 @@ def test_cli_learns_to_read_the_prompt_against_a_no_push_control(harness, experi
     14): there must be none here."""
     push, control = tmp_path / "push", tmp_path / "control"
     train(f"experiment={experiment}", f"harness={harness}", f"hydra.run.dir={push}")
-    # The control only estimates the start's reward: groups of 8 suffice (Claude Code's runs use 16)
-    train(f"experiment={experiment}", f"harness={harness}", "module/weight_sync=none", "steps=2",
-          "datamodule.group_size=8", f"hydra.run.dir={control}")  # fmt: skip
+    train(f"experiment={experiment}", f"harness={harness}", *CONTROL_OVERRIDES, "steps=2", f"hydra.run.dir={control}")
     r_push, r_control = rewards_by_step(push), rewards_by_step(control)
     print(f"{harness} case reward by step: push {curve(r_push)}, control {curve(r_control)}")
-    # The start's reward: the control's steps and the push run's first (sampled before any update).
-    start = (sum(r_control) + r_push[0]) / (len(r_control) + 1)
-    assert sum(r_push[-3:]) / 3 > start + lead, (r_push, r_control)
+    _, measured = start_and_lead(r_push, r_control)
+    assert measured > lead, (r_push, r_control)
     # Both cases, last 3 steps: answers that ignore the prompt have capitals + lowercase rewards
     # summing to <= 1.
     for check in ("uppercase_fraction", "lowercase_fraction"):
