@@ -75,6 +75,20 @@ def sweep_leftovers(cfg: DictConfig) -> None:
         log.info("swept what earlier runs of sandbox owner %r left: %s", owner, report)
 
 
+PRETRAINED = ("smollm2",)
+
+
+def ensure_pretrained_model(cfg: DictConfig) -> None:
+    """Build `model_dir` from the named pretrained model's offline source on first use."""
+    from polar_pl.pretrained.smollm2 import build_smollm2
+
+    if cfg.pretrained not in PRETRAINED:
+        raise ValueError(f"pretrained={cfg.pretrained!r}: allowed values are {PRETRAINED} or null")
+    if not (Path(cfg.model_dir) / "config.json").exists():
+        print(f"polar-pl: building {cfg.pretrained} at {cfg.model_dir} (once, ~30 s)", flush=True)
+        build_smollm2(cfg.model_dir, if_missing=True)
+
+
 def ensure_warm_model(cfg: DictConfig) -> None:
     """Build the warm-started `model_dir` on first use: a CLI harness's (trained inside that CLI's
     request; with `case`, the CLI learning check's) or the multi-turn check's (trained on the case
@@ -104,6 +118,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         torch.set_num_threads(int(cfg.torch_threads))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     sweep_leftovers(cfg)
+    if cfg.get("pretrained"):
+        ensure_pretrained_model(cfg)
     if cfg.get("warm_start"):
         ensure_warm_model(cfg)
     parts: dict[str, Any] = {}
