@@ -198,8 +198,8 @@ def test_single_step_batch_takes_pi_old_from_its_own_forward(tiny_model_dir, row
     """One optimiser step per batch: pi_old is the model before the step, so the update's own
     forward gives its logprobs and no separate pass runs; the step (weights after it) and the
     metrics are those of the two-pass path, with TIS and KL on."""
-    kw = dict(lr=1e-3, micro_batch_size=micro_batch_size, tis=functools.partial(tis_token, cap=2.0),
-              kl=kl_k3, kl_coef=0.1, entropy_coef=0.01)  # fmt: skip
+    kw = {"lr": 1e-3, "micro_batch_size": micro_batch_size, "tis": functools.partial(tis_token, cap=2.0),
+              "kl": kl_k3, "kl_coef": 0.1, "entropy_coef": 0.01}  # fmt: skip
     fused, two_pass = GRPOModule(tiny_model_dir, **kw), GRPOModule(tiny_model_dir, **kw)
     assert fused.single_step
     passes = []
