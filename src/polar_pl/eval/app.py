@@ -6,7 +6,9 @@ evaluation) printed and written; W&B on request."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -19,7 +21,9 @@ from polar_pl.eval.run import EvalParts, EvalSpec, run_eval
 log = logging.getLogger(__name__)
 
 
-def evaluate(cfg: DictConfig) -> EvalReport:
+def evaluate(cfg: DictConfig, on_group: Callable[[dict[str, Any]], None] | None = None) -> EvalReport:
+    """Run (or resume) the evaluation `cfg` describes; on_group: called with each finished task's
+    log record (tests interrupt the run from here)."""
     from polar_pl.monitor.noise import quiet
     from polar_pl.training import build_engine, ensure_pretrained_model
 
@@ -52,7 +56,8 @@ def evaluate(cfg: DictConfig) -> EvalReport:
             options=RolloutOptions(**OmegaConf.to_container(dm.options)),
             sizes=PoolSizes(**OmegaConf.to_container(dm.pools)), gateway_options=gateway_options,
         )  # fmt: skip
-        report = run_eval(parts, tasks, spec, out, label=str(opts.label), resume=bool(opts.resume))
+        report = run_eval(parts, tasks, spec, out, label=str(opts.label), resume=bool(opts.resume),
+                          on_group=on_group)  # fmt: skip
     finally:
         engine.stop()
         for part in (evaluator, sandbox):

@@ -75,7 +75,7 @@ def arith_task(problem: Problem, rng: random.Random, instance_id: str) -> Task:
     prompt = rng.choice(_WORDS[op]).format(a=a, b=b)
     return Task(
         instance_id=instance_id, repo="", base_commit="", problem_statement=prompt, difficulty="easy",
-        answer_check=AnswerCheck("final_integer", {"value": value(problem)}),
+        answer_check=AnswerCheck("final_integer", {"value": value(problem)}), extra={"problem": problem},
     )  # fmt: skip
 
 
@@ -92,7 +92,7 @@ def tools_task(problem: Problem, rng: random.Random, instance_id: str) -> Task:
         expected, setup = a, ("printf '%s\\n' " + " ".join(f"'{line}'" for line in lines) + " > data.txt",)
     return Task(
         instance_id=instance_id, repo="", base_commit="", problem_statement=prompt, difficulty="easy",
-        setup_commands=setup,
+        setup_commands=setup, extra={"problem": problem},
         answer_check=AnswerCheck("file_integer", {"path": RESULT_FILE, "value": expected}),
     )  # fmt: skip
 
