@@ -33,10 +33,11 @@ def test_held_out_split_is_fixed_and_never_trained_on(family) -> None:
 def test_arith_ranges_and_answers() -> None:
     tasks = split_tasks("arith", "train", 3000)
     ops = Counter(p[1] for p in problems(tasks))
-    assert set(ops) == {"+", "-", "*"} and min(ops.values()) > 900
+    # (products of two digits are few: those held out are never drawn for training, so "*" is rarer)
+    assert set(ops) == {"+", "-", "*"} and min(ops.values()) > 600
     for t, (a, op, b) in zip(tasks, problems(tasks), strict=True):
         if op == "*":
-            assert 1 <= a <= 99 and 1 <= b <= 99
+            assert 1 <= max(a, b) <= 99 and 2 <= min(a, b) <= 9
         else:
             assert 10 <= a <= 999 and 10 <= b <= 999
         assert t.answer_check.params["value"] == value((a, op, b)) >= 0

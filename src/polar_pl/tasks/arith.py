@@ -3,7 +3,8 @@
 Two families, each with a generated `train` split and a fixed `test` split that training never sees:
 
 - `arith`: a question in words with an exact integer answer ("What is 183 minus 24?"): addition and
-  subtraction of 2-3 digit numbers, multiplication of a 1-2 digit number by a 1-2 digit number.
+  subtraction of 2-3 digit numbers, multiplication of a 1-2 digit number by a digit (2-9, either
+  order: "36 times 6", "Multiply 7 by 48").
   Scored from the final answer: the last number in it must equal the result (`final_integer`), so
   "183 - 24 = 159" and "159" both count and a wrong sum after a right one does not.
 - `tools`: a task a coding agent must solve with a tool: compute a product of two 3-4 digit numbers
@@ -53,10 +54,12 @@ def _number(rng: random.Random, digits: int) -> int:
 
 
 def arith_problem(rng: random.Random) -> Problem:
-    """Addition / subtraction of 2-3 digit numbers (never negative), or a 1-2 digit product."""
+    """Addition / subtraction of 2-3 digit numbers (never negative), or a 1-2 digit number times a
+    digit from 2 to 9, in either order."""
     op = rng.choice(_OPS)
     if op == "*":
-        return _number(rng, rng.choice((1, 2))), op, _number(rng, rng.choice((1, 2)))
+        a, b = _number(rng, rng.choice((1, 2))), rng.randint(2, 9)
+        return (a, op, b) if rng.random() < 0.5 else (b, op, a)
     a, b = _number(rng, rng.choice((2, 3))), _number(rng, rng.choice((2, 3)))
     if op == "-" and b > a:
         a, b = b, a
