@@ -58,7 +58,7 @@ def arith_problem(rng: random.Random) -> Problem:
     digit from 2 to 9, in either order."""
     op = rng.choice(_OPS)
     if op == "*":
-        a, b = _number(rng, rng.choice((1, 2))), rng.randint(2, 9)
+        a, b = rng.choice((rng.randint(2, 9), rng.randint(10, 99))), rng.randint(2, 9)
         return (a, op, b) if rng.random() < 0.5 else (b, op, a)
     a, b = _number(rng, rng.choice((2, 3))), _number(rng, rng.choice((2, 3)))
     if op == "-" and b > a:
