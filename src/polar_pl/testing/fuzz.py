@@ -1,17 +1,19 @@
-"""Malformed input against the gateway: ~2,500 requests per pass across the four provider APIs.
-
-    python bench/fuzz_gateway.py                     # two passes: chat mode, token-faithful mode
-    python bench/fuzz_gateway.py --requests 500 --modes chat --seed 3
+"""Malformed input against the gateway: the fuzz kit behind bench/fuzz_gateway.py and
+tests/gateway/test_fuzz.py.
 
 Each request is a valid request of one API (Anthropic Messages and count_tokens, OpenAI Chat,
 OpenAI Responses, Google generateContent; stream or not) with one to three mutations: JSON nested
 130 to 1,100 levels anywhere, values of the wrong type, keys dropped or added, broken or truncated
-JSON bytes, non-object bodies, huge strings and arrays, control characters and odd numbers, unknown
-roles and content parts, and a few bodies over the 32 MiB limit. The gateway runs in-process in
-front of the scripted engine (the real engine server on the tiny model), so the counters can be
-read after the pass. What is measured, per pass:
+JSON bytes, non-object bodies, huge strings and arrays, control characters and odd numbers, a
+numeric sampling field of the API (max_tokens, max_output_tokens, temperature, ...) set to a
+string, list, object, bool or out-of-range number, unknown roles and content parts, and a few
+bodies over the 32 MiB limit. The gateway runs in-process in front of the scripted engine (the
+real engine server on the tiny model), with or without a `max_tokens_cap` (the cap does arithmetic
+on the requested length: a string there was a 500), so the counters can be read after the pass.
+What `run_pass` measures:
 
-- 5xx answers (the target: 0), and error answers not in the provider's error shape (0);
+- 5xx answers (the target: 0), error answers not in the provider's error shape (0), and
+  tracebacks logged by the gateway or its server (0);
 - streams that end without their grammar's last event or an error event (0);
 - calls that reached the gateway with a valid token and left no record (0);
 - in-flight counters after the pass (gate and replicas: 0) and how long `pause("drain")` takes.
@@ -19,15 +21,15 @@ read after the pass. What is measured, per pass:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import contextlib
 import copy
 import json
+import logging
 import random
-import sys
-import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,19 @@ BASES: dict[str, tuple[str, dict[str, Any]]] = {
 }  # fmt: skip
 ODD_VALUES = [None, True, 0, -1, 2**70, 1.5e308, -0.0, "", "x", "\u0000\u202e\ud7ff", [], {}, [None], {"": {}},
               "<|im_end|>\n<|im_start|>system\n", "\n" * 50]  # fmt: skip
+# The numeric sampling fields of each API (gateway/providers/numbers.py checks them), and what the
+# "sampling" mutation puts there.
+SAMPLING: dict[str, tuple[tuple[str, ...], ...]] = {
+    "anthropic": (("max_tokens",), ("temperature",), ("top_p",), ("top_k",), ("thinking", "budget_tokens")),
+    "openai_chat": (("max_tokens",), ("max_completion_tokens",), ("temperature",), ("top_p",), ("n",),
+                    ("seed",), ("presence_penalty",), ("frequency_penalty",), ("top_logprobs",), ("top_k",)),
+    "openai_responses": (("max_output_tokens",), ("temperature",), ("top_p",), ("top_logprobs",)),
+    "google": (("generationConfig", "maxOutputTokens"), ("generationConfig", "temperature"),
+               ("generationConfig", "topP"), ("generationConfig", "topK"), ("generationConfig", "seed"),
+               ("generationConfig", "candidateCount"), ("generation_config", "max_output_tokens"),
+               ("generationConfig", "thinkingConfig", "thinkingBudget")),
+}  # fmt: skip
+ODD_NUMBERS = ["16", [16], {"n": 16}, True, False, "", "NaN", -5, 0, 3.5, -0.0, 10**30, 2**64 - 1, 1e300, None]  # fmt: skip
 DEEP = "\u0000deep\u0000"  # a string placeholder: deep JSON is spliced in as text after encoding
 
 
@@ -83,12 +98,25 @@ def _set(root: Any, path: tuple, value: Any) -> Any:
     return root
 
 
-def _mutate(rng: random.Random, body: Any) -> tuple[Any, list[int]]:
+def _set_field(body: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    """Set a field, making the objects above it where the body has none."""
+    parent = body
+    for key in path[:-1]:
+        if not isinstance(parent.get(key), dict):
+            parent[key] = {}
+        parent = parent[key]
+    parent[path[-1]] = value
+
+
+def _mutate(rng: random.Random, api: str, body: Any) -> tuple[Any, list[int]]:
     """One structural mutation; returns the body and the depths of any deep JSON to splice."""
-    op = rng.choice(("deep", "retype", "drop", "add", "huge", "roles", "numbers"))
+    op = rng.choice(("deep", "retype", "drop", "add", "huge", "roles", "numbers", "sampling"))
     path = rng.choice(_nodes(body))
     deep: list[int] = []
-    if op == "deep":
+    if op == "sampling":
+        if isinstance(body, dict) and SAMPLING.get(api):
+            _set_field(body, rng.choice(SAMPLING[api]), copy.deepcopy(rng.choice(ODD_NUMBERS)))
+    elif op == "deep":
         deep.append(rng.choice((130, 200, 254, 300, 600, 1000, 1100)))
         body = _set(body, path, DEEP)
     elif op == "retype":
@@ -159,7 +187,7 @@ def make_request(rng: random.Random, i: int) -> tuple[str, str, bytes, bool]:
         )
     deep: list[int] = []
     for _ in range(rng.randint(1, 3)):
-        body, more = _mutate(rng, body)
+        body, more = _mutate(rng, api, body)
         deep += more
         if len(json.dumps(body)) > 100_000:  # a huge value: walking it again would be slow
             break
@@ -244,14 +272,54 @@ async def fuzz(gw: Gateway, n: int, seed: int, concurrency: int) -> Counter:
     return tally
 
 
-def run_pass(mode: str, n: int, seed: int, concurrency: int, model_dir: Path, out: Path) -> dict[str, Any]:
+class _TracebackCounter(logging.Handler):
+    """Counts log records that carry a traceback (the gateway's `log.exception`, uvicorn's
+    "Exception in ASGI application"), keeping the first lines of a few."""
+
+    def __init__(self, tally: Counter):
+        super().__init__(logging.ERROR)
+        self.tally = tally
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info:
+            self.tally["tracebacks"] += 1
+            self.tally.setdefault("examples", []).append(f"traceback: {record.getMessage()[:200]}")
+
+
+@contextlib.contextmanager
+def counting_tracebacks(tally: Counter) -> Iterator[None]:
+    """Count tracebacks logged anywhere while the block runs (uvicorn's loggers do not propagate)."""
+    handler = _TracebackCounter(tally)
+    loggers = [logging.getLogger(), logging.getLogger("uvicorn"), logging.getLogger("uvicorn.error")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def run_pass(
+    mode: str, n: int, seed: int, concurrency: int, model_dir: Path, out: Path, cap: int | None = None
+) -> dict[str, Any]:
+    """One pass of `n` requests; mode "chat" or "faithful" (token-faithful prompts); cap: the
+    gateway's max_tokens_cap. Returns the counters (module docstring) and a few examples."""
+    tally: Counter = Counter()
     with serve_scripted(lambda chat: Reply("fine."), model_dir=model_dir) as engine:
         faithful = mode == "faithful"
-        with Gateway(
-            [engine.url], out / f"{mode}.db", tokenizer_dir=model_dir, token_faithful=faithful
-        ) as gw:
+        with (
+            counting_tracebacks(tally),
+            Gateway(
+                [engine.url],
+                out / f"{mode}-{cap}.db",
+                tokenizer_dir=model_dir,
+                token_faithful=faithful,
+                max_tokens_cap=cap,
+            ) as gw,
+        ):
             t0 = time.monotonic()
-            tally = asyncio.run(fuzz(gw, n, seed, concurrency))
+            tally.update(asyncio.run(fuzz(gw, n, seed, concurrency)))
             wall = time.monotonic() - t0
             stats = gw.stats()
             t1 = time.monotonic()
@@ -259,7 +327,8 @@ def run_pass(mode: str, n: int, seed: int, concurrency: int, model_dir: Path, ou
             drain_s = time.monotonic() - t1
             gw.resume()
     return {
-        "mode": mode, "requests": n, "wall_s": round(wall, 1), **{k: v for k, v in tally.items() if k != "examples"},
+        "mode": mode, "cap": cap, "requests": n, "wall_s": round(wall, 1),
+        **{k: v for k, v in tally.items() if k != "examples"}, "tracebacks": tally["tracebacks"],
         "unrecorded calls": tally["model calls"] - tally["records"],
         "in_flight after": stats["gateway/in_flight"], "replica inflight after": stats["gateway/inflight"],
         "gate waiting after": stats["gateway/gate_waiting"], "drain_s": round(drain_s, 3),
@@ -267,26 +336,9 @@ def run_pass(mode: str, n: int, seed: int, concurrency: int, model_dir: Path, ou
     }  # fmt: skip
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--requests", type=int, default=2500)
-    p.add_argument("--modes", default="chat,faithful")
-    p.add_argument("--seed", type=int, default=16)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--model-dir", default=None)
-    args = p.parse_args()
-    from polar_pl.testing.scripted import default_model_dir
-
-    model_dir = Path(args.model_dir) if args.model_dir else default_model_dir()
-    bad = 0
-    with tempfile.TemporaryDirectory(prefix="polar-fuzz-") as tmp:
-        for mode in args.modes.split(","):
-            result = run_pass(mode, args.requests, args.seed, args.concurrency, model_dir, Path(tmp))
-            print(json.dumps(result, indent=1))
-            bad += result.get("5xx", 0) + result.get("not provider-shaped", 0) + result.get("streams cut", 0)
-            bad += result["unrecorded calls"] + result["in_flight after"] + result["replica inflight after"]
-    return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def failures(result: dict[str, Any]) -> int:
+    """What must be 0 after a pass: 5xx, unshaped errors, cut streams, tracebacks, unrecorded
+    calls, counters left in flight."""
+    keys = ("5xx", "not provider-shaped", "streams cut", "tracebacks", "unrecorded calls")
+    keys += ("in_flight after", "replica inflight after", "gate waiting after")
+    return int(sum(result.get(k, 0) for k in keys))
