@@ -49,7 +49,7 @@ from polar_pl.gateway.call.volatile import strip_volatile
 from polar_pl.gateway.faithful.completion import CompletionStream, completion_bytes
 from polar_pl.gateway.faithful.history import TokenFaithful
 from polar_pl.gateway.http.errors import error_response, upstream_status
-from polar_pl.gateway.providers import ProviderAdapter, RequestError
+from polar_pl.gateway.providers import ProviderAdapter, RequestError, normalize
 from polar_pl.gateway.store.records import SessionInfo, TraceRecord
 from polar_pl.gateway.store.sessions import SessionRegistry
 from polar_pl.gateway.store.traces import StoreUnavailable, TraceStore
@@ -261,7 +261,7 @@ class Proxy:
                 call.raw = orjson.loads(call.body) if call.body else None
             if not isinstance(call.raw, dict):
                 raise RequestError("request body must be a JSON object")
-            call.norm = adapter.to_chat(call.raw, path=call.path, query=query)
+            call.norm = normalize(adapter, call.raw, path=call.path, query=query)
         except (RequestError, orjson.JSONDecodeError) as exc:
             if not isinstance(call.raw, dict):  # keep the bytes the harness sent, whatever they were
                 call.raw = {"_unparsed_body": call.body.decode("utf-8", "replace")}
@@ -319,7 +319,8 @@ class Proxy:
 
     def _cap_max_tokens(self, chat: dict[str, Any], notes: list[str]) -> bool:
         """max_tokens = min(requested or cap, cap); a clipped request is noted in the record.
-        True when the cap, not the harness's own max_tokens, bounds the response."""
+        True when the cap, not the harness's own max_tokens, bounds the response. The requested
+        value is a positive integer or absent: `normalize` checked it (providers/numbers.py)."""
         cap = self.max_tokens_cap
         if cap is None:
             return False

@@ -30,7 +30,7 @@ from polar_pl.gateway.http.detect import (
 )
 from polar_pl.gateway.http.errors import error_response
 from polar_pl.gateway.http.limits import BodyTooLarge, TooDeep, parse_json, read_body
-from polar_pl.gateway.providers import RequestError, UnknownProvider, get_adapter
+from polar_pl.gateway.providers import RequestError, UnknownProvider, get_adapter, normalize
 from polar_pl.gateway.runtime import GatewayRuntime
 from polar_pl.gateway.upstream.client import UpstreamError
 
@@ -127,7 +127,7 @@ class HarnessRoutes:
         try:
             if not isinstance(raw, dict):
                 raise RequestError("request body must be a JSON object")
-            norm = adapter.to_chat(adapter.count_tokens_body(raw), path=path, query=query)
+            norm = normalize(adapter, adapter.count_tokens_body(raw), path=path, query=query)
         except (RequestError, KeyError, TypeError, ValueError) as exc:
             return error_response(adapter.name, 400, f"invalid request: {exc}")
         chat = dict(norm.chat)
