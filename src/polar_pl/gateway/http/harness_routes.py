@@ -6,7 +6,8 @@ and `/s/<token>/...`: the provider comes from the path, then the headers, then t
 unknown or missing token is refused with 401 in the provider's shape before anything is recorded
 (and, where the path names the provider, before the body is read). Bodies are bounded while they
 are read (413) and JSON nesting at parse time (400, http/limits.py); such refusals of a valid
-session's call are recorded like any failed call. Any unexpected exception becomes a
+session's call are recorded like any failed call. An answer given before the body was read to its
+end reads the rest after it (limits.AnsweredEarly), or the client would get a reset instead. Any unexpected exception becomes a
 provider-shaped 500, never a traceback.
 
 When the gateway stops (`stop`, from the server's shutdown hook), every harness request in flight
@@ -37,7 +38,7 @@ from polar_pl.gateway.http.detect import (
     split_session_path,
 )
 from polar_pl.gateway.http.errors import error_response, retryable_response
-from polar_pl.gateway.http.limits import BodyTooLarge, TooDeep, parse_json, read_body
+from polar_pl.gateway.http.limits import AnsweredEarly, BodyTooLarge, TooDeep, parse_json, read_body
 from polar_pl.gateway.providers import RequestError, UnknownProvider, get_adapter, normalize
 from polar_pl.gateway.runtime import GatewayRuntime
 from polar_pl.gateway.upstream.client import UpstreamError
@@ -119,13 +120,15 @@ class HarnessRoutes:
         query = dict(parse_qsl(query_string.decode("latin-1"))) if query_string else {}
         session = self.rt.sessions.by_token(find_token(path_token, headers, query))
         if session is None and provider is not None:  # nothing is read or recorded for an unknown token
-            return error_response(provider, 401, UNAUTHORIZED)
+            return AnsweredEarly(error_response(provider, 401, UNAUTHORIZED), headers)
         try:
             body = await read_body(receive, self.rt.max_body_bytes, headers)
         except BodyTooLarge as exc:
             if session is None or provider is None:
-                return error_response(provider, 401 if session is None else 413, str(exc))
-            return await self.refuse(session, provider, sub, 413, str(exc))
+                answer = error_response(provider, 401 if session is None else 413, str(exc))
+            else:
+                answer = await self.refuse(session, provider, sub, 413, str(exc))
+            return answer if exc.ended else AnsweredEarly(answer, headers)
         parsed, refusal = None, None
         try:
             parsed = parse_json(body, self.rt.max_json_depth) if body else None
