@@ -37,6 +37,7 @@ import dataclasses
 import itertools
 import logging
 import operator
+import os
 import queue
 import sqlite3
 import threading
@@ -59,6 +60,14 @@ _UNDELIVERED_NOTE = "response not delivered: the gateway stopped or the harness 
 
 class StoreUnavailable(RuntimeError):
     """A record could not be committed (disk full, I/O error, store closed)."""
+
+
+def _create_private(path: Path) -> None:
+    """Create the store file readable by its owner only (it holds every prompt and answer), before
+    SQLite would create it under the umask (0644); SQLite gives its -wal and -shm files the mode of
+    the database file. An existing store keeps the mode it has."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _open(path: Path, synchronous: str) -> sqlite3.Connection:
@@ -84,6 +93,7 @@ class TraceStore:
             raise ValueError(f"store synchronous={synchronous!r}: allowed OFF, NORMAL, FULL, EXTRA")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _create_private(self.path)
         self.inline = synchronous in ("OFF", "NORMAL")
         self._write_conn = _open(self.path, synchronous)
         _hash_legacy_tokens(self._write_conn)
