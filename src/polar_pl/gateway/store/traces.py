@@ -42,7 +42,7 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Self
@@ -60,6 +60,17 @@ _UNDELIVERED_NOTE = "response not delivered: the gateway stopped or the harness 
 
 class StoreUnavailable(RuntimeError):
     """A record could not be committed (disk full, I/O error, store closed)."""
+
+
+def _settle(fut: Future, exc: BaseException | None = None) -> None:
+    """Tell a record's waiter how its commit went. A waiter that left (its call was cancelled:
+    the client went away, the gateway stopped) cancelled its future: it is not told, and the
+    writer goes on with the rest of its batch."""
+    with contextlib.suppress(InvalidStateError):
+        if exc is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(exc)
 
 
 def _create_private(path: Path) -> None:
@@ -188,8 +199,7 @@ class TraceStore:
             except Exception as exc:
                 log.exception("trace store writer")
                 for _, fut, _, _ in records:
-                    if not fut.done():
-                        fut.set_exception(StoreUnavailable(f"trace store writer failed: {exc!r}"))
+                    _settle(fut, StoreUnavailable(f"trace store writer failed: {exc!r}"))
             if stop:
                 return
 
@@ -201,7 +211,7 @@ class TraceStore:
                 values = layout.encode(rec, raw_body)
             except (TypeError, ValueError) as exc:  # a record that cannot be serialized fails alone
                 self.errors += 1
-                fut.set_exception(StoreUnavailable(f"record cannot be encoded: {exc}"))
+                _settle(fut, StoreUnavailable(f"record cannot be encoded: {exc}"))
                 continue
             status = "pending" if pending else rec.status
             rows.append((rec.session_id, rec.call_index, rec.timestamp, status, *values[1:]))
@@ -227,10 +237,10 @@ class TraceStore:
             self.errors += len(waiters)
             err = StoreUnavailable(f"trace store write failed: {exc}")
             for fut in waiters:
-                fut.set_exception(err)
+                _settle(fut, err)
             return
         for fut in waiters:
-            fut.set_result(None)
+            _settle(fut)
 
     def close(self) -> None:
         """Flush everything queued (FULL), checkpoint, stop the thread. Idempotent."""
