@@ -328,7 +328,8 @@ def run_pass(
             gw.resume()
     return {
         "mode": mode, "cap": cap, "requests": n, "wall_s": round(wall, 1),
-        **{k: v for k, v in tally.items() if k != "examples"}, "tracebacks": tally["tracebacks"],
+        **{k: v for k, v in tally.items() if k != "examples"}, "5xx": tally["5xx"],
+        "tracebacks": tally["tracebacks"],
         "unrecorded calls": tally["model calls"] - tally["records"],
         "in_flight after": stats["gateway/in_flight"], "replica inflight after": stats["gateway/inflight"],
         "gate waiting after": stats["gateway/gate_waiting"], "drain_s": round(drain_s, 3),
