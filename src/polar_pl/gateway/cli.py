@@ -135,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from polar_pl.gateway.http.app import create_app
+    from polar_pl.utils.serving import Server
 
     if args.token_faithful and args.tokenizer_dir is None:
         args.tokenizer_dir = engine_tokenizer_dir(args.upstream[0])
@@ -190,7 +191,12 @@ def run(args: argparse.Namespace) -> int:
     if path is not None:
         print(f"admin token in {path}", flush=True)
     _tune_gc()
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=60)
+    # SIGTERM / Ctrl-C: the calls in flight are aborted upstream and recorded at once (Server's
+    # hook), so what uvicorn then waits for is short; 3 s bounds a client slow to take its answer.
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=3
+    )
+    Server(config, on_shutdown=app.harness.stop).run()
     return 0
 
 
