@@ -168,14 +168,16 @@ def test_single_row_sequences_run_causal_without_a_block_mask() -> None:
     ids, _ = batch(n=2, t=10)
     pos = torch.tensor([list(range(7)) + [0, 1, 2], list(range(10))])  # row of 7 + padding; full row
     rows = torch.tensor([[0] * 7 + [-1] * 3, [1] * 10])
-    new_pos, attn = forward_inputs(pos, rows, None)
-    assert new_pos.tolist() == [list(range(10))] * 2 and attn is None
+    inputs = forward_inputs(pos, rows, None)
+    new_pos = inputs["position_ids"]
+    assert new_pos.tolist() == [list(range(10))] * 2 and inputs["attention_mask"] is None
     with torch.no_grad():
         a, _ = token_logprobs(model, ids, pos)
         b, _ = token_logprobs(model, ids, new_pos)
     assert torch.allclose(a[rows >= 0], b[rows >= 0], atol=1e-5)
     packed = torch.tensor([[0] * 4 + [1] * 6, [2] * 10])
-    assert forward_inputs(pos, packed, None)[0] is pos  # two rows in a sequence: the mask is needed
+    # two rows in a sequence: the mask is needed
+    assert forward_inputs(pos, packed, None)["position_ids"] is pos
 
 
 def test_no_needed_column_gives_zeros() -> None:

@@ -11,7 +11,11 @@ making it a segment of its own that no row attends to.
 
 Padding (`mode="pad"`) gives each row its own sequence with a 2-D attention mask.
 
-`unpack` inverts either layout, so the batch can be checked against the rows it came from.
+Tree (`mode="tree"`) packs each GRPO group as one token tree, [shared prefix, suffix_1, ...], so
+the trainer computes the prompt the group's rows share once (datamodule/tree.py has the layout;
+module/tree_attention.py the attention it needs).
+
+`unpack` inverts every layout, so the batch can be checked against the rows it came from.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import numpy as np
 import torch
 
 from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.datamodule.tree import Span, parents, root_path, tree_items
 
-MODES = ("pack", "pad")
+MODES = ("pack", "pad", "tree")
 _META_FIELDS = ("session_id", "rollout_id", "group_id", "reward", "call_indices", "harness", "status", "meta")
 
 
@@ -34,14 +39,18 @@ class TrainBatch:
     """Tensors for one optimizer micro-step. Mutable (not frozen) so Lightning can move it to a device.
 
     Per token, shape (N, T) for N sequences of T tokens:
-      input_ids (long), position_ids (long; restart at 0 per row and for the trailing padding),
+      input_ids (long), position_ids (long; each token's position in its row: restart at 0 per
+      row and for the trailing padding; in "tree" mode a suffix continues from its prefix),
       loss_mask (float32; 1.0 exactly on sampled tokens), behavior_logprobs (float64; engine
       logprobs, 0 where masked; float64 so rows round-trip exactly), policy_version (long; -1 where
-      masked), row_index (long; which row the token belongs to, -1 on padding).
-    attention_mask: (N, T) long 1/0 in "pad" mode; None in "pack" mode (see the module docstring).
+      masked), row_index (long; which row the token belongs to, -1 on padding and on a tree's
+      shared prefix, which belongs to several rows).
+    attention_mask: (N, T) long 1/0 in "pad" mode; None otherwise (see the module docstring).
     Per row, shape (R,): rewards (float32), advantages (float32, zeros; the trainer fills them),
       group_index (long; index into group_ids), rollout_index (long; index into rollout_ids).
     padding_tokens / total_tokens: padding waste = padding_tokens / total_tokens.
+    shared_tokens: row tokens laid out once for several rows ("tree" mode): the rows hold
+      shared_tokens more tokens than the batch computes.
     """
 
     input_ids: torch.Tensor
@@ -61,6 +70,7 @@ class TrainBatch:
     mode: str = "pack"
     padding_tokens: int = 0
     total_tokens: int = 0
+    shared_tokens: int = 0
 
     @property
     def padding_waste(self) -> float:
@@ -112,18 +122,25 @@ def collate(
     mode "pack": sequences of exactly `token_budget` tokens (required), rows never split.
     mode "pad": one sequence per row, T = longest row rounded up to `pad_to_multiple_of`
     (or token_budget when given, which must fit every row).
+    mode "tree": one tree per group (datamodule/tree.py), packed like rows into sequences of
+    `token_budget` tokens (None: the longest tree); a tree is never split across sequences, and a
+    group whose tree exceeds the budget becomes several trees.
     """
     if mode not in MODES:
         raise ValueError(f"collate mode={mode!r}: allowed {MODES}")
     if not rows:
         raise ValueError("collate needs at least one row")
+    budget_ok = token_budget is not None and token_budget > 0 or token_budget is None and mode == "tree"
+    if mode != "pad" and not budget_ok:
+        raise ValueError(f"collate mode={mode!r} needs a positive token_budget, got {token_budget!r}")
     lengths = [len(r.input_ids) for r in rows]
-    if mode == "pack":
-        if token_budget is None or token_budget <= 0:
-            raise ValueError(f"collate mode='pack' needs a positive token_budget, got {token_budget!r}")
-        bins, width = pack_bins(lengths, token_budget), token_budget
+    if mode == "tree":
+        items = tree_items(rows, token_budget)
     else:
-        longest = max(lengths)
+        items = [[Span(i, 0, k, i)] for i, k in enumerate(lengths)]
+    sizes = [sum(s.size for s in item) for item in items]
+    if mode == "pad":
+        longest = max(sizes)
         width = (
             token_budget
             if token_budget is not None
@@ -131,7 +148,10 @@ def collate(
         )
         if longest > width:
             raise ValueError(f"token_budget={token_budget} is shorter than a row of {longest} tokens")
-        bins = [[i] for i in range(len(rows))]
+        bins = [[i] for i in range(len(items))]
+    else:
+        width = token_budget if token_budget is not None else max(sizes)
+        bins = pack_bins(sizes, width)
 
     n = len(bins)
     ids = np.full((n, width), pad_id, dtype=np.int64)
@@ -142,15 +162,15 @@ def collate(
     row_idx = np.full((n, width), -1, dtype=np.int64)
     for b, members in enumerate(bins):
         off = 0
-        for i in members:
-            r, k = rows[i], lengths[i]
-            ids[b, off : off + k] = r.input_ids
-            pos[b, off : off + k] = np.arange(k)
-            mask[b, off : off + k] = r.loss_mask
-            logp[b, off : off + k] = r.behavior_logprobs
-            ver[b, off : off + k] = r.policy_version
-            row_idx[b, off : off + k] = i
-            off += k
+        for s in (s for j in members for s in items[j]):
+            r, cols, part = rows[s.row], slice(off, off + s.size), slice(s.start, s.stop)
+            ids[b, cols] = r.input_ids[part]
+            pos[b, cols] = np.arange(s.start, s.stop)  # its position in its row
+            mask[b, cols] = r.loss_mask[part]
+            logp[b, cols] = r.behavior_logprobs[part]
+            ver[b, cols] = r.policy_version[part]
+            row_idx[b, cols] = s.owner
+            off += s.size
         pos[b, off:] = np.arange(width - off)  # padding: a segment of its own
     attention = torch.from_numpy((row_idx >= 0).astype(np.int64)) if mode == "pad" else None
 
@@ -174,13 +194,15 @@ def collate(
         rollout_ids=rollout_ids,
         row_meta=[{k: getattr(r, k) for k in _META_FIELDS} | {"meta": dict(r.meta)} for r in rows],
         mode=mode,
-        padding_tokens=total - sum(lengths),
+        padding_tokens=total - sum(sizes),
         total_tokens=total,
+        shared_tokens=sum(lengths) - sum(sizes),
     )
 
 
 def unpack(batch: TrainBatch) -> list[TrajectoryRow]:
-    """The rows a batch was collated from, in their original order."""
+    """The rows a batch was collated from, in their original order (a tree's rows get their
+    shared prefix back: the path from the root to the parent of their first own token)."""
     flat_idx = batch.row_index.reshape(-1).cpu().numpy()
     order = np.argsort(flat_idx, kind="stable")  # tokens grouped by row, in sequence order
     counts = np.bincount(flat_idx[flat_idx >= 0], minlength=batch.num_rows)
@@ -191,9 +213,15 @@ def unpack(batch: TrainBatch) -> list[TrajectoryRow]:
         "behavior_logprobs": batch.behavior_logprobs,
         "policy_version": batch.policy_version,
     }
-    flat = {k: v.reshape(-1).cpu().numpy()[order] for k, v in cols.items()}
+    grid = {k: v.cpu().numpy() for k, v in cols.items()}
+    flat = {k: v.reshape(-1)[order] for k, v in grid.items()}
+    parent = parents(batch.position_ids).cpu().numpy()
+    width = batch.input_ids.shape[1]
     out = []
     for i, meta in enumerate(batch.row_meta):
         s, k = starts[i], counts[i]
-        out.append(TrajectoryRow(**{name: a[s : s + k].tolist() for name, a in flat.items()}, **meta))
+        seq, col = divmod(int(order[s]), width)
+        prefix = root_path(parent[seq], int(parent[seq, col]))  # [] unless a tree shares it
+        tokens = {name: np.concatenate([grid[name][seq, prefix], a[s : s + k]]) for name, a in flat.items()}
+        out.append(TrajectoryRow(**{name: a.tolist() for name, a in tokens.items()}, **meta))
     return out

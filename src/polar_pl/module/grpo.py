@@ -11,7 +11,8 @@ Per batch (`update`):
    KL is on, and the off-policy corrections (`tis`, `off_policy_mask`) against the engine's
    behaviour logprobs mu;
 4. `epochs` x `minibatches` optimiser steps over the packed sequences, each minibatch cut into
-   micro-batches (by sequences and/or tokens) for memory. Aggregation weights are computed once
+   micro-batches (by sequences and/or tokens) for memory; a tree (a group's shared prefix and
+   its rows' suffixes, collate mode "tree") lies in one sequence, so no cut splits it. Aggregation weights are computed once
    for the whole batch, so a rollout weighs the same wherever its rows land; the policy loss
    (config-chosen), KL, an entropy bonus, gradient clipping, AdamW, an optional LR schedule;
 5. after every `push_every`-th optimiser step, `weight_sync.push(model)`.
@@ -51,6 +52,7 @@ from polar_pl.module.metrics import batch_metrics, harness_metrics, numeric, uni
 from polar_pl.module.model import Frozen, enable_checkpointing, load_model
 from polar_pl.module.prepare import Prepared, prepare, unit_sums
 from polar_pl.module.rollouts import Rollouts
+from polar_pl.module.tree_attention import enable_tree_attention
 from polar_pl.module.validate import check_config
 from polar_pl.module.weight_sync import WeightSync, hf_state_dict
 
@@ -136,6 +138,7 @@ class GRPOModule(L.LightningModule):
         self.model_dir = model_dir
         if gradient_checkpointing:
             enable_checkpointing(self.model)
+        enable_tree_attention(self.model)  # exactly sdpa, plus tree batches (collate mode "tree")
         self.advantage = advantage or functools.partial(adv_fns.group_mean, std_normalize=True)
         self.aggregation = aggregation or agg_fns.token_mean
         self.policy_loss = policy_loss or functools.partial(
@@ -321,7 +324,7 @@ class GRPOModule(L.LightningModule):
         refs = []
         for idx in self._micro(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device), batch):
             kw = {"sampling": sampling[idx], "chunk_tokens": self.logprob_chunk_tokens, "need": sampled[idx]}
-            refs.append(token_logprobs(ref_model, *self._inputs(batch, idx), **kw)[0])
+            refs.append(token_logprobs(ref_model, **self._inputs(batch, idx), **kw)[0])
         return torch.cat(refs)
 
     @torch.no_grad()
@@ -335,13 +338,13 @@ class GRPOModule(L.LightningModule):
         ref_model = self._ref.on(batch.input_ids.device) if self._ref is not None else None
         sampled = batch.loss_mask * scorable(batch.position_ids)
         for idx in self._micro(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device), batch):
-            args = self._inputs(batch, idx)
             kw = {"sampling": sampling[idx], "chunk_tokens": self.logprob_chunk_tokens, "need": sampled[idx]}
-            lp, ent = token_logprobs(self.model, *args, with_entropy=True, **kw)
+            kw.update(self._inputs(batch, idx))
+            lp, ent = token_logprobs(self.model, with_entropy=True, **kw)
             olds.append(lp)
             ents.append(ent)
             if ref_model is not None:
-                refs.append(token_logprobs(ref_model, *args, **kw)[0])
+                refs.append(token_logprobs(ref_model, **kw)[0])
         self.model.train(was_training)
         return torch.cat(olds), torch.cat(ents), (torch.cat(refs) if refs else None)
 
@@ -405,7 +408,7 @@ class GRPOModule(L.LightningModule):
         off-policy corrections are computed here; `seen` keeps them for the batch metrics."""
         m, segments = mask[idx], prep.segments.select(idx)
         logp, ent = token_logprobs(
-            self.model, *self._inputs(batch, idx), sampling=prep.sampling[idx],
+            self.model, **self._inputs(batch, idx), sampling=prep.sampling[idx],
             with_entropy=self.entropy_coef > 0 or seen is not None, chunk_tokens=self.logprob_chunk_tokens,
             need=m if seen is None else prep.sampled[idx],
         )  # fmt: skip
@@ -458,9 +461,11 @@ class GRPOModule(L.LightningModule):
         return torch.cat(params).sum() * 0.0
 
     @staticmethod
-    def _inputs(batch: TrainBatch, idx: torch.Tensor):
+    def _inputs(batch: TrainBatch, idx: torch.Tensor) -> dict[str, torch.Tensor | None]:
+        """token_logprobs' model inputs for sequences `idx` (a tree's mask and parents included)."""
         attn = batch.attention_mask[idx] if batch.attention_mask is not None else None
-        return batch.input_ids[idx], *forward_inputs(batch.position_ids[idx], batch.row_index[idx], attn)
+        inputs = forward_inputs(batch.position_ids[idx], batch.row_index[idx], attn)
+        return {"input_ids": batch.input_ids[idx], **inputs}
 
     def _backward(self, loss: torch.Tensor) -> None:
         if self._trainer is not None:

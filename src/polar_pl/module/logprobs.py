@@ -9,6 +9,11 @@ Packed rows are kept apart by the position ids alone (see datamodule/collate.py)
 with `position_ids`, no attention mask and `use_cache=False`, and transformers builds a
 block-diagonal causal mask from the restarts.
 
+A tree batch (collate mode "tree": a group's shared prefix laid out once, its rows' suffixes after
+it) runs with the mask of its suffixes (module/tree_attention.py), and the token at t is predicted
+from its parent, which for the first token of a suffix is the prefix's last token, not t - 1: the
+trainer passes per-token `parents`. Without them t - 1 is assumed (ordinary packing).
+
 Memory: the (N, T, V) float logits of a long row dwarf everything else (a 32k-token row over a
 150k vocabulary is 20 GB), so the decoder runs once to hidden states and the LM head, the sampling
 transform and the log-softmax run over `chunk_tokens` tokens at a time; with grad, each chunk is
@@ -26,7 +31,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from polar_pl.datamodule.tree import attention_tail, has_branches, parents
 from polar_pl.engine.sampling import processed_logits
+from polar_pl.module.tree_attention import check_tree_attention
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,18 +70,27 @@ def scorable(position_ids: torch.Tensor) -> torch.Tensor:
 
 def forward_inputs(
     position_ids: torch.Tensor, row_index: torch.Tensor, attention_mask: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(position_ids, attention_mask) to run a micro-batch with. When every sequence holds a
-    single row from column 0 (then padding), causal attention alone keeps the row apart (padding
-    only follows it), so the positions continue through the padding and the mask is dropped:
-    transformers then builds no (T, T) block mask (1 GB of bools at 32k tokens) and takes the
-    causal kernel. Otherwise the inputs come back unchanged."""
+) -> dict[str, torch.Tensor | None]:
+    """`position_ids`, `attention_mask` and `parents` to run a micro-batch with (token_logprobs'
+    keywords). A tree (some token opens a branch) gets its suffixes' attention mask (see
+    datamodule/tree.py) and per-token parents. When every sequence holds a single row from
+    column 0 (then padding), causal attention alone keeps the row apart (padding only follows
+    it), so the positions continue through the padding and the mask is dropped: transformers then
+    builds no (T, T) block mask (1 GB of bools at 32k tokens) and takes the causal kernel.
+    Otherwise the inputs come back unchanged."""
+    if has_branches(position_ids):
+        return {
+            "position_ids": position_ids,
+            "attention_mask": attention_tail(position_ids),
+            "parents": parents(position_ids),
+        }
     first = row_index[:, :1]
     single = bool(((first >= 0) & ((row_index == first) | (row_index < 0))).all())
-    if not single:
-        return position_ids, attention_mask
-    t = position_ids.shape[1]
-    return torch.arange(t, device=position_ids.device).expand_as(position_ids), None
+    if single:
+        t = position_ids.shape[1]
+        position_ids = torch.arange(t, device=position_ids.device).expand_as(position_ids)
+        attention_mask = None
+    return {"position_ids": position_ids, "attention_mask": attention_mask, "parents": None}
 
 
 def forward_logits(
@@ -129,6 +145,7 @@ def token_logprobs(
     position_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     *,
+    parents: torch.Tensor | None = None,
     sampling: Sampling | None = None,
     temperature: float = 1.0,
     with_entropy: bool = False,
@@ -138,54 +155,80 @@ def token_logprobs(
     """Logprob of each token under the model's processed distribution, and optionally the entropy
     of that distribution at each prediction.
 
-    input_ids, position_ids: (N, T) long; attention_mask: (N, T) or None.
+    input_ids, position_ids: (N, T) long; attention_mask: (N, T), a tree's (N, 1, T - c, T) tail
+    mask (`forward_inputs`), or None.
+    parents: (N, T) long, the column whose hidden state predicts each token (-1: none), for a
+    tree; None: t - 1 (ordinary packing and padding).
     sampling: per-token settings (`Sampling`); None: `temperature` everywhere, no top-k / top-p.
     chunk_tokens: tokens (N x columns) per LM-head chunk; None: the whole batch at once.
     need: (N, T) bool/0-1, the tokens whose logprob is wanted (the sampled ones), or None for all.
     Only the columns where some row needs a logprob go through the LM head: an agent's rows are
     mostly prompt (system prompt, tool schemas), and the logits of those columns were most of the
-    work. Columns not computed read 0, like column 0.
+    work. Columns not computed read 0, like column 0 and a tree's roots.
     Returns (logp (N, T) float32, entropy (N, T) float32 or None), aligned with input_ids:
-    logp[:, t] = log p(input_ids[:, t] | tokens before t in its row), 0 in column 0. Both carry
+    logp[:, t] = log p(input_ids[:, t] | the tokens t attends to), 0 in column 0. Both carry
     grad when grad is enabled (the entropy bonus trains on it).
     """
     n, t = input_ids.shape
     if sampling is None:
         sampling = Sampling.uniform(input_ids, temperature)
+    if parents is not None:
+        check_tree_attention(model)
     hidden, head = _hidden_and_head(model, input_ids, position_ids, attention_mask)
-    hidden = hidden[:, :-1]
-    targets = input_ids[:, 1:]
-    params = (sampling.temperature[:, 1:], sampling.top_k[:, 1:], sampling.top_p[:, 1:])
-    keep = None
-    if need is not None:  # (K,) indices into the shifted columns: prediction c scores token c + 1
-        keep = torch.nonzero(need[:, 1:].bool().any(0)).squeeze(-1)
-        hidden, targets = hidden[:, keep], targets[:, keep]
-        params = tuple(p[:, keep] for p in params)
+    cols = _scored_columns(need, parents, t)
+    hidden, targets = _predictions(hidden, input_ids, cols, parents)
+    params = (sampling.temperature, sampling.top_k, sampling.top_p)
+    params = tuple(p[:, 1:] if cols is None else p[:, cols] for p in params)
     k = targets.shape[1]
-    cols = max(k, 1) if chunk_tokens is None else max(1, chunk_tokens // max(n, 1))  # k = 0: nothing needed
+    step = max(k, 1) if chunk_tokens is None else max(1, chunk_tokens // max(n, 1))  # k = 0: nothing needed
     grad = torch.is_grad_enabled()
     logps, ents = [], []
-    for c0 in range(0, k, cols):
-        sl = slice(c0, c0 + cols)
+    for c0 in range(0, k, step):
+        sl = slice(c0, c0 + step)
         args = (head, hidden[:, sl], targets[:, sl], *(p[:, sl] for p in params), with_entropy)
-        if grad and cols < k:
+        if grad and step < k:
             lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:
             lp, ent = _chunk_logprobs(*args)
         logps.append(lp)
         ents.append(ent)
-    logp = _place(logps, keep, n, t, input_ids.device)
+    roots = None if parents is None else parents < 0  # a tree's roots have no logprob
+    logp = _place(logps, cols, n, t, input_ids.device, roots)
     if not with_entropy:
         return logp, None
-    return logp, _place(ents, keep, n, t, input_ids.device)
+    return logp, _place(ents, cols, n, t, input_ids.device, roots)
 
 
-def _place(chunks: list[torch.Tensor], keep: torch.Tensor | None, n: int, t: int, device) -> torch.Tensor:
-    """(N, T): the computed columns (concatenated chunks, at shifted indices `keep` or all) put
-    back in place, 0 in column 0 and in every column not computed."""
+def _scored_columns(need: torch.Tensor | None, parents: torch.Tensor | None, t: int) -> torch.Tensor | None:
+    """(K,) the columns whose tokens get a logprob: those some row needs, or every column; None for
+    every column from 1 under ordinary packing (sliced, not gathered)."""
+    if need is None:
+        return None if parents is None else torch.arange(t, device=parents.device)
+    cols = torch.nonzero(need.bool().any(0)).squeeze(-1)
+    return cols if parents is not None else cols[cols > 0]
+
+
+def _predictions(
+    hidden: torch.Tensor, input_ids: torch.Tensor, cols: torch.Tensor | None, parents: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden state predicting each scored token (N, K, H), the tokens (N, K)). Ordinary packing:
+    the state at t - 1; a tree: the state at the token's parent (a root reads column 0; its
+    logprob is dropped)."""
+    if cols is None:
+        return hidden[:, :-1], input_ids[:, 1:]
+    if parents is None:
+        return hidden[:, cols - 1], input_ids[:, cols]
+    src = parents[:, cols].clamp(min=0)  # (N, K)
+    return hidden.gather(1, src[..., None].expand(-1, -1, hidden.shape[-1])), input_ids[:, cols]
+
+
+def _place(
+    chunks: list[torch.Tensor], cols: torch.Tensor | None, n: int, t: int, device, roots: torch.Tensor | None
+) -> torch.Tensor:
+    """(N, T): the computed columns (concatenated chunks, at `cols`, or at 1..T-1 when None) put
+    back in place, 0 in every column not computed and at a tree's `roots` ((N, T) bool)."""
     if not chunks:
         return torch.zeros(n, t, device=device)
     vals = torch.cat(chunks, dim=1)
-    if keep is None:
-        return nn.functional.pad(vals, (1, 0))
-    return vals.new_zeros(n, t).index_copy(1, keep + 1, vals)
+    full = nn.functional.pad(vals, (1, 0)) if cols is None else vals.new_zeros(n, t).index_copy(1, cols, vals)
+    return full if roots is None else full.masked_fill(roots, 0.0)
