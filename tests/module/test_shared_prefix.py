@@ -140,8 +140,12 @@ def assert_tree_equals_per_row(module: GRPOModule, rows: list[TrajectoryRow], **
     assert len(grads_tree) == len(grads_row) >= 1
     for step_tree, step_row in zip(grads_tree, grads_row, strict=True):
         assert sum(float(g.norm()) > 0 for g in step_row) > len(step_row) // 2  # the update trains
+        # the whole gradient within REL; each parameter's within 10 x REL (a small gradient, e.g. of
+        # one norm weight over 30 layers, carries fp32's reordered sums at ~1e-5 of its size)
+        whole = [torch.cat([g.flatten() for g in grads]) for grads in (step_tree, step_row)]
+        assert rel(*whole) <= REL
         for g_tree, g_row in zip(step_tree, step_row, strict=True):
-            assert rel(g_tree, g_row) <= REL or float(g_row.norm()) == float(g_tree.norm()) == 0.0
+            assert rel(g_tree, g_row) <= 10 * REL or float(g_row.norm()) == float(g_tree.norm()) == 0.0
 
 
 @pytest.fixture(scope="module")
