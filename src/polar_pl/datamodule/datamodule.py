@@ -550,6 +550,12 @@ class PausingEngine:
     def update_weights_from_disk(self, path: str) -> int:
         return self._paused(self._dm.engine.update_weights_from_disk, path)
 
+    def update_adapter(self, tensors: Any, config: Any) -> int:
+        return self._paused(self._dm.engine.update_adapter, tensors, config)
+
+    def update_adapter_from_disk(self, path: str) -> int:
+        return self._paused(self._dm.engine.update_adapter_from_disk, path)
+
 
 class CommitBatches(L.Callback):
     """Marks a batch's groups consumed once its step has trained (before checkpointing), and ends
