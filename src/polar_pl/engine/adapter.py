@@ -49,7 +49,9 @@ def merge_plan(
         raise ValueError(f"adapter_config.json: peft_type={config.get('peft_type')!r}; only LORA is served")
     for key, supported in UNSUPPORTED.items():
         if config.get(key, supported) not in (supported, None, {}, False):
-            raise ValueError(f"adapter_config.json: {key}={config[key]!r} is not supported by the embedded engine")
+            raise ValueError(
+                f"adapter_config.json: {key}={config[key]!r} is not supported by the embedded engine"
+            )
     parts: dict[str, dict[str, torch.Tensor]] = {}
     for name, t in tensors.items():
         part = next((p for p in PARTS if name.endswith(p)), None)
@@ -79,8 +81,15 @@ class AdapterMerge:
         for name, (a, b) in plan.items():  # every check before the first write: all or nothing
             w = self.params.get(name)
             if w is None:
-                raise ValueError(f"adapter targets {name.removesuffix('.weight')}, which the model does not have")
-            if a.dim() != 2 or b.dim() != 2 or b.shape[1] != a.shape[0] or (b.shape[0], a.shape[1]) != w.shape:
+                raise ValueError(
+                    f"adapter targets {name.removesuffix('.weight')}, which the model does not have"
+                )
+            if (
+                a.dim() != 2
+                or b.dim() != 2
+                or b.shape[1] != a.shape[0]
+                or (b.shape[0], a.shape[1]) != w.shape
+            ):
                 raise ValueError(
                     f"adapter {name}: B {tuple(b.shape)} @ A {tuple(a.shape)} does not fit the weight {tuple(w.shape)}"
                 )

@@ -91,7 +91,9 @@ class EmbeddedEngine:
     def model(self) -> str:
         """The name to request: the served name, or the pushed adapter's."""
         adapter = self.backend.adapter_version if self.backend is not None else self._adapter_version
-        return self.served_model_name if adapter is None else adapter_model_name(self.served_model_name, adapter)
+        return (
+            self.served_model_name if adapter is None else adapter_model_name(self.served_model_name, adapter)
+        )
 
     def start(self) -> Self:
         if not (self.model_dir / "config.json").exists():

@@ -100,7 +100,9 @@ class VLLMEngine:
         if model_dir is None and url is None:
             raise ValueError("VLLMEngine needs engine.model_dir (to launch) or engine.url (to connect)")
         if max_lora_rank is not None and not 1 <= int(max_lora_rank) <= LORA_RANKS[-1]:
-            raise ValueError(f"engine.max_lora_rank={max_lora_rank}: 1 to {LORA_RANKS[-1]}, or null (no LoRA)")
+            raise ValueError(
+                f"engine.max_lora_rank={max_lora_rank}: 1 to {LORA_RANKS[-1]}, or null (no LoRA)"
+            )
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self._url = url.rstrip("/") if url else None
         self.served_model_name = served_model_name
@@ -280,8 +282,7 @@ class VLLMEngine:
     def _adapter_folder(self) -> Path:
         if self.max_lora_rank is None and self._url is None:
             raise RuntimeError(
-                "VLLMEngine: LoRA adapters need engine.max_lora_rank (vLLM's --enable-lora); "
-                "it is null"
+                "VLLMEngine: LoRA adapters need engine.max_lora_rank (vLLM's --enable-lora); it is null"
             )
         if self._adapter_root is None:
             self._adapter_root = Path(tempfile.mkdtemp(prefix="polar-vllm-lora-"))

@@ -131,8 +131,10 @@ class Gateway:
 
     def set_policy_version(self, version: int) -> None:
         """The version to record for engines that do not report one in their answers (vLLM does
-        not): call it after a weight push, before `resume()`."""
+        not): call it after a weight push, before `resume()`. The engines are also asked again
+        which model name to request (a LoRA push adds an adapter name)."""
         self.runtime.proxy.version_hint = int(version)
+        self.runtime.pool.refresh_models()
 
     def take_out_upstream(self, url: str) -> None:
         """Stop routing to this engine replica for good (it failed a weight push)."""

@@ -16,6 +16,10 @@ Per batch (`update`):
    (config-chosen), KL, an entropy bonus, gradient clipping, AdamW, an optional LR schedule;
 5. after every `push_every`-th optimiser step, `weight_sync.push(model)`.
 
+LoRA (`lora`, module/lora.py): PEFT's LoRA layers on the frozen base; only the adapter's A / B
+are trained, in the optimizer and in checkpoints; the KL reference is the same model with the
+adapter off (no copy); a push sends the adapter alone (weight_sync.py).
+
 Optimisation is manual (`automatic_optimization = False`): Lightning's global step counts
 optimiser steps, so a batch advances it by epochs x minibatches, and a skipped batch by 0.
 
@@ -29,11 +33,12 @@ gradient is the one-process gradient. Rank 0 pushes the weights and every rank l
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +52,7 @@ from polar_pl.module import advantages as adv_fns
 from polar_pl.module import aggregation as agg_fns
 from polar_pl.module import losses
 from polar_pl.module.logprobs import Sampling, forward_inputs, scorable, token_logprobs
+from polar_pl.module.lora import LoraSpec, attach
 from polar_pl.module.metrics import batch_metrics, harness_metrics, numeric, unit_metrics
 from polar_pl.module.model import Frozen, enable_checkpointing, load_model
 from polar_pl.module.prepare import Prepared, prepare, unit_sums
@@ -82,6 +88,8 @@ class GRPOModule(L.LightningModule):
         otherwise uses each call's recorded temperature / top_p / top_k).
     lr_scheduler: fn(optimizer) -> an LR scheduler stepped after every optimiser step, or None.
     weight_sync: a WeightSync (bound to the datamodule's `push_target()` in on_fit_start if unbound), or None.
+    lora: {rank, alpha, dropout, target_modules, lr, export_merged} (see lora.LoraSpec); None or
+        rank None: full fine-tuning.
     """
 
     def __init__(
@@ -120,6 +128,7 @@ class GRPOModule(L.LightningModule):
         attn_implementation: str | None = None,
         gradient_checkpointing: bool = False,
         seed: int = 0,
+        lora: Mapping[str, Any] | LoraSpec | None = None,
     ):
         super().__init__()
         self.automatic_optimization = False
@@ -136,6 +145,10 @@ class GRPOModule(L.LightningModule):
         self.model_dir = model_dir
         if gradient_checkpointing:
             enable_checkpointing(self.model)
+        self.lora = LoraSpec.from_config(lora)
+        self._peft = _Outside(attach(self.model, self.lora)) if self.lora is not None else None
+        if self.lora is not None:
+            self._adapter_only_checkpoints()
         self.advantage = advantage or functools.partial(adv_fns.group_mean, std_normalize=True)
         self.aggregation = aggregation or agg_fns.token_mean
         self.policy_loss = policy_loss or functools.partial(
@@ -148,11 +161,19 @@ class GRPOModule(L.LightningModule):
         self.epochs, self.minibatches = int(epochs), int(minibatches)
         self.micro_batch_size, self.micro_batch_tokens = micro_batch_size, micro_batch_tokens
         self.logprob_chunk_tokens = logprob_chunk_tokens
+        lr = self.lora.lr if self.lora is not None and self.lora.lr is not None else lr
         self.lr, self.weight_decay, self.betas, self.adam_eps = lr, weight_decay, tuple(betas), adam_eps
         self.lr_scheduler, self.grad_clip, self.temperature = lr_scheduler, grad_clip, temperature
         self.push_every, self.weight_sync, self.seed = int(push_every), weight_sync, seed
-        needs_ref = self.kl_coef > 0 or self.kl_reward_coef > 0
-        self._ref = Frozen(copy.deepcopy(self.model)) if needs_ref else None
+        adapters_ok = weight_sync is None or getattr(weight_sync, "pushes_adapters", False)
+        if self.lora is not None and not adapters_ok:
+            raise ValueError(
+                f"module.weight_sync={type(weight_sync).__name__} cannot push a LoRA adapter (module.lora.rank="
+                f"{self.lora.rank}): use module/weight_sync=embedded, disk or none"
+            )
+        self.needs_ref = self.kl_coef > 0 or self.kl_reward_coef > 0
+        # with LoRA the reference is this model with its adapter off (`_reference`): no copy
+        self._ref = Frozen(copy.deepcopy(self.model)) if self.needs_ref and self.lora is None else None
         self.optimizer_steps = 0  # over the whole run (checkpointed)
         self.skipped_batches = 0
         self.own_version = 0  # pushes done, when there is no weight sync to ask
@@ -199,10 +220,18 @@ class GRPOModule(L.LightningModule):
             "optimizer_steps": self.optimizer_steps,
             "skipped_batches": self.skipped_batches,
             "own_version": self.own_version,
+            "lora": self.lora.to_dict() if self.lora is not None else None,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("grpo", {})
+        saved = state.get("lora")
+        if (saved is None) != (self.lora is None) or (saved and saved["rank"] != self.lora.rank):
+            had = f"LoRA rank {saved['rank']}" if saved else "full fine-tuning"
+            raise ValueError(
+                f"ckpt_path: the checkpoint was trained with {had}; module.lora.rank="
+                f"{self.lora.rank if self.lora else None} cannot resume it"
+            )
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         self.skipped_batches = int(state.get("skipped_batches", 0))
         self.own_version = int(state.get("own_version", 0))
@@ -249,7 +278,7 @@ class GRPOModule(L.LightningModule):
         tok_adv = adv[prep.token_unit.clamp(min=0)] * mask
         fused = old is None and self.single_step
         if fused:  # pi_old is the model as it is: its logprobs come from the update's own forward
-            ref = self._ref_logprobs(batch, prep.sampling) if self._ref is not None else None
+            ref = self._ref_logprobs(batch, prep.sampling) if self.needs_ref else None
             tis_w = keep_w = corr = None
         else:
             if old is None:
@@ -313,15 +342,31 @@ class GRPOModule(L.LightningModule):
             keep = keep & signal
         return advantage, keep, filtered
 
+    @contextlib.contextmanager
+    def _reference(self, device: torch.device):
+        """The frozen reference model: the initial model's copy, or with LoRA this model with its
+        adapter off (PEFT's `disable_adapter`), in eval mode."""
+        if self._peft is None:
+            yield self._ref.on(device)
+            return
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._peft.model.disable_adapter():
+                yield self.model
+        finally:
+            self.model.train(was_training)
+
     @torch.no_grad()
     def _ref_logprobs(self, batch: TrainBatch, sampling: Sampling) -> torch.Tensor:
         """The frozen reference's logprobs (N, T) of the sampled tokens."""
-        ref_model = self._ref.on(batch.input_ids.device)
         sampled = batch.loss_mask * scorable(batch.position_ids)
         refs = []
-        for idx in self._micro(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device), batch):
-            kw = {"sampling": sampling[idx], "chunk_tokens": self.logprob_chunk_tokens, "need": sampled[idx]}
-            refs.append(token_logprobs(ref_model, *self._inputs(batch, idx), **kw)[0])
+        rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
+        with self._reference(batch.input_ids.device) as ref_model:
+            for idx in self._micro(rows, batch):
+                kw = {"sampling": sampling[idx], "chunk_tokens": self.logprob_chunk_tokens, "need": sampled[idx]}
+                refs.append(token_logprobs(ref_model, *self._inputs(batch, idx), **kw)[0])
         return torch.cat(refs)
 
     @torch.no_grad()
@@ -332,7 +377,6 @@ class GRPOModule(L.LightningModule):
         was_training = self.model.training
         self.model.eval()
         olds, ents, refs = [], [], []
-        ref_model = self._ref.on(batch.input_ids.device) if self._ref is not None else None
         sampled = batch.loss_mask * scorable(batch.position_ids)
         for idx in self._micro(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device), batch):
             args = self._inputs(batch, idx)
@@ -340,8 +384,9 @@ class GRPOModule(L.LightningModule):
             lp, ent = token_logprobs(self.model, *args, with_entropy=True, **kw)
             olds.append(lp)
             ents.append(ent)
-            if ref_model is not None:
-                refs.append(token_logprobs(ref_model, *args, **kw)[0])
+            if self.needs_ref:
+                with self._reference(batch.input_ids.device) as ref_model:
+                    refs.append(token_logprobs(ref_model, *args, **kw)[0])
         self.model.train(was_training)
         return torch.cat(olds), torch.cat(ents), (torch.cat(refs) if refs else None)
 
@@ -493,18 +538,38 @@ class GRPOModule(L.LightningModule):
         """Rank 0 pushes; under several ranks every rank learns the new version (and a sharded
         strategy's ranks join the full-state-dict gather)."""
         assert self.weight_sync is not None
+        policy = self._peft.model if self._peft is not None else self.model  # a PeftModel: its adapter alone
         if self._world() == 1:
-            return self.weight_sync.push(self.model)
+            return self.weight_sync.push(policy)
         from lightning.pytorch.strategies import DDPStrategy
 
         if self.global_rank == 0:
-            version = int(self.weight_sync.push(self.model))
+            version = int(self.weight_sync.push(policy))
         else:
             version = -1
             if not isinstance(self.trainer.strategy, DDPStrategy):
                 hf_state_dict(self.model)  # FSDP: gathering the full state dict is a collective
         self.own_version = int(self.trainer.strategy.broadcast(version, src=0))
         return self.own_version
+
+    @property
+    def peft_model(self) -> nn.Module | None:
+        """With LoRA: the PEFT model around `model` (its adapter's state and config); else None."""
+        return self._peft.model if self._peft is not None else None
+
+    def _adapter_only_checkpoints(self) -> None:
+        """Checkpoints keep the adapter alone: the frozen base is `model_dir`, rebuilt on resume."""
+        trainable = {f"model.{n}" for n, p in self.model.named_parameters() if p.requires_grad}
+
+        def drop_base(module, state, prefix, metadata) -> None:
+            for key in [k for k in state if k.startswith(prefix) and k[len(prefix) :] not in trainable]:
+                del state[key]
+
+        def base_not_missing(module, incompatible) -> None:
+            incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if k in trainable]
+
+        self.register_state_dict_post_hook(drop_base)
+        self.register_load_state_dict_post_hook(base_not_missing)
 
     def _skip(self, why: str, **extra: float) -> dict[str, float]:
         self.skipped_batches += 1
@@ -524,6 +589,14 @@ class GRPOModule(L.LightningModule):
         if batch is not None and batch.num_rows:
             out.update(harness_metrics(batch))
         return out
+
+
+class _Outside:
+    """Holds the PeftModel around `GRPOModule.model` outside the module tree: its parameters are
+    the model's own, so registering it would list each twice (in checkpoints too)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
 
 
 @dataclass(slots=True)

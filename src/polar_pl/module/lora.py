@@ -10,7 +10,7 @@ with the adapter off, no second copy) and the adapter's state dict in PEFT's nam
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -42,7 +42,7 @@ class LoraSpec:
         if cfg is None or isinstance(cfg, LoraSpec):
             return cfg
         if not isinstance(cfg, Mapping):
-            raise ValueError(f"module.lora={cfg!r}: a mapping with keys {', '.join(KEYS)}, or null")
+            raise ValueError(f"module.lora={cfg!r}: a mapping with keys {', '.join(KEYS)}, or null")  # noqa: TRY004
         cfg = dict(cfg)
         if unknown := sorted(set(cfg) - set(KEYS)):
             raise ValueError(f"module.lora.{unknown[0]}: unknown key; allowed: {', '.join(KEYS)}")
@@ -63,7 +63,7 @@ class LoraSpec:
         if lr is not None and (isinstance(lr, bool) or not isinstance(lr, int | float) or lr <= 0):
             raise ValueError(f"module.lora.lr={lr!r}: a positive number, or null for module.lr")
         if not isinstance(spec.get("export_merged", False), bool):
-            raise ValueError(f"module.lora.export_merged={spec['export_merged']!r}: true or false")
+            raise ValueError(f"module.lora.export_merged={spec['export_merged']!r}: true or false")  # noqa: TRY004
         return cls(**{**spec, "alpha": float(alpha), "dropout": float(dropout)})
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,7 +86,7 @@ class LoraSpec:
 def _targets(value: Any) -> str | tuple[str, ...]:
     if isinstance(value, str) and value:
         return value
-    if isinstance(value, list | tuple) and value and all(isinstance(v, str) and v for v in value):
+    if isinstance(value, Sequence) and value and all(isinstance(v, str) and v for v in value):
         return tuple(value)
     raise ValueError(
         f"module.lora.target_modules={value!r}: 'all-linear' or a list of module names (q_proj, v_proj, ...)"
@@ -105,7 +105,9 @@ def attach(model: nn.Module, spec: LoraSpec):
     return peft_model
 
 
-def adapter_state(peft_model, dtype: torch.dtype | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def adapter_state(
+    peft_model, dtype: torch.dtype | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, config) of the adapter in PEFT's format: the A / B tensors under the names
     `PeftModel.from_pretrained` and vLLM read (`base_model.model.<module>.lora_A.weight`),
     detached (cast to `dtype` if given), and the content of `adapter_config.json`."""
