@@ -84,6 +84,15 @@ class NpmHarness:
         if not self.is_installed(prefix):
             raise RuntimeError(f"npm installed {self.package} but version {self.version} is not in {target}")
 
+    def prefix_problem(self, prefix: Path | None) -> str | None:
+        if prefix is None:
+            return "is not set"
+        if not Path(prefix).is_dir():
+            return f"is {prefix}, which does not exist"
+        if not self.is_installed(Path(prefix)):
+            return f"is {prefix}, which does not hold {self.package} {self.version}"
+        return None
+
     def post_install(self, prefix: Path) -> None:
         """Fix-ups npm leaves undone (idempotent; `harness install` runs it on existing installs too)."""
 
