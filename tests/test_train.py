@@ -165,6 +165,24 @@ def test_cli_learns_to_read_the_prompt_against_a_no_push_control(harness, experi
     assert set(column(control, "train/policy_version")) == {0.0}
 
 
+def test_a_run_whose_sandboxes_all_fail_stops_with_the_failure_as_its_last_line(tiny_model_dir, tmp_path):
+    """Issue 27: every sandbox failed to start, each group came back without rows, and the run
+    drew group after group at 80% CPU with no line after the first rollout's until it was killed.
+    Now the first group's worth of rollouts failing alike stops it: exit 1, the failure last, in
+    the terminal and in train.log alike."""
+    missing, run = tmp_path / "no-such-folder", tmp_path / "run"
+    env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "train.py", "debug=fast", f"sandbox.base_dir={missing}", f"hydra.run.dir={run}"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    last = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "the first 2 rollouts all failed in INIT" in last, last
+    assert f"FileNotFoundError: [Errno 2] No such file or directory: '{missing}/" in last, last
+    assert (run / "train.log").read_text().strip().splitlines()[-1] == last
+
+
 @pytest.mark.slow
 def test_sweep_writes_one_wandb_offline_run_per_value(tiny_model_dir, tmp_path):
     sweep = tmp_path / "sweep"
