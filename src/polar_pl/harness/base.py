@@ -43,7 +43,7 @@ class NpmHarness:
     name: str = ""
     package: str = ""
     bin: str = ""
-    pinned: str = ""  # the npm version this spec was tested with (HARNESSES.md)
+    pinned: str = ""  # the npm version this spec was tested with (docs/harnesses.md)
     providers: tuple[str, ...] = ()
 
     def __init__(
