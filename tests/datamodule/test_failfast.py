@@ -148,7 +148,7 @@ def test_a_trainer_waiting_for_rollouts_says_what_it_waits_on(caplog) -> None:
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting")]
     assert len(lines) == 2, lines
     assert (
-        "for batch 1/1: rollouts 3 running (init 1, running 2, postrun 0), 8 finished (failed 5, ok 3), 5 failed"
+        "for batch 1/1: rollouts 3 in progress (init 1, running 2, postrun 0), 8 finished (failed 5, ok 3), 5 failed"
         in lines[0]
     )
     assert lines[0].endswith(f"last failure: init: {BWRAP}")

@@ -51,7 +51,7 @@ def waiting_line(waited_s: float, batch: str, m: dict[str, float], last_failure:
     stages = ", ".join(f"{s} {n}" for s, n in active.items())
     by_status = f" ({', '.join(f'{k} {v}' for k, v in finished.items())})" if finished else ""
     return (
-        f"waiting {waited_s:.0f} s for {batch}: rollouts {sum(active.values())} running ({stages}), "
+        f"waiting {waited_s:.0f} s for {batch}: rollouts {sum(active.values())} in progress ({stages}), "
         f"{sum(finished.values())} finished{by_status}, {failed} failed; "
         f"last failure: {last_failure or 'none'}"
     )
