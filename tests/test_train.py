@@ -124,20 +124,22 @@ def test_learning_sanity_still_learns(tiny_model_dir, tmp_path):
 CLI_CHECKS = [
     # pi, seeds 0-2: start 0.66-0.71, push's last 3 steps 0.84-0.94 (+0.13 to +0.28), each case
     # 0.80-0.95.
-    pytest.param("pi", "cli_sanity", 0.1, 0.75, id="pi"),
+    pytest.param("pi", "cli_sanity", 0.1, 0.75, 12, id="pi"),  # 3 epochs a step, a push each
     # Claude Code on its lean request (--system-prompt, --tools Bash): the task sits before Claude
     # Code's environment block, farther from the answer; lr 2e-3, groups of 16. Seeds 0 and 8
     # (bench, two runs at a time): start 0.65 / 0.71, push's last 3 steps 0.86 / 0.91 (+0.22 /
     # +0.20), each case 0.86-0.91; seed 0 inside a full `make test -n 3`: start 0.68, last 3 0.81
     # (+0.13), capitals 0.77, lowercase 0.84.
-    pytest.param("claude_code", "cli_sanity_claude_code", 0.08, 0.7, id="claude_code"),
+    pytest.param("claude_code", "cli_sanity_claude_code", 0.08, 0.7, 6, id="claude_code"),  # a push a step
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # beside the other on 2 cores in `make test`: 645-869 s, >900 s seen
-@pytest.mark.parametrize(("harness", "experiment", "lead", "each_case"), CLI_CHECKS)
-def test_cli_learns_to_read_the_prompt_against_a_no_push_control(harness, experiment, lead, each_case, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize(("harness", "experiment", "lead", "each_case", "pushes"), CLI_CHECKS)
+def test_cli_learns_to_read_the_prompt_against_a_no_push_control(
+    harness, experiment, lead, each_case, pushes, tiny_model_dir, tmp_path
+):
     """`python train.py experiment=cli_sanity harness=pi` (and Claude Code's lean variant): the
     real CLI in bwrap sandboxes, its calls through the gateway, GRPO pushing weights to the
     engine the CLI talks to. The `case` task asks for capitals or lowercase by prompt: a policy
@@ -161,7 +163,7 @@ def test_cli_learns_to_read_the_prompt_against_a_no_push_control(harness, experi
         for key in ("rollout/masked", "rollout/harness_error_policy", "rollout/harness_error_infra"):
             assert sum(column(run, key)) == 0, (run.name, key)
     versions = column(push, "train/policy_version")
-    assert versions == sorted(versions) and versions[-1] >= 12, versions  # 3 epochs: a push each
+    assert versions == sorted(versions) and versions[-1] >= pushes, versions
     assert set(column(control, "train/policy_version")) == {0.0}
 
 
