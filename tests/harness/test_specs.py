@@ -104,12 +104,13 @@ def test_a_harness_only_says_how_to_launch_its_cli(name, monkeypatch):
     cfg = _composed(f"harness={name}", "module=grpo_gpu")
     assert cfg.module.lr == 1e-6 and cfg.module.weight_decay == 0.01
     assert cfg.datamodule == base.datamodule and cfg.model_dir == base.model_dir and cfg.warm_start is None
-    real = _composed(f"harness={name}", "experiment=smollm2_arith")
-    alone = _composed("experiment=smollm2_arith")
-    assert real.model_dir == "/models/smollm2-135m-instruct" and real.pretrained == "smollm2"
-    assert real.module.lr == alone.module.lr and real.module.lr < 1e-4
-    assert real.datamodule.gateway_options == alone.datamodule.gateway_options
-    assert real.datamodule.group_size == alone.datamodule.group_size
+    for experiment in ("smollm2", "smollm2_tools"):
+        real = _composed(f"experiment={experiment}", f"harness={name}")
+        alone = _composed(f"experiment={experiment}")
+        assert real.model_dir == "/models/smollm2-135m-instruct" and real.pretrained == "smollm2"
+        assert real.module.lr == alone.module.lr and real.module.lr < 1e-4
+        assert real.datamodule == alone.datamodule and real.datamodule.gateway_options.max_tokens_cap < 128
+        assert instantiate(real.harness).name == name
 
 
 def test_unknown_names_are_value_errors():
