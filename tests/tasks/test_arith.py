@@ -89,3 +89,18 @@ def test_bad_settings_name_the_key() -> None:
         ArithTaskSource(split="dev")
     with pytest.raises(ValueError, match="task.n_tasks"):
         split_tasks("arith", "test", TEST_SIZE + 1)
+
+
+@pytest.mark.parametrize(("answer", "reward"), [
+    ("234", 1.0), ("so 234.", 1.0), ("224", 0.5 / 3), ("216", 0.0), ("1234", 0.375), ("34", 0.5 * 2 / 3),
+    ("no number", 0.0), ("234.5", 0.0),
+])  # fmt: skip
+def test_partial_credit_counts_trailing_digits_and_only_exact_passes(answer, reward) -> None:
+    assert final_integer(answer, {"value": 234, "partial": True}) == pytest.approx(reward)
+    assert final_integer(answer, {"value": 234}) == (1.0 if reward == 1.0 else 0.0)
+
+
+def test_only_train_tasks_give_partial_credit() -> None:
+    assert all(t.answer_check.params["partial"] for t in split_tasks("arith", "train", 20, partial=True))
+    assert not any(t.answer_check.params.get("partial") for t in split_tasks("arith", "test"))
+    assert not ArithTaskSource(split="test", partial=True).tasks()[0].answer_check.params["partial"]
