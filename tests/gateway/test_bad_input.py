@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
+import urllib.request
 
 import anthropic
 import httpx
@@ -162,3 +164,35 @@ def test_engine_address_never_reaches_the_harness(tmp_path):
         assert r.status_code == 502 and str(port) not in r.text and "unreachable" in r.text
         (rec,) = gw.records(s.session_id)
         assert str(port) in rec.error  # the record keeps where it failed
+
+
+def _messages_body(mib: int) -> bytes:
+    content = b"x" * (mib << 20)
+    return b'{"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "' + content + b'"}]}'
+
+
+def _urllib_error(url: str, data) -> urllib.error.HTTPError:
+    """urllib sends `Connection: close` and writes the whole body before it reads any answer."""
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=60)
+    return err.value
+
+
+@pytest.mark.parametrize("mib", [64, 200])
+def test_a_body_far_over_the_limit_gets_its_413_before_the_connection_closes(engine, tmp_path, mib):
+    """A 64 MiB body (default limit 32 MiB) sent with urllib ended in a connection reset, not the
+    413: the gateway answered without reading the body and closed a socket with unread bytes,
+    which the kernel answers with RST while the client is still writing. 40 MiB got its 413 only
+    because it fit in the loopback socket buffers (up to 32 MiB receive + 4 MiB send here)."""
+    with Gateway([engine.url], tmp_path / "t.db", model="tiny") as gw:
+        s = gw.create_session()
+        body = _messages_body(mib)
+        err = _urllib_error(f"{s.base_url}/v1/messages", body)
+        assert err.code == 413 and json.loads(err.read())["error"]["type"] == "request_too_large"
+        err = _urllib_error(f"{gw.url}/s/not-a-token/v1/messages", body)  # refused before reading
+        assert err.code == 401 and json.loads(err.read())["error"]["type"] == "authentication_error"
+        chunks = (body[i : i + (1 << 20)] for i in range(0, len(body), 1 << 20))  # no length: chunked
+        err = _urllib_error(f"{s.base_url}/v1/chat/completions", chunks)
+        assert err.code == 413 and json.loads(err.read())["error"]["type"] == "invalid_request_error"
+        assert [r.status for r in gw.records(s.session_id)] == ["error", "error"]

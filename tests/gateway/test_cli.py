@@ -283,3 +283,19 @@ def test_gateway_without_a_tokenizer_says_how_to_get_one(engine, tmp_path):
     cmd = [sys.executable, "-m", "polar_pl.cli", "gateway", "--upstream", engine.url, "--port", str(port)]
     r = subprocess.run([*cmd, "--store", str(tmp_path / "t.db")], check=False, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--tokenizer-dir" in r.stderr and "--no-token-faithful" in r.stderr
+
+
+def test_session_new_without_a_gateway_says_so_in_one_line(tmp_path):
+    """Against a gateway that is not up it printed httpx's full traceback."""
+    url = f"http://127.0.0.1:{free_port()}"
+    r = subprocess.run(
+        [sys.executable, "-m", "polar_pl.cli", "session", "new", "--gateway", url, "--harness", "qwen_code"],
+        check=False,
+        env={**os.environ, "POLAR_ADMIN_TOKEN": "admin-secret"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode != 0 and r.stdout == ""
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("polar-pl session new:") and url in line and "refused" in line, line

@@ -1,7 +1,9 @@
-"""Real harness CLIs (Claude Code over Anthropic, pi over OpenAI Chat) doing three model turns
-(tool call, tool call, answer) through the gateway: with token-faithful prompts on, the session's
-main line merges into one chain with zero drift, its prompts built incrementally and checked against
-full renders; with it off, the first turn's re-render drifts."""
+"""Real harness CLIs (Claude Code over Anthropic, pi over OpenAI Chat, and the mini agent) doing
+three model turns (tool call, tool call, answer) through the gateway: with token-faithful prompts
+on, the session's main line merges into one chain with zero drift, its prompts built incrementally
+and checked against full renders; with it off, the first turn's re-render drifts. Both with the
+tiny model's tokenizer and template and with SmolLM2-135M-Instruct's (49k vocabulary, its own
+ChatML template with tools in the system turn)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,20 @@ CLIS = ["claude_code", "pi"]
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CLIS)
 def test_real_cli_three_turns_zero_drift_with_faithful_prompts(name, tiny_model_dir) -> None:
+    check_three_turns(name, tiny_model_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mini", *CLIS])
+def test_real_model_three_turns_zero_drift_with_faithful_prompts(name, smollm2_model_dir) -> None:
+    check_three_turns(name, smollm2_model_dir)
+
+
+def check_three_turns(name: str, model_dir) -> None:
     runs = {}
     for faithful in (True, False):
         try:
-            tr = run_cli_session(name, token_faithful=faithful, model_dir=tiny_model_dir, check=True)
+            tr = run_cli_session(name, token_faithful=faithful, model_dir=model_dir, check=True)
         except FileNotFoundError as exc:
             pytest.skip(str(exc))
         assert tr.exit_code == 0, tr.detail

@@ -13,7 +13,7 @@ from fixture_paths import CAPTURES
 from polar_pl.gateway.call.sidecalls import DEFAULT_SIDE_RULES, SideCallRule, classify
 from polar_pl.gateway.call.volatile import strip_volatile
 from polar_pl.gateway.http.detect import detect_provider, find_token, split_session_path
-from polar_pl.gateway.providers import RequestError, get_adapter
+from polar_pl.gateway.providers import RequestError, get_adapter, normalize
 from polar_pl.gateway.providers.base import NormalizedRequest
 
 chat_adapter = get_adapter("openai_chat")
@@ -84,8 +84,9 @@ def test_chat_adapter_normalizes_without_touching_the_raw_request():
     ],
 )
 def test_chat_adapter_rejects_malformed(body, message):
+    """Through `normalize`, the one way a request reaches its adapter (numbers are checked there)."""
     with pytest.raises(RequestError, match=message):
-        chat_adapter.to_chat(body, path="", query={})
+        normalize(chat_adapter, body, path="", query={})
 
 
 def test_chat_legacy_functions_become_tools():

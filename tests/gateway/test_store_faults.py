@@ -8,8 +8,10 @@ WAL then grew without bound once space was freed)."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -195,3 +197,19 @@ def test_full_sync_calls_are_ok_once_delivered(engine, tmp_path, stream):
         )
         assert r.status_code == 200
         assert _wait_for(lambda: [x.status for x in gw.records(s.session_id)] == ["ok"])
+
+
+def test_a_waiter_that_left_does_not_break_the_writer(tmp_path, monkeypatch, caplog):
+    """A call cancelled while its record's commit was queued (FULL; its client left, or the gateway
+    stopped) cancelled the store's future: the writer's set_result raised on it, logged a
+    traceback and failed the other records of its batch as not durable."""
+    store = TraceStore(tmp_path / "t.db", synchronous="FULL")
+    gate, commit = threading.Event(), store._commit
+    monkeypatch.setattr(store, "_commit", lambda *a: (gate.wait(10), commit(*a))[1])
+    left, stayed = store.append(_record(0)), store.append(_record(1))
+    left.cancel()
+    gate.set()
+    stayed.result(10)
+    store.close()
+    assert [r.call_index for r in read_records(tmp_path / "t.db")] == [0, 1]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

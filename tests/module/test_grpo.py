@@ -191,3 +191,29 @@ def test_resume_restores_counters_and_pushes_trained_weights(
     first_push = resumed.weight_sync.pushed[0]
     assert all(torch.equal(trained[k], first_push[k]) for k in trained)  # the restored weights
     assert any(not torch.equal(trained[k], v) for k, v in params(resumed).items())  # then trained on
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 1])
+def test_single_step_batch_takes_pi_old_from_its_own_forward(tiny_model_dir, rows, monkeypatch, micro_batch_size) -> None:
+    """One optimiser step per batch: pi_old is the model before the step, so the update's own
+    forward gives its logprobs and no separate pass runs; the step (weights after it) and the
+    metrics are those of the two-pass path, with TIS and KL on."""
+    kw = {"lr": 1e-3, "micro_batch_size": micro_batch_size, "tis": functools.partial(tis_token, cap=2.0),
+              "kl": kl_k3, "kl_coef": 0.1, "entropy_coef": 0.01}  # fmt: skip
+    fused, two_pass = GRPOModule(tiny_model_dir, **kw), GRPOModule(tiny_model_dir, **kw)
+    assert fused.single_step
+    passes = []
+    monkeypatch.setattr(GRPOModule, "_old_logprobs", lambda self, *a: passes.append(1) or _OLD(self, *a))
+    m_fused = fused.update(collate(rows, token_budget=BUDGET), fused.configure_optimizers())
+    assert passes == []
+    monkeypatch.setattr(GRPOModule, "single_step", property(lambda self: False))
+    m_two = two_pass.update(collate(rows, token_budget=BUDGET), two_pass.configure_optimizers())
+    assert passes == [1]
+    for k, v in params(two_pass).items():
+        assert torch.allclose(params(fused)[k], v, atol=1e-6, rtol=1e-5), k
+    for key in ("train/loss", "train/kl", "train/entropy", "train/logprob_gap_mean", "train/tis_weight_mean",
+                "train/clip_frac", "train/ratio_p50"):  # fmt: skip
+        assert m_fused[key] == pytest.approx(m_two[key], rel=1e-5, abs=1e-6), key
+
+
+_OLD = GRPOModule._old_logprobs

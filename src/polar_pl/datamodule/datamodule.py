@@ -154,7 +154,7 @@ class RolloutDataModule(L.LightningDataModule):
             self.engine.start()
             log.info("engine ready: %s at %s (%.1f s)", type(self.engine).__name__, self.engine.url,
                      time.monotonic() - t0)  # fmt: skip
-            setup = self._rollout_setup()
+            setup = self.rollout_setup()
             self.service = self.rollout.connect(setup)
             self.gateway = getattr(self.service, "gateway", None)
             if self.gateway is not None:
@@ -174,7 +174,8 @@ class RolloutDataModule(L.LightningDataModule):
         if self.service is not None:
             self.service.take_out_engine(url)
 
-    def _rollout_setup(self) -> RolloutSetup:
+    def rollout_setup(self) -> RolloutSetup:
+        """What this run's rollouts need (the held-out evaluation runs its attempts with the same)."""
         options = dict(self.gateway_options)
         model_dir = getattr(self.engine, "model_dir", None)
         if model_dir is not None:
@@ -249,6 +250,11 @@ class RolloutDataModule(L.LightningDataModule):
         threading.Thread(
             target=self._stop_service, args=(harness_grace_s,), name="rollouts-interrupt", daemon=True
         ).start()
+
+    def stop_rollouts(self, timeout: float = 60.0) -> None:
+        """Stop the training rollouts (sandboxes and sessions cleaned, the gateway flushed); the
+        engine keeps serving. Keeps the resume cursor, as a checkpoint after this needs it."""
+        self._stop_service(timeout)
 
     def _stop_service(self, timeout: float = 60.0) -> None:
         with self._service_lock:

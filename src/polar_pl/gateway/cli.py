@@ -59,7 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("recorded", "pinned"),
         default="recorded",
         help="recorded: each call states the harness's temperature/top_p/top_k (the trainer rebuilds "
-        "that distribution); pinned: temperature 1, top_p 1, no top_k",
+        "that distribution); pinned: temperature 1 (or --pinned-temperature), top_p 1, no top_k",
+    )
+    p.add_argument(
+        "--pinned-temperature", type=float, default=1.0, help="the temperature of --sampling pinned"
     )
     p.add_argument(
         "--cap-policy",
@@ -135,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from polar_pl.gateway.http.app import create_app
+    from polar_pl.utils.serving import Server
 
     if args.token_faithful and args.tokenizer_dir is None:
         args.tokenizer_dir = engine_tokenizer_dir(args.upstream[0])
@@ -177,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
             reasoning_parser=args.reasoning_parser,
             max_tokens_cap=args.max_tokens_cap,
             sampling=args.sampling,
+            pinned_temperature=args.pinned_temperature,
             cap_policy=args.cap_policy,
             pause_timeout=args.pause_timeout,
             max_body_bytes=int(args.max_body_mb * 2**20),
@@ -190,7 +195,12 @@ def run(args: argparse.Namespace) -> int:
     if path is not None:
         print(f"admin token in {path}", flush=True)
     _tune_gc()
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=60)
+    # SIGTERM / Ctrl-C: the calls in flight are aborted upstream and recorded at once (Server's
+    # hook), so what uvicorn then waits for is short; 3 s bounds a client slow to take its answer.
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=3
+    )
+    Server(config, on_shutdown=app.harness.stop).run()
     return 0
 
 

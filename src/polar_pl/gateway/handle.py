@@ -5,8 +5,9 @@
         ...  # point the harness at s.base_url
         records = gw.records(s.session_id)
 
-`stop()` lets uvicorn finish in-flight requests, then closes the upstream client and flushes the
-trace store, so no record is lost on a clean shutdown.
+`stop()` aborts the model calls in flight (each recorded "aborted: gateway shut down", its engine
+request aborted upstream), lets uvicorn finish what is left, then closes the upstream client and
+flushes the trace store, so no record is lost on a clean shutdown.
 
 Around a weight push (from the trainer's thread):
 
@@ -64,7 +65,9 @@ class Gateway:
         self._server: ServerThread | None = None
 
     def start(self) -> Gateway:
-        self._server = ServerThread(self.app, host=self.host, port=self.port).start()
+        self._server = ServerThread(
+            self.app, host=self.host, port=self.port, on_shutdown=self.app.harness.stop
+        ).start()
         return self
 
     def stop(self) -> None:

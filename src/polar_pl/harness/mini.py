@@ -28,6 +28,7 @@ class Mini:
         work_turns: int = 0,
         title: bool = False,
         note_tokens: int | None = None,
+        tools: bool = True,
     ) -> None:
         self.provider = resolve_provider(self.name, provider, ("openai_chat",))
         self.max_turns = max_turns
@@ -37,6 +38,7 @@ class Mini:
         if work_turns < 0:
             raise ValueError(f"harness.work_turns={work_turns}: must be >= 0")
         self.work_turns, self.title, self.note_tokens = work_turns, title, note_tokens
+        self.tools = tools
         self.version = "builtin"
 
     def __repr__(self) -> str:
@@ -65,6 +67,8 @@ class Mini:
             argv.append("--title")
         if self.note_tokens is not None:
             argv += ["--note-tokens", str(self.note_tokens)]
+        if not self.tools:
+            argv.append("--no-tools")
         env = {
             "OPENAI_BASE_URL": f"{session.base_url}/v1",
             "OPENAI_API_KEY": session.token,

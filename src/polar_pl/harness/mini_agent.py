@@ -195,14 +195,20 @@ def run(
     bash_timeout: float,
     temperature: float | None,
     max_tokens: int | None = None,
+    tools: bool = True,
 ) -> tuple[int, str]:
+    """The tool loop; with tools=False one plain question: the task alone, no system prompt and no
+    tools (the model's own default system prompt applies), its reply the answer."""
     client = OpenAI(max_retries=2)  # OPENAI_BASE_URL / OPENAI_API_KEY from the environment
-    messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
-    extra = {} if temperature is None else {"temperature": temperature}
+    messages: list[dict] = [{"role": "system", "content": SYSTEM}] if tools else []
+    messages.append({"role": "user", "content": task})
+    extra: dict[str, Any] = {} if temperature is None else {"temperature": temperature}
     if max_tokens is not None:
         extra["max_tokens"] = max_tokens
+    if tools:
+        extra["tools"] = TOOLS
     for _ in range(max_turns):
-        reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, **extra)
+        reply = client.chat.completions.create(model=model, messages=messages, **extra)
         msg = reply.choices[0].message
         calls = msg.tool_calls or []
         entry: dict = {"role": "assistant", "content": msg.content or ""}
@@ -285,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--title", action="store_true", help="make a title side call first")
     ap.add_argument("--note-tokens", type=int, default=None, help="response limit of the work turns")
+    ap.add_argument("--no-tools", action="store_true", help="a plain question: no system prompt, no tools")
     args = ap.parse_args(argv)
     try:
         if args.work_turns > 0 or args.title:
@@ -298,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             code, answer = run(
-                args.task, args.model, args.max_turns, args.bash_timeout, args.temperature, args.max_tokens
+                args.task, args.model, args.max_turns, args.bash_timeout, args.temperature, args.max_tokens,
+                tools=not args.no_tools,
             )
     except Exception as e:  # noqa: BLE001  (API errors: reported like a CLI does, no traceback)
         print(f"mini: model API error: {type(e).__name__}: {e}", file=sys.stderr)

@@ -68,15 +68,22 @@ def _register(args) -> dict:
         raise SystemExit(f"polar-pl session new: {exc}") from None
     if not token:
         raise SystemExit("polar-pl session new: pass --admin-token-file or set POLAR_ADMIN_TOKEN")
-    r = httpx.post(
-        f"{args.gateway.rstrip('/')}/admin/sessions",
-        headers={"authorization": f"Bearer {token}"},
-        json={"harness": args.harness, "task_id": args.task_id, "group_id": args.group_id},
-        timeout=30,
-    )
+    url = f"{args.gateway.rstrip('/')}/admin/sessions"
+    try:
+        r = httpx.post(
+            url,
+            headers={"authorization": f"Bearer {token}"},
+            json={"harness": args.harness, "task_id": args.task_id, "group_id": args.group_id},
+            timeout=30,
+        )
+    except httpx.HTTPError as exc:  # not up, wrong address: one line, not httpx's traceback
+        raise SystemExit(f"polar-pl session new: no answer from {url}: {exc or type(exc).__name__}") from None
     if r.status_code != 200:
-        raise SystemExit(f"polar-pl session new: gateway answered {r.status_code}: {r.text}")
-    return r.json()
+        raise SystemExit(f"polar-pl session new: {url} answered {r.status_code}: {r.text}")
+    try:
+        return r.json()
+    except ValueError:
+        raise SystemExit(f"polar-pl session new: {url} answered something that is not JSON") from None
 
 
 def env_lines(

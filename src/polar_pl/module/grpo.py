@@ -34,6 +34,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -245,20 +246,25 @@ class GRPOModule(L.LightningModule):
         mask = prep.eligible * keep[prep.token_unit.clamp(min=0)]
         if mask.sum() == 0:
             return self._skip("no trainable tokens", filtered_groups_frac=filtered)
-        if old is None:
-            old, ent, ref = self._old_logprobs(batch, prep.sampling)
         tok_adv = adv[prep.token_unit.clamp(min=0)] * mask
-        tis_w, keep_w = (
-            fn(old, batch.behavior_logprobs, mask, prep.segments, tok_adv) if fn is not None else None
-            for fn in (self.tis, self.off_policy_mask)
-        )
-        weights = [w for w in (tis_w, keep_w) if w is not None]
-        corr = functools.reduce(torch.mul, weights) if weights else None
+        fused = old is None and self.single_step
+        if fused:  # pi_old is the model as it is: its logprobs come from the update's own forward
+            ref = self._ref_logprobs(batch, prep.sampling) if self._ref is not None else None
+            tis_w = keep_w = corr = None
+        else:
+            if old is None:
+                old, ent, ref = self._old_logprobs(batch, prep.sampling)
+            tis_w, keep_w, corr = self._corrections(old, batch.behavior_logprobs, mask, prep.segments, tok_adv)
         t1 = time.perf_counter()
-        stats = self._optimise(batch, prep, optimizer, scheduler, mask, tok_adv, old, ref, corr)
+        seen = _Seen.zeros(mask, self.tis, self.off_policy_mask) if fused else None
+        stats = self._optimise(batch, prep, optimizer, scheduler, mask, tok_adv, old, ref, corr, seen)
         t2 = time.perf_counter()
+        sampled = prep.sampled
+        if seen is not None:  # pi_old as the micro-steps saw it, over the rows they trained
+            old, ent, tis_w, keep_w = seen.old, seen.ent, seen.tis_w, seen.keep_w
+            sampled = sampled * seen.covered
         m = batch_metrics(
-            old=old, behavior=batch.behavior_logprobs, sampled=prep.sampled, mask=mask, entropy=ent,
+            old=old, behavior=batch.behavior_logprobs, sampled=sampled, mask=mask, entropy=ent,
             token_versions=batch.policy_version, current_version=version_now, tis_w=tis_w, keep_w=keep_w,
         )  # fmt: skip
         m.update(stats)
@@ -274,6 +280,21 @@ class GRPOModule(L.LightningModule):
             "train/policy_version": float(self.current_version()),
         })  # fmt: skip
         return m
+
+    @property
+    def single_step(self) -> bool:
+        """One optimiser step per batch: pi_old is the model before that step, so the logprobs of
+        the update's forward (detached) are pi_old's and no separate no-grad pass is needed."""
+        return self.epochs == 1 and self.minibatches == 1
+
+    def _corrections(self, old, behavior, mask, segments, tok_adv):
+        """(tis weights, off-policy keep weights, their product) against the engine's logprobs."""
+        tis_w, keep_w = (
+            fn(old, behavior, mask, segments, tok_adv) if fn is not None else None
+            for fn in (self.tis, self.off_policy_mask)
+        )
+        weights = [w for w in (tis_w, keep_w) if w is not None]
+        return tis_w, keep_w, (functools.reduce(torch.mul, weights) if weights else None)
 
     def _advantages(
         self, units: Rollouts, penalty: torch.Tensor | None
@@ -291,6 +312,17 @@ class GRPOModule(L.LightningModule):
             filtered = dropped.numel() / max(groups.numel(), 1)
             keep = keep & signal
         return advantage, keep, filtered
+
+    @torch.no_grad()
+    def _ref_logprobs(self, batch: TrainBatch, sampling: Sampling) -> torch.Tensor:
+        """The frozen reference's logprobs (N, T) of the sampled tokens."""
+        ref_model = self._ref.on(batch.input_ids.device)
+        sampled = batch.loss_mask * scorable(batch.position_ids)
+        refs = []
+        for idx in self._micro(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device), batch):
+            kw = {"sampling": sampling[idx], "chunk_tokens": self.logprob_chunk_tokens, "need": sampled[idx]}
+            refs.append(token_logprobs(ref_model, *self._inputs(batch, idx), **kw)[0])
+        return torch.cat(refs)
 
     @torch.no_grad()
     def _old_logprobs(
@@ -314,7 +346,7 @@ class GRPOModule(L.LightningModule):
         return torch.cat(olds), torch.cat(ents), (torch.cat(refs) if refs else None)
 
     def _optimise(
-        self, batch, prep: Prepared, optimizer, scheduler, mask, tok_adv, old, ref, corr
+        self, batch, prep: Prepared, optimizer, scheduler, mask, tok_adv, old, ref, corr, seen=None
     ) -> dict[str, float]:
         self.model.train()
         n = batch.input_ids.shape[0]
@@ -344,7 +376,7 @@ class GRPOModule(L.LightningModule):
                 for idx in mine:
                     self._micro_step(
                         batch, prep, idx, weights[idx] * len(mbs), mask, tok_adv, old, ref, corr, sums,
-                        grad_scale=world,
+                        grad_scale=world, seen=seen,
                     )
                 for _ in range(pad):
                     self._backward(self._touch_all())
@@ -366,17 +398,26 @@ class GRPOModule(L.LightningModule):
         }
 
     def _micro_step(self, batch, prep: Prepared, idx, w, mask, tok_adv, old, ref, corr, sums,
-                    grad_scale: int = 1) -> None:  # fmt: skip
+                    grad_scale: int = 1, seen: _Seen | None = None) -> None:  # fmt: skip
         """Forward, loss and backward of one micro-batch (sequences `idx`, token weights `w`);
-        grad_scale: the number of ranks whose gradients the strategy averages."""
+        grad_scale: the number of ranks whose gradients the strategy averages. With `seen` (a
+        single-step batch, no `old` given) pi_old is this forward's logprobs, detached, and the
+        off-policy corrections are computed here; `seen` keeps them for the batch metrics."""
+        m, segments = mask[idx], prep.segments.select(idx)
         logp, ent = token_logprobs(
             self.model, *self._inputs(batch, idx), sampling=prep.sampling[idx],
-            with_entropy=self.entropy_coef > 0, chunk_tokens=self.logprob_chunk_tokens, need=mask[idx],
+            with_entropy=self.entropy_coef > 0 or seen is not None, chunk_tokens=self.logprob_chunk_tokens,
+            need=m if seen is None else prep.sampled[idx],
         )  # fmt: skip
-        m = mask[idx]
-        per_token, clipped = self.policy_loss(logp, old[idx], tok_adv[idx], m, prep.segments.select(idx))
-        if corr is not None:
-            per_token = per_token * corr[idx]
+        if seen is None:
+            old_mb, corr_mb = old[idx], (corr[idx] if corr is not None else None)
+        else:
+            old_mb = logp.detach()
+            tis_mb, keep_mb, corr_mb = self._corrections(old_mb, batch.behavior_logprobs[idx], m, segments, tok_adv[idx])
+            seen.record(idx, old_mb, ent.detach(), tis_mb, keep_mb)
+        per_token, clipped = self.policy_loss(logp, old_mb, tok_adv[idx], m, segments)
+        if corr_mb is not None:
+            per_token = per_token * corr_mb
         if ref is not None and self.kl_coef > 0:
             k = self.kl(logp, ref[idx])
             per_token = per_token + self.kl_coef * k
@@ -483,3 +524,27 @@ class GRPOModule(L.LightningModule):
         if batch is not None and batch.num_rows:
             out.update(harness_metrics(batch))
         return out
+
+
+@dataclass(slots=True)
+class _Seen:
+    """pi_old's logprobs and entropies (N, T) as a single-step batch's micro-steps computed them,
+    the off-policy weights they derived, and which rows they covered (1 on those rows)."""
+
+    old: torch.Tensor
+    ent: torch.Tensor
+    covered: torch.Tensor
+    tis_w: torch.Tensor | None
+    keep_w: torch.Tensor | None
+
+    @classmethod
+    def zeros(cls, mask: torch.Tensor, tis: Any, off_policy_mask: Any) -> _Seen:
+        z = functools.partial(torch.zeros_like, mask, dtype=torch.float32)
+        return cls(z(), z(), z(), z() if tis is not None else None, z() if off_policy_mask is not None else None)
+
+    def record(self, idx: torch.Tensor, old: torch.Tensor, ent: torch.Tensor, tis_w, keep_w) -> None:
+        self.old[idx], self.ent[idx], self.covered[idx] = old, ent, 1.0
+        if self.tis_w is not None:
+            self.tis_w[idx] = tis_w
+        if self.keep_w is not None:
+            self.keep_w[idx] = keep_w

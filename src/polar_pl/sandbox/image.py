@@ -6,6 +6,12 @@ tarball cached on disk, and `docker import` turns it into an image. The tarball 
 machine; importing it into a fresh engine takes seconds. The host's Node binary and the harness
 CLIs are not in the image: they are mounted read-only from the host at run time, and so is a
 `pip --target` folder with the mini agent's Python dependencies (`openai`).
+
+The image sets no USER: a task's Dockerfile built FROM it runs its build steps as root, as in any
+Dockerfile (`RUN apt-get install ...`, `RUN printf ... > /app/file`). Who runs in a container is
+chosen when the sandbox starts it, never baked into an image: the unprivileged `polar` user
+(uid 1000) for every exec, with HOME=/home/polar (docker.py); build steps keep root's HOME, so
+what they cache there is not left root-owned in the agent's home.
 """
 
 from __future__ import annotations
@@ -123,23 +129,27 @@ def _pip_target(out: Path) -> None:
     (out / ".complete").write_text(" ".join(pins) + "\n")
 
 
-def build_image(client, tag: str = DEFAULT_TAG, cache: Path | None = None, force: bool = False) -> str:
-    """Import the base image into the engine behind `client` unless it is there; returns the tag."""
+def _current(client, tag: str) -> bool:
+    """Whether the engine holds the base image as this code imports it. One imported before build
+    steps ran as root ends with USER 1000:1000 (issue 32): it is imported again."""
     import docker
 
-    if not force:
-        try:
-            client.images.get(tag)
-            return tag
-        except docker.errors.ImageNotFound:
-            pass
+    try:
+        image = client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        return False
+    return not (image.attrs.get("Config") or {}).get("User")
+
+
+def build_image(client, tag: str = DEFAULT_TAG, cache: Path | None = None, force: bool = False) -> str:
+    """Import the base image into the engine behind `client` unless it is there; returns the tag."""
+    if not force and _current(client, tag):
+        return tag
     tarball = rootfs_tarball(cache)
     repo, _, version = tag.partition(":")
     changes = [
         "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "ENV LANG=C.UTF-8",
-        "ENV HOME=/home/polar",
-        f"USER {USER_UID}:{USER_UID}",
         "WORKDIR /workspace",
         'CMD ["sleep", "infinity"]',
     ]

@@ -38,8 +38,10 @@ class RolloutLog:
     resume=False forgets an earlier log in the directory and starts over.
     """
 
-    def __init__(self, out_dir: str | Path, fingerprint: Mapping[str, Any], *, resume: bool = True) -> None:
+    def __init__(self, out_dir: str | Path, fingerprint: Mapping[str, Any], *, resume: bool = True,
+                 setting: str = "sft") -> None:  # fmt: skip
         self.dir = Path(out_dir)
+        self.setting = setting  # the config section whose output_dir / resume the errors name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / LOG_NAME
         self.state_path = self.dir / STATE_NAME
@@ -60,8 +62,8 @@ class RolloutLog:
             if key in saved and saved[key] != value:
                 raise ValueError(
                     f"{self.dir} holds a run with {key}={saved[key]!r}, this run has {value!r}: "
-                    "resume with the same settings, or choose another sft.output_dir "
-                    "(or sft.resume=false to start it over)"
+                    f"resume with the same settings, or choose another {self.setting}.output_dir "
+                    f"(or {self.setting}.resume=false to start it over)"
                 )
 
     def _read_repairing(self) -> Iterator[dict[str, Any]]:

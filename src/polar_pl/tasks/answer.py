@@ -10,6 +10,7 @@ nothing runs in the agent's sandbox, so there is nothing there to tamper with.
 from __future__ import annotations
 
 import difflib
+import re
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -78,14 +79,53 @@ def file_similarity(patch: str, params: Mapping[str, Any]) -> float:
     return 0.5 * blind + 0.5 * similarity(content, params)
 
 
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def last_number(text: str) -> float | None:
+    """The last number written in `text` ("1,469" is 1469; a sign is not read: the tasks' answers
+    are never negative, and "183-24" must not read as -24)."""
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    try:
+        return float(found[-1].rstrip(",").replace(",", ""))
+    except ValueError:
+        return None
+
+
+def final_integer(answer: str, params: Mapping[str, Any]) -> float:
+    """1 when the last number in the answer equals `params["value"]`. Otherwise 0, or with
+    `params["partial"]` 0.5 x the share of trailing digits it gets right, over the longer of the
+    two numbers ("224" for 234: 1 of 3 digits, 0.17; "1234": 3 of 4, 0.375): a dense signal for a
+    model that is rarely exact, and what the low digits of a sum or product depend on; only an exact
+    answer passes (reward 1)."""
+    want, got = int(params["value"]), last_number(answer)
+    if got == want:
+        return 1.0
+    if not params.get("partial") or got is None or got != int(got):
+        return 0.0
+    digits, mine = str(want), str(int(got))
+    right = next((i for i, (a, b) in enumerate(zip(reversed(digits), reversed(mine))) if a != b),
+                 min(len(digits), len(mine)))  # fmt: skip
+    return 0.5 * right / max(len(digits), len(mine))
+
+
+def file_integer(patch: str, params: Mapping[str, Any]) -> float:
+    """1 when the file the patch creates at `params["path"]` ends with the number `params["value"]`."""
+    content = file_from_patch(patch, str(params["path"]))
+    return 0.0 if content is None else final_integer(content, params)
+
+
 CHECKS: dict[str, AnswerCheckFn] = {
     "uppercase_fraction": uppercase_fraction,
     "lowercase_fraction": lowercase_fraction,
     "charset_fraction": charset_fraction,
     "similarity": similarity,
+    "final_integer": final_integer,
 }
 # Checks that read the workspace (the agent's patch) instead of the final answer.
-WORKSPACE_CHECKS: dict[str, AnswerCheckFn] = {"file_similarity": file_similarity}
+WORKSPACE_CHECKS: dict[str, AnswerCheckFn] = {"file_similarity": file_similarity, "file_integer": file_integer}
 
 
 def score_answer(task: Task, answer: str | None, patch: str = "") -> float:

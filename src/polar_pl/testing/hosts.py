@@ -6,6 +6,9 @@
   htpasswd credentials, and a Docker config.json that holds them (how the docker CLI stores a login).
 - `make_wheel` / `dep_image_context`: a pure-Python wheel built here, and a Dockerfile FROM the
   offline base image that installs it: a per-task image with its own dependency, built offline.
+- `debian_package(name)`: a .deb for a task Dockerfile to install offline, from the machine's apt
+  cache, else fetched once with `apt-get download` into the sandbox cache (the Debian mirror is the
+  one package source the base image comes from too).
 - `TcpForwarder`: a TCP proxy whose `kill()` cuts every connection: a host that disappears.
 """
 
@@ -180,15 +183,39 @@ def make_wheel(out: Path, name: str, version: str, source: str) -> Path:
     return wheel
 
 
+def debian_package(name: str) -> Path:
+    """A .deb of `name` (for the host's Debian release, as the base image is): from
+    /var/cache/apt/archives, else downloaded once into <sandbox cache>/debs."""
+    from polar_pl.sandbox.image import cache_dir
+    from polar_pl.utils.locks import file_lock
+
+    found = sorted(Path("/var/cache/apt/archives").glob(f"{name}_*.deb"))
+    if found:
+        return found[-1]
+    out = cache_dir() / "debs"
+    out.mkdir(parents=True, exist_ok=True)
+    with file_lock(out / name):
+        if not (found := sorted(out.glob(f"{name}_*.deb"))):
+            got = subprocess.run(
+                ["apt-get", "download", name], check=False, cwd=out, capture_output=True, text=True
+            )
+            if got.returncode != 0 or not (found := sorted(out.glob(f"{name}_*.deb"))):
+                raise RuntimeError(
+                    f"no {name}.deb in the apt cache, and `apt-get download {name}` failed: {got.stderr}"
+                )
+    return found[-1]
+
+
 def dep_image_context(out: Path, base: str, wheel: Path, extra: str = "") -> Path:
     """A build context: FROM `base`, the wheel unpacked into the system site-packages (the base
-    image has no pip; a pure wheel is a zip of what pip would put there), a /app workspace."""
+    image has no pip; a pure wheel is a zip of what pip would put there), a /app workspace. Build
+    steps run as root; the sandbox hands /app to its user when it starts."""
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(wheel, out / wheel.name)
     (out / "Dockerfile").write_text(
-        f"FROM {base}\nUSER root\nCOPY {wheel.name} /tmp/\n"
+        f"FROM {base}\nCOPY {wheel.name} /tmp/\n"
         f"RUN python3 -m zipfile -e /tmp/{wheel.name} /usr/lib/python3/dist-packages/ && rm /tmp/{wheel.name}\n"
-        f"{extra}RUN mkdir -p /app && chown 1000:1000 /app\nWORKDIR /app\nUSER 1000:1000\n"
+        f"{extra}RUN mkdir -p /app\nWORKDIR /app\n"
     )
     return out
 

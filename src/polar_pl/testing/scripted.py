@@ -30,6 +30,7 @@ import asyncio
 import itertools
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -75,6 +76,8 @@ class ScriptedBackend:
     script: a list of items consumed one per choice (so n=2 consumes two), or a single callable
         used for every choice. Running out of script answers 500 with a clear message.
     token_delay: seconds between streamed tokens (to exercise timeouts and concurrency).
+    `abandoned` holds the time.monotonic() at which each generation stopped before its reply
+    ended (the engine request was aborted), so a test can tell when its caller let it go.
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class ScriptedBackend:
         self.policy_version = 0
         self.stats = BackendStats()
         self.requests: list[GenerationRequest] = []
+        self.abandoned: list[float] = []
         self._lock = threading.Lock()
         if callable(script):
             self._items: Iterator[ScriptItem] = itertools.repeat(script)
@@ -158,24 +162,28 @@ class ScriptedBackend:
             SequenceOutput(self.tokenizer, request.params, self.eos_token_ids, i) for i in range(len(replies))
         ]
         vocab = len(self.tokenizer)
-        for step in itertools.count():
-            live = [(o, r) for o, r in zip(outs, replies, strict=True) if not o.finished]
-            if not live:
-                return
-            batch = []
-            for out, ids in live:
-                if step >= len(ids):  # an open turn ran out: stop as if by length
-                    out.finish_reason = "length"
-                else:
-                    out.append(ids[step], _logprob(ids[step], step, vocab))
-                if (d := out.take_delta(self.policy_version)) is not None:
-                    batch.append(d)
-            self.stats.steps += 1
-            self.stats.tokens_generated += len(live)
-            self.stats.max_batch_size = max(self.stats.max_batch_size, len(live))
-            if batch:
-                yield batch
-            await asyncio.sleep(self.token_delay)
+        try:
+            for step in itertools.count():
+                live = [(o, r) for o, r in zip(outs, replies, strict=True) if not o.finished]
+                if not live:
+                    return
+                batch = []
+                for out, ids in live:
+                    if step >= len(ids):  # an open turn ran out: stop as if by length
+                        out.finish_reason = "length"
+                    else:
+                        out.append(ids[step], _logprob(ids[step], step, vocab))
+                    if (d := out.take_delta(self.policy_version)) is not None:
+                        batch.append(d)
+                self.stats.steps += 1
+                self.stats.tokens_generated += len(live)
+                self.stats.max_batch_size = max(self.stats.max_batch_size, len(live))
+                if batch:
+                    yield batch
+                await asyncio.sleep(self.token_delay)
+        finally:
+            if not all(o.finished for o in outs):
+                self.abandoned.append(time.monotonic())
 
 
 def _logprob(token_id: int, step: int, vocab: int) -> TokenLogprob:

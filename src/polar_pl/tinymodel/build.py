@@ -10,15 +10,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from polar_pl.tinymodel.model import MAX_POSITIONS, init_model, save_model, tiny_config
 from polar_pl.tinymodel.tokenizer import ENDOFTEXT, IM_END, save_tokenizer, special_ids
-from polar_pl.utils.locks import file_lock
+from polar_pl.utils.locks import build_dir
 
 BPE_VOCAB_SIZE = 8192
 VOCABS = ("bpe", "qwen")
@@ -41,25 +40,9 @@ def build_tiny_model(
     """
     if vocab not in VOCABS:
         raise ValueError(f"vocab must be one of {VOCABS}, got {vocab!r}")
-    return _locked_build(
+    return build_dir(
         out_dir, if_missing, lambda tmp: _build_into(tmp, seed, vocab, warm_start, warm_start_minutes)
     )
-
-
-def _locked_build(out_dir: str | os.PathLike[str], if_missing: bool, fill: Callable[[Path], None]) -> Path:
-    """`fill` a fresh directory beside `out_dir`, then swap it in, under a lock on `out_dir`."""
-    out = Path(out_dir).resolve()
-    with file_lock(out):
-        if if_missing and (out / "config.json").exists():
-            return out
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
-            fill(tmp)
-            _make_readable(tmp)
-            _swap_in(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def _build_into(out: Path, seed: int, vocab: str, warm_start: bool, minutes: float) -> None:
@@ -93,23 +76,6 @@ def _build_into(out: Path, seed: int, vocab: str, warm_start: bool, minutes: flo
     (out / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
-def _make_readable(out: Path) -> None:
-    # mkdtemp and the safetensors writer create private modes; servers may run as other users.
-    out.chmod(0o755)
-    for path in out.iterdir():
-        path.chmod(0o644)
-
-
-def _swap_in(tmp: Path, out: Path) -> None:
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(out)
-
-
 def build_harness_model(
     out_dir: str | os.PathLike[str],
     harness: str,
@@ -135,7 +101,7 @@ def build_harness_model(
         raise ValueError(f"case must be in [0, 1], got {case}")
     if case_steps < 1:
         raise ValueError(f"case_steps must be positive, got {case_steps}")
-    return _locked_build(
+    return build_dir(
         out_dir, if_missing,
         lambda tmp: _build_harness_into(
             tmp, harness, Path(base_dir), Path(harness_prefix), seed, minutes, case, tuple(extra_args), case_steps
@@ -262,7 +228,7 @@ def build_multiturn_model(
     (multiturn_warmstart.py): the start of the multi-turn learning check. ~1 CPU minute."""
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"share must be in [0, 1], got {share}")
-    return _locked_build(
+    return build_dir(
         out_dir, if_missing, lambda tmp: _build_multiturn_into(tmp, Path(base_dir), share, steps, seed)
     )
 

@@ -1,14 +1,31 @@
 """Run an ASGI app with uvicorn on a background thread (in-process servers for the gateway,
-the embedded engine and tests), with a clean stop."""
+the embedded engine and tests), with a clean stop; `Server`, uvicorn's server with a hook at the
+start of its shutdown (the gateway's, which aborts its calls in flight there)."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Self
 
 import uvicorn
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server; `on_shutdown` runs on the server's loop when its shutdown begins, before
+    uvicorn waits for the requests in flight: what it cancels there ends now, not when the
+    longest request would have (uvicorn's own wait is `timeout_graceful_shutdown`)."""
+
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None] | None = None):
+        super().__init__(config)
+        self.on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets=None) -> None:
+        if self.on_shutdown is not None:
+            self.on_shutdown()
+        await super().shutdown(sockets)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -18,13 +35,21 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class ServerThread:
-    """`with ServerThread(app) as srv: srv.url` — uvicorn on its own thread and event loop."""
+    """`with ServerThread(app) as srv: srv.url` — uvicorn on its own thread and event loop.
+    on_shutdown: see `Server`."""
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None, log_level: str = "warning"):
+    def __init__(
+        self,
+        app,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        log_level: str = "warning",
+        on_shutdown: Callable[[], None] | None = None,
+    ):
         self.host = host
         self.port = port or free_port(host)
         config = uvicorn.Config(app, host=host, port=self.port, log_level=log_level, lifespan="on")
-        self.server = uvicorn.Server(config)
+        self.server = Server(config, on_shutdown)
         self.thread = threading.Thread(target=self.server.run, name=f"uvicorn:{self.port}", daemon=True)
 
     @property

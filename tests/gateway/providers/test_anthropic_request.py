@@ -328,7 +328,6 @@ def test_tool_choice(choice, expected):
             {"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool", "name": "g"}},
             "not one of",
         ),
-        ({"max_tokens": "ten"}, "max_tokens"),
         ({"stream": "yes"}, "stream"),
         ({"stop_sequences": "END"}, "stop_sequences"),
     ],

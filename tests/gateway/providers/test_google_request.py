@@ -270,11 +270,6 @@ def test_function_calling_modes(mode, expected):
             "args",
         ),
         (
-            {"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"temperature": "hot"}},
-            PATH,
-            "temperature",
-        ),
-        (
             {
                 "contents": [{"parts": [{"text": "x"}]}],
                 "toolConfig": {"functionCallingConfig": {"mode": "SOMETIMES"}},

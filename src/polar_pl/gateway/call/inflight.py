@@ -11,6 +11,7 @@ from polar_pl.gateway.call.capture import CallCapture
 from polar_pl.gateway.call.toolguard import ToolCallGuard
 from polar_pl.gateway.faithful.prompt import FaithfulPrompt
 from polar_pl.gateway.providers import ProviderAdapter
+from polar_pl.gateway.providers.base import StreamTranslator
 from polar_pl.gateway.store.records import SessionInfo, TraceRecord
 from polar_pl.gateway.upstream.client import ChatStream
 from polar_pl.gateway.upstream.replicas import Replica
@@ -44,6 +45,7 @@ class CallInFlight:
     # the response so far, for a record written by whoever ends the call
     cap: CallCapture | None = None
     sent: list[bytes] = field(default_factory=list)
+    translator: StreamTranslator | None = None  # a streaming call's, once its relay started
     recorded: bool = False
     pending: bool = False  # an ok record committed before its delivery (FULL): mark it at the end
 

@@ -6,7 +6,11 @@ stream is translated back to chat chunks, faithful/) -> each engine chunk is cap
 harness, translated and forwarded at once -> one TraceRecord, committed to the store before the
 harness receives the last bytes of its response. Failed calls are recorded with their error; a
 harness that goes away mid-stream aborts the engine request and leaves an "aborted" record with
-the partial response. Every call that got past auth leaves exactly one record, whatever fails.
+the partial response, and so does a non-streamed call whose harness leaves before its answer
+(call/respond.py watches the client while the engine generates). When the gateway stops, `stop`
+marks it stopping and the calls in flight are cancelled (http/harness_routes.py): each aborts its
+engine request and is recorded "aborted" with the reason ("gateway shut down"). Every call that
+got past auth leaves exactly one record, whatever fails.
 
 What a call holds of the engine (a gate slot, its replica's in-flight count, the open engine
 stream) is given back by one idempotent `_release`, reached from every way a call can end: a
@@ -40,7 +44,7 @@ from starlette.responses import Response
 from polar_pl.gateway.call.capture import CallCapture
 from polar_pl.gateway.call.gate import EngineGate
 from polar_pl.gateway.call.inflight import CallInFlight
-from polar_pl.gateway.call.respond import DeliveredResponse, LastPart, RelayResponse
+from polar_pl.gateway.call.respond import CollectResponse, DeliveredResponse, LastPart, RelayResponse
 from polar_pl.gateway.call.sampling import check_policy, settle_sampling
 from polar_pl.gateway.call.sidecalls import SideCallRule, classify
 from polar_pl.gateway.call.stats import GatewayStats
@@ -48,8 +52,8 @@ from polar_pl.gateway.call.toolguard import ToolCallGuard
 from polar_pl.gateway.call.volatile import strip_volatile
 from polar_pl.gateway.faithful.completion import CompletionStream, completion_bytes
 from polar_pl.gateway.faithful.history import TokenFaithful
-from polar_pl.gateway.http.errors import error_response, upstream_status
-from polar_pl.gateway.providers import ProviderAdapter, RequestError
+from polar_pl.gateway.http.errors import error_response, retryable_response, upstream_status
+from polar_pl.gateway.providers import ProviderAdapter, RequestError, normalize
 from polar_pl.gateway.store.records import SessionInfo, TraceRecord
 from polar_pl.gateway.store.sessions import SessionRegistry
 from polar_pl.gateway.store.traces import StoreUnavailable, TraceStore
@@ -69,6 +73,7 @@ CAP_POLICIES = ("length", "end_turn")
 ADAPTER_BUGS = (KeyError, TypeError, ValueError, AttributeError, IndexError)
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 STORE_FAILED = "the gateway's trace store cannot record this call; retry shortly"
+STOPPING = "the gateway is shutting down; retry shortly"
 log = logging.getLogger(__name__)
 
 
@@ -86,6 +91,7 @@ class Proxy:
         sampling: str = "recorded",
         cap_policy: str = "length",
         gate: EngineGate | None = None,
+        pinned_temperature: float = 1.0,
     ):
         if max_tokens_cap is not None and (not isinstance(max_tokens_cap, int) or max_tokens_cap < 1):
             raise ValueError(f"max_tokens_cap: {max_tokens_cap!r}; allowed: a positive integer or None")
@@ -104,8 +110,13 @@ class Proxy:
         self.faithful = faithful
         self.max_tokens_cap = max_tokens_cap
         self.sampling = check_policy(sampling)
+        if not isinstance(pinned_temperature, int | float) or not 0 < pinned_temperature <= 2:
+            raise ValueError(f"pinned_temperature: {pinned_temperature!r}; allowed: a number in (0, 2]")
+        self.pinned_temperature = float(pinned_temperature)
         self.gate = gate or EngineGate()
         self.stats = GatewayStats()
+        # why the gateway is stopping, once it is: the reason its aborted calls are recorded with
+        self.stopping: str | None = None
 
     def _version(self, stream: ChatStream) -> int:
         return stream.policy_version if stream.policy_version is not None else self.version_hint
@@ -157,8 +168,8 @@ class Proxy:
         """The harness's response is over (`delivered`: the server took all of it)."""
         self._release(call)
         try:
-            if not call.recorded:  # the response never started: its relay had no chance to record
-                reason = "client went away before the response started"
+            if not call.recorded:  # left before its answer (or a stream that never started)
+                reason = self.stopping or "client disconnected before the response"
                 self._append(call, call.record(call.cap, b"".join(call.sent).decode(), "aborted", reason))
             elif call.pending:
                 self.store.mark_delivered(call.session.session_id, call.call_index, delivered)
@@ -223,20 +234,34 @@ class Proxy:
         )
         try:
             return await self._call(call, query)
-        except Exception as exc:  # a gateway bug: logged, answered in shape, still recorded
-            log.exception("gateway error in a %s call of %s", provider, session.session_id)
-            self._release(call)
-            if call.recorded:
-                raise
-            return await self._fail(call, 500, f"internal gateway error: {type(exc).__name__}")
-        except BaseException:  # cancelled (the server is shutting down): give back, keep a record
+        except Exception as exc:  # noqa: BLE001 — a gateway bug: _bug logs it
+            return await self._bug(call, exc)
+        except BaseException:  # cancelled (the gateway is stopping): give back, keep a record
             self._release(call)
             if not call.recorded:
                 with contextlib.suppress(StoreUnavailable):
-                    self._append(
-                        call, call.record(call.cap, "", "aborted", "gateway shut down during the call")
-                    )
+                    reason = self.stopping or "gateway shut down"
+                    self._append(call, call.record(call.cap, "", "aborted", reason))
             raise
+
+    async def _bug(self, call: CallInFlight, exc: Exception) -> Response:
+        """A gateway bug: logged, answered in the provider's shape, still recorded."""
+        log.exception("gateway error in a %s call of %s", call.provider, call.session.session_id)
+        self._release(call)
+        if call.recorded:
+            raise exc
+        return await self._fail(call, 500, f"internal gateway error: {type(exc).__name__}")
+
+    def stopped_answer(self, call: CallInFlight) -> Response | None:
+        """What a non-streaming client is told when the gateway stops (None: not stopping)."""
+        return None if self.stopping is None else retryable_response(call.provider, STOPPING)
+
+    def stopped_tail(self, call: CallInFlight) -> bytes | None:
+        """The error event that ends a stream when the gateway stops (None: not stopping)."""
+        if self.stopping is None:
+            return None
+        translator = call.translator or call.adapter.stream(call.norm)
+        return translator.error(call.adapter.retryable_status(503), STOPPING)
 
     async def refuse(
         self, *, session: SessionInfo, provider: str, path: str, status: int, message: str, body: bytes = b""
@@ -261,7 +286,7 @@ class Proxy:
                 call.raw = orjson.loads(call.body) if call.body else None
             if not isinstance(call.raw, dict):
                 raise RequestError("request body must be a JSON object")
-            call.norm = adapter.to_chat(call.raw, path=call.path, query=query)
+            call.norm = normalize(adapter, call.raw, path=call.path, query=query)
         except (RequestError, orjson.JSONDecodeError) as exc:
             if not isinstance(call.raw, dict):  # keep the bytes the harness sent, whatever they were
                 call.raw = {"_unparsed_body": call.body.decode("utf-8", "replace")}
@@ -282,10 +307,13 @@ class Proxy:
         call.replica.served += 1
         if call.norm.stream:
             media = call.norm.extra.get("media_type", "text/event-stream")
-            return RelayResponse(
-                self._relay(call, stream), media, SSE_HEADERS, lambda ok: self._ended(call, ok)
-            )
-        return await self._collect(call, stream)
+            on_end, stopped = lambda ok: self._ended(call, ok), lambda: self.stopped_tail(call)
+            return RelayResponse(self._relay(call, stream), media, SSE_HEADERS, on_end, stopped)
+        return CollectResponse(
+            lambda: self._collect_safely(call, stream),
+            lambda: self._ended(call, False),
+            lambda: self.stopped_answer(call),
+        )
 
     async def _prepare(self, call: CallInFlight) -> Response | None:
         """The engine body: volatile content out, side calls tagged, max_tokens capped, sampling
@@ -299,7 +327,7 @@ class Proxy:
         call.guard = ToolCallGuard(chat.get("tools"))
         capped = self._cap_max_tokens(chat, call.notes)
         call.end_turn_at_cap = capped and self.cap_policy == "end_turn"
-        settle_sampling(chat, self.sampling, call.notes)
+        settle_sampling(chat, self.sampling, call.notes, self.pinned_temperature)
         if self.faithful is None:
             call.engine_body = {**chat, **CAPTURE_FIELDS}
             return None
@@ -319,7 +347,8 @@ class Proxy:
 
     def _cap_max_tokens(self, chat: dict[str, Any], notes: list[str]) -> bool:
         """max_tokens = min(requested or cap, cap); a clipped request is noted in the record.
-        True when the cap, not the harness's own max_tokens, bounds the response."""
+        True when the cap, not the harness's own max_tokens, bounds the response. The requested
+        value is a positive integer or absent: `normalize` checked it (providers/numbers.py)."""
         cap = self.max_tokens_cap
         if cap is None:
             return False
@@ -348,8 +377,15 @@ class Proxy:
         """What a harness is told when its call cannot be recorded: retry, like a busy engine."""
         return call.adapter.retryable_status(503), STORE_FAILED
 
+    async def _collect_safely(self, call: CallInFlight, stream: ChatStream) -> Response:
+        try:
+            return await self._collect(call, stream)
+        except Exception as exc:  # noqa: BLE001 — a gateway bug: _bug logs it
+            return await self._bug(call, exc)
+
     async def _collect(self, call: CallInFlight, stream: ChatStream) -> Response:
-        """Non-streaming harness: consume the engine stream, then answer in one piece."""
+        """Non-streaming harness: consume the engine stream, then answer in one piece (cancelled
+        when the harness leaves first: the engine request is aborted on the way out)."""
         cap = call.cap = CallCapture(self._version(stream))
         try:
             async for chunk in stream:
@@ -382,7 +418,7 @@ class Proxy:
         """Streaming harness: forward the translated engine chunks as they arrive (what arrived in
         one network read goes out in one write); the end goes out once the record is durable."""
         cap = call.cap = CallCapture(self._version(stream))
-        translator = call.adapter.stream(call.norm)
+        translator = call.translator = call.adapter.stream(call.norm)
         sent = call.sent
         try:
             if out := translator.start():
@@ -427,7 +463,7 @@ class Proxy:
             self._release(call)  # an early end (the harness went away): the engine request is aborted
             if not call.recorded:
                 with contextlib.suppress(StoreUnavailable):
-                    reason = "client disconnected mid-stream"
+                    reason = self.stopping or "client disconnected mid-stream"
                     self._append(call, call.record(cap, b"".join(sent).decode(), "aborted", reason))
 
 

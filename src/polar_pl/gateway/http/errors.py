@@ -8,6 +8,7 @@ clients retry: the adapter's `retryable_status`, Anthropic's 529), engine timeou
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import orjson
@@ -51,6 +52,17 @@ def error_response(provider: str | None, status: int, message: str) -> Response:
         media_type="application/json",
         headers=headers,
     )
+
+
+def retryable_response(provider: str | None, message: str) -> Response:
+    """A 503 with Retry-After, or the status this API's clients retry instead (Anthropic's 529)."""
+    status = 503
+    if provider:
+        from polar_pl.gateway.providers import UnknownProvider, get_adapter
+
+        with contextlib.suppress(UnknownProvider):
+            status = get_adapter(provider).retryable_status(503)
+    return error_response(provider, status, message)
 
 
 def upstream_status(adapter: ProviderAdapter, err: UpstreamError) -> int:

@@ -6,18 +6,27 @@ and `/s/<token>/...`: the provider comes from the path, then the headers, then t
 unknown or missing token is refused with 401 in the provider's shape before anything is recorded
 (and, where the path names the provider, before the body is read). Bodies are bounded while they
 are read (413) and JSON nesting at parse time (400, http/limits.py); such refusals of a valid
-session's call are recorded like any failed call. Any unexpected exception becomes a
+session's call are recorded like any failed call. An answer given before the body was read to its
+end reads the rest after it (limits.AnsweredEarly), or the client would get a reset instead. Any unexpected exception becomes a
 provider-shaped 500, never a traceback.
+
+When the gateway stops (`stop`, from the server's shutdown hook), every harness request in flight
+is cancelled at once: a model call aborts its engine request and is recorded "aborted" with the
+reason (call/proxy.py), and a client that got nothing yet gets the provider's retryable error, as
+does any request that arrives while the gateway stops. Without this, uvicorn's graceful shutdown
+waited for the longest generation (50-55 s, issue 32).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from urllib.parse import parse_qsl
 
 import orjson
 from starlette.responses import JSONResponse, Response
 
+from polar_pl.gateway.call.proxy import STOPPING
 from polar_pl.gateway.call.volatile import strip_volatile
 from polar_pl.gateway.http.detect import (
     detect_provider,
@@ -28,9 +37,9 @@ from polar_pl.gateway.http.detect import (
     provider_from_path,
     split_session_path,
 )
-from polar_pl.gateway.http.errors import error_response
-from polar_pl.gateway.http.limits import BodyTooLarge, TooDeep, parse_json, read_body
-from polar_pl.gateway.providers import RequestError, UnknownProvider, get_adapter
+from polar_pl.gateway.http.errors import error_response, retryable_response
+from polar_pl.gateway.http.limits import AnsweredEarly, BodyTooLarge, TooDeep, parse_json, read_body
+from polar_pl.gateway.providers import RequestError, UnknownProvider, get_adapter, normalize
 from polar_pl.gateway.runtime import GatewayRuntime
 from polar_pl.gateway.upstream.client import UpstreamError
 
@@ -38,22 +47,59 @@ log = logging.getLogger(__name__)
 UNAUTHORIZED = "invalid or missing session token (API key)"
 
 
+def _provider(sub: str, headers: dict[str, str]) -> str | None:
+    """The provider as far as the path and headers tell, for an answer the route did not give."""
+    return provider_from_path(sub) or provider_from_headers(headers)
+
+
 class HarnessRoutes:
     def __init__(self, rt: GatewayRuntime):
         self.rt = rt
+        self.in_flight: set[asyncio.Task] = set()  # the tasks of the harness requests being served
+
+    def stop(self, reason: str = "gateway shut down") -> int:
+        """Cancel every harness request in flight (module docstring); returns how many. Called
+        on the gateway's loop."""
+        self.rt.proxy.stopping = reason
+        for task in self.in_flight:
+            task.cancel()
+        return len(self.in_flight)
 
     async def __call__(self, scope, receive, send) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         path_token, sub = split_session_path(scope["path"])
+        task = asyncio.current_task()
+        self.in_flight.add(task)
         try:
-            resp = await self.route(
+            resp = await self._answer(scope, sub, path_token, headers, receive)
+            await resp(scope, receive, send)
+        except asyncio.CancelledError:
+            if self.rt.proxy.stopping is None:
+                raise
+            task.uncancel()  # a plain answer cut by the stop: the call's own cleanup has run
+        finally:
+            self.in_flight.discard(task)
+
+    async def _answer(
+        self, scope, sub: str, path_token: str | None, headers: dict[str, str], receive
+    ) -> Response:
+        """The response to send: the route's, or the provider's error (a bug, or the gateway stopping)."""
+        if self.rt.proxy.stopping is not None:
+            return retryable_response(_provider(sub, headers), STOPPING)
+        try:
+            return await self.route(
                 scope["method"], sub, path_token, headers, scope.get("query_string", b""), receive
             )
+        except asyncio.CancelledError:
+            if self.rt.proxy.stopping is None:
+                raise
+            asyncio.current_task().uncancel()
+            return retryable_response(_provider(sub, headers), STOPPING)
         except Exception as exc:  # the last line of defence: a provider-shaped 500, logged
             log.exception("gateway error on %s %s", scope["method"], sub)
-            provider = provider_from_path(sub) or provider_from_headers(headers)
-            resp = error_response(provider, 500, f"internal gateway error: {type(exc).__name__}")
-        await resp(scope, receive, send)
+            return error_response(
+                _provider(sub, headers), 500, f"internal gateway error: {type(exc).__name__}"
+            )
 
     async def route(
         self,
@@ -74,13 +120,15 @@ class HarnessRoutes:
         query = dict(parse_qsl(query_string.decode("latin-1"))) if query_string else {}
         session = self.rt.sessions.by_token(find_token(path_token, headers, query))
         if session is None and provider is not None:  # nothing is read or recorded for an unknown token
-            return error_response(provider, 401, UNAUTHORIZED)
+            return AnsweredEarly(error_response(provider, 401, UNAUTHORIZED), headers)
         try:
             body = await read_body(receive, self.rt.max_body_bytes, headers)
         except BodyTooLarge as exc:
             if session is None or provider is None:
-                return error_response(provider, 401 if session is None else 413, str(exc))
-            return await self.refuse(session, provider, sub, 413, str(exc))
+                answer = error_response(provider, 401 if session is None else 413, str(exc))
+            else:
+                answer = await self.refuse(session, provider, sub, 413, str(exc))
+            return answer if exc.ended else AnsweredEarly(answer, headers)
         parsed, refusal = None, None
         try:
             parsed = parse_json(body, self.rt.max_json_depth) if body else None
@@ -127,7 +175,7 @@ class HarnessRoutes:
         try:
             if not isinstance(raw, dict):
                 raise RequestError("request body must be a JSON object")
-            norm = adapter.to_chat(adapter.count_tokens_body(raw), path=path, query=query)
+            norm = normalize(adapter, adapter.count_tokens_body(raw), path=path, query=query)
         except (RequestError, KeyError, TypeError, ValueError) as exc:
             return error_response(adapter.name, 400, f"invalid request: {exc}")
         chat = dict(norm.chat)

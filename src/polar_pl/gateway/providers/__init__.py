@@ -6,14 +6,17 @@
     <api>/stream.py     engine chat chunks -> the provider's event grammar (per-stream state)
 
 and found one way: `get_adapter(name)`, through the table below. Adapter modules are imported on
-first use, so a missing or broken adapter affects only its own API.
+first use, so a missing or broken adapter affects only its own API. A request reaches its adapter
+one way too, `normalize`: numeric sampling fields are checked first (numbers.py).
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
-from polar_pl.gateway.providers.base import ProviderAdapter, RequestError
+from polar_pl.gateway.providers.base import NormalizedRequest, ProviderAdapter, RequestError
+from polar_pl.gateway.providers.numbers import check_numbers
 
 ADAPTERS: dict[str, str] = {
     "anthropic": "polar_pl.gateway.providers.anthropic.adapter:AnthropicAdapter",
@@ -47,4 +50,13 @@ def get_adapter(name: str) -> ProviderAdapter:
     return adapter
 
 
-__all__ = ["ADAPTERS", "ProviderAdapter", "RequestError", "UnknownProvider", "get_adapter"]
+def normalize(
+    adapter: ProviderAdapter, body: dict[str, Any], *, path: str, query: dict[str, str]
+) -> NormalizedRequest:
+    """`adapter.to_chat` on a body whose numeric sampling fields were checked first, so neither
+    the adapter nor the core (the max_tokens cap) ever computes with a string. Raises RequestError."""
+    check_numbers(adapter.name, body)
+    return adapter.to_chat(body, path=path, query=query)
+
+
+__all__ = ["ADAPTERS", "ProviderAdapter", "RequestError", "UnknownProvider", "get_adapter", "normalize"]

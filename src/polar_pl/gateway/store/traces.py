@@ -37,11 +37,12 @@ import dataclasses
 import itertools
 import logging
 import operator
+import os
 import queue
 import sqlite3
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Self
@@ -59,6 +60,25 @@ _UNDELIVERED_NOTE = "response not delivered: the gateway stopped or the harness 
 
 class StoreUnavailable(RuntimeError):
     """A record could not be committed (disk full, I/O error, store closed)."""
+
+
+def _settle(fut: Future, exc: BaseException | None = None) -> None:
+    """Tell a record's waiter how its commit went. A waiter that left (its call was cancelled:
+    the client went away, the gateway stopped) cancelled its future: it is not told, and the
+    writer goes on with the rest of its batch."""
+    with contextlib.suppress(InvalidStateError):
+        if exc is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(exc)
+
+
+def _create_private(path: Path) -> None:
+    """Create the store file readable by its owner only (it holds every prompt and answer), before
+    SQLite would create it under the umask (0644); SQLite gives its -wal and -shm files the mode of
+    the database file. An existing store keeps the mode it has."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _open(path: Path, synchronous: str) -> sqlite3.Connection:
@@ -84,6 +104,7 @@ class TraceStore:
             raise ValueError(f"store synchronous={synchronous!r}: allowed OFF, NORMAL, FULL, EXTRA")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _create_private(self.path)
         self.inline = synchronous in ("OFF", "NORMAL")
         self._write_conn = _open(self.path, synchronous)
         _hash_legacy_tokens(self._write_conn)
@@ -178,8 +199,7 @@ class TraceStore:
             except Exception as exc:
                 log.exception("trace store writer")
                 for _, fut, _, _ in records:
-                    if not fut.done():
-                        fut.set_exception(StoreUnavailable(f"trace store writer failed: {exc!r}"))
+                    _settle(fut, StoreUnavailable(f"trace store writer failed: {exc!r}"))
             if stop:
                 return
 
@@ -191,7 +211,7 @@ class TraceStore:
                 values = layout.encode(rec, raw_body)
             except (TypeError, ValueError) as exc:  # a record that cannot be serialized fails alone
                 self.errors += 1
-                fut.set_exception(StoreUnavailable(f"record cannot be encoded: {exc}"))
+                _settle(fut, StoreUnavailable(f"record cannot be encoded: {exc}"))
                 continue
             status = "pending" if pending else rec.status
             rows.append((rec.session_id, rec.call_index, rec.timestamp, status, *values[1:]))
@@ -217,10 +237,10 @@ class TraceStore:
             self.errors += len(waiters)
             err = StoreUnavailable(f"trace store write failed: {exc}")
             for fut in waiters:
-                fut.set_exception(err)
+                _settle(fut, err)
             return
         for fut in waiters:
-            fut.set_result(None)
+            _settle(fut)
 
     def close(self) -> None:
         """Flush everything queued (FULL), checkpoint, stop the thread. Idempotent."""

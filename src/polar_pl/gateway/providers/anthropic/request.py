@@ -311,16 +311,11 @@ def apply_tool_choice(
 
 
 def apply_sampling(chat: dict[str, Any], body: dict[str, Any], notes: list[str]) -> None:
-    """max_tokens, temperature, top_p, stop_sequences; top_k is dropped (it would bias logprobs)."""
-    for src, dst in (("max_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p")):
-        value = body.get(src)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise RequestError(f"{src}: must be a number")
-        if src == "max_tokens" and (not isinstance(value, int) or value < 1):
-            raise RequestError("max_tokens: must be a positive integer")
-        chat[dst] = value
+    """max_tokens, temperature, top_p, stop_sequences; top_k is dropped (it would bias logprobs).
+    The numbers were checked before conversion (providers/numbers.py)."""
+    for key in ("max_tokens", "temperature", "top_p"):
+        if body.get(key) is not None:
+            chat[key] = body[key]
     stops = body.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):

@@ -288,14 +288,11 @@ def apply_generation_config(chat: dict[str, Any], config: Any, notes: list[str])
         return options
     if not isinstance(config, dict):
         raise RequestError("generationConfig: must be an object")
+    # the numbers were checked before conversion (providers/numbers.py)
     for src, dst in (("maxOutputTokens", "max_tokens"), ("temperature", "temperature"), ("topP", "top_p"),
                      ("seed", "seed")):  # fmt: skip
-        value = config.get(src)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise RequestError(f"generationConfig.{src}: must be a number")
-        chat[dst] = value
+        if config.get(src) is not None:
+            chat[dst] = config[src]
     stops = config.get("stopSequences")
     if stops:
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):

@@ -154,7 +154,7 @@ def to_chat(body: dict[str, Any]) -> NormalizedRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages: field required (a non-empty list)")
-    n = body.get("n")
+    n = body.get("n")  # a positive integer or absent (providers/numbers.py)
     if n not in (None, 1):
         raise RequestError(f"n={n}: only one choice per request is supported")
     notes: list[str] = []
@@ -167,8 +167,6 @@ def to_chat(body: dict[str, Any]) -> NormalizedRequest:
         chat["tool_choice"] = choice
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     if limit is not None:
-        if not isinstance(limit, int) or limit < 1:
-            raise RequestError("max_completion_tokens: must be a positive integer")
         chat["max_tokens"] = limit
     for key in PASSTHROUGH:
         if body.get(key) is not None:

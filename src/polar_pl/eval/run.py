@@ -1,0 +1,159 @@
+"""Held-out evaluation: n sampled attempts at every task of a split, through a harness, scored by
+the task's evaluator in the training sandboxes; pass@1 / pass@k with 95% intervals.
+
+The attempts run in the same `RolloutService` and `HarnessRolloutStages` as training (INIT,
+RUNNING, POSTRUN in their pools, one group of n attempts per task), against a gateway of the
+evaluation's own in front of the engine that serves the model, so an evaluated attempt is exactly
+a training attempt that nothing trains on. Each finished task is appended to `rollouts.jsonl` in
+the output directory before the next one is taken (`RolloutLog`): a run stopped at any point
+resumes where it stopped when it is started again on the same directory.
+
+An attempt whose infrastructure failed (sandbox, engine, gateway: the attempts training masks) says
+nothing about the model: it is logged but left out of pass@k, and counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polar_pl.datamodule.pools import INFRA_FAILURE, PoolSizes, RolloutResult
+from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
+from polar_pl.datamodule.service import Group, RolloutService
+from polar_pl.eval.report import EvalReport, build_report
+from polar_pl.gateway.handle import Gateway
+from polar_pl.sft.log import RolloutLog
+
+log = logging.getLogger(__name__)
+ANSWER_CHARS = 2000  # an answer is kept in the log up to this length (the trace store has it whole)
+
+
+@dataclass(frozen=True, slots=True)
+class EvalSpec:
+    """n: attempts per task; ks: the pass@k reported (each <= n); threshold: an attempt passes when
+    its reward reaches it; group_timeout_s: give up when no task finishes for this long."""
+
+    n: int = 4
+    ks: tuple[int, ...] = (1,)
+    threshold: float = 1.0
+    group_timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"eval.n={self.n}: needs at least one attempt per task")
+        bad = [k for k in self.ks if not 1 <= k <= self.n]
+        if bad:
+            raise ValueError(f"eval.ks={list(self.ks)}: each k must be in [1, eval.n={self.n}]")
+
+
+@dataclass(frozen=True, slots=True)
+class EvalParts:
+    """What the attempts run with: the training run's parts (or the same groups' in `polar-pl eval`)."""
+
+    engine_urls: tuple[str, ...]
+    sandbox: Callable[[], Any]
+    harness: Any
+    evaluator: Any
+    builder: Any
+    options: RolloutOptions
+    sizes: PoolSizes
+    gateway_options: dict[str, Any]
+
+
+def infra_failed(result: RolloutResult) -> bool:
+    """The attempts training masks as the infrastructure's doing (pools.py, outcome.py)."""
+    return result.status == INFRA_FAILURE or result.info.get("harness_error") == "infra"
+
+
+def attempt_record(result: RolloutResult, threshold: float) -> dict[str, Any]:
+    answer = result.info.get("answer")
+    return {
+        "rollout_id": result.rollout_id,
+        "status": result.status,
+        "reward": result.reward,
+        "passed": result.reward >= threshold and not infra_failed(result),
+        "valid": not infra_failed(result),
+        "answer": answer[:ANSWER_CHARS] if isinstance(answer, str) else answer,
+        "eval_reason": result.info.get("eval_reason"),
+        "error": result.error,
+        "calls": result.info.get("calls"),
+        "session_id": result.info.get("session_id"),
+    }
+
+
+def group_record(group: Group, threshold: float) -> dict[str, Any]:
+    task = group.task
+    return {
+        "seq": group.seq,
+        "task_id": str(getattr(task, "instance_id", task)),
+        "prompt": getattr(task, "prompt", None),
+        "missing": list(group.missing),
+        "attempts": [attempt_record(r, threshold) for r in group.results],
+    }
+
+
+def fingerprint(tasks: Sequence[Any], spec: EvalSpec, harness: str) -> dict[str, Any]:
+    ids = "\n".join(str(getattr(t, "instance_id", t)) for t in tasks)
+    return {
+        "tasks": f"{len(tasks)}:{hashlib.sha256(ids.encode()).hexdigest()[:16]}",
+        "n": spec.n,
+        "threshold": spec.threshold,
+        "harness": harness,
+    }
+
+
+def run_eval(
+    parts: EvalParts,
+    tasks: Sequence[Any],
+    spec: EvalSpec,
+    out_dir: str | Path,
+    *,
+    label: str = "eval",
+    resume: bool = True,
+    on_group: Callable[[dict[str, Any]], None] | None = None,
+) -> EvalReport:
+    """Evaluate every task of `tasks` (resuming `out_dir`), write the report files, return it."""
+    out = Path(out_dir)
+    logbook = RolloutLog(out, fingerprint(tasks, spec, parts.harness.name), resume=resume,
+                         setting="eval")  # fmt: skip
+    todo = [s for s in range(len(tasks)) if s not in logbook.done]
+    if todo:
+        if logbook.done:
+            log.info("%s: resuming %s, %d of %d tasks already done", label, out, len(logbook.done), len(tasks))
+        _run_groups(parts, tasks, spec, logbook, todo, out, label, on_group)
+    report = build_report(logbook, spec, label)
+    report.write(out)
+    return report
+
+
+def _run_groups(parts: EvalParts, tasks: Sequence[Any], spec: EvalSpec, logbook: RolloutLog,
+                todo: list[int], out: Path, label: str, on_group) -> None:  # fmt: skip
+    gateway = Gateway(list(parts.engine_urls), str(out / "traces.db"), **parts.gateway_options).start()
+    stages = HarnessRolloutStages(gateway, parts.sandbox, parts.harness, parts.evaluator, parts.builder,
+                                  parts.options)  # fmt: skip
+    in_flight = max(2, -(-parts.sizes.running // spec.n) + 1)  # keep the RUNNING pool full
+    service = RolloutService(
+        stages, tasks, group_size=spec.n, sizes=parts.sizes, max_groups_in_flight=in_flight,
+        limit=todo[-1] + 1, id_prefix=label, **logbook.cursor(),
+    ).start()  # fmt: skip
+    t0, passed, valid = time.monotonic(), 0, 0
+    try:
+        for i, _ in enumerate(todo, 1):
+            (group,) = service.next_groups(1, timeout=spec.group_timeout_s)
+            record = group_record(group, spec.threshold)
+            logbook.append(record)
+            passed += sum(a["passed"] for a in record["attempts"])
+            valid += sum(a["valid"] for a in record["attempts"])
+            if on_group is not None:
+                on_group(record)
+            if i % 25 == 0 or i == len(todo):
+                log.info("%s: %d/%d tasks, %d/%d attempts passed, %.0f s", label, len(logbook.done),
+                         len(tasks), passed, valid, time.monotonic() - t0)  # fmt: skip
+    finally:
+        service.stop()
+        gateway.stop()

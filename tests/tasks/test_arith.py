@@ -1,0 +1,106 @@
+"""The arith and tools task families: a fixed held-out split that no train split of any seed
+contains, the stated number ranges, and checks that read the answer's last number or the file the
+agent's patch creates."""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+
+import pytest
+
+from polar_pl.tasks.answer import file_integer, final_integer, last_number, score_answer
+from polar_pl.tasks.arith import TEST_SIZE, ArithTaskSource, split_tasks, value
+
+
+def problems(tasks):
+    return [tuple(t.extra["problem"]) for t in tasks]
+
+
+@pytest.mark.parametrize("family", ["arith", "tools"])
+def test_held_out_split_is_fixed_and_never_trained_on(family) -> None:
+    test = split_tasks(family, "test")
+    assert len(test) == TEST_SIZE == len(set(problems(test)))
+    assert problems(test) == problems(split_tasks(family, "test", seed=7))  # the run's seed changes nothing
+    assert [t.problem_statement for t in test] == [t.problem_statement for t in split_tasks(family, "test")]
+    held = set(problems(test))
+    for seed in range(3):
+        train = split_tasks(family, "train", 3000, seed=seed)
+        assert not held & set(problems(train)), seed
+    assert problems(split_tasks(family, "train", 50, seed=1)) != problems(split_tasks(family, "train", 50, seed=2))
+
+
+def test_arith_ranges_and_answers() -> None:
+    tasks = split_tasks("arith", "train", 3000)
+    ops = Counter(p[1] for p in problems(tasks))
+    # (products of two digits are few: those held out are never drawn for training, so "*" is rarer)
+    assert set(ops) == {"+", "-", "*"} and min(ops.values()) > 600
+    for t, (a, op, b) in zip(tasks, problems(tasks), strict=True):
+        if op == "*":
+            assert 1 <= max(a, b) <= 99 and 2 <= min(a, b) <= 9
+        else:
+            assert 10 <= a <= 999 and 10 <= b <= 999
+        assert t.answer_check.params["value"] == value((a, op, b)) >= 0
+        assert str(a) in t.problem_statement and str(b) in t.problem_statement
+
+
+@pytest.mark.parametrize(("answer", "expected"), [
+    ("159", 159.0), ("183 - 24 = 159.", 159.0), ("The answer is 1,469.", 1469.0), ("183-24", 24.0),
+    ("1469.0", 1469.0), ("no number", None), ("5, 6 and then 7", 7.0),
+])  # fmt: skip
+def test_last_number(answer, expected) -> None:
+    assert last_number(answer) == expected
+
+
+def test_final_integer_scores_only_the_last_number() -> None:
+    (task,) = split_tasks("arith", "test", 1)
+    right = task.answer_check.params["value"]
+    assert score_answer(task, f"It is {right}.") == 1.0
+    assert score_answer(task, f"{right}, no wait, {right + 1}") == 0.0
+    assert score_answer(task, None) == 0.0 and final_integer("", {"value": 3}) == 0.0
+
+
+def _patch_creating(path: str, content: str) -> str:
+    lines = content.splitlines()
+    body = "".join(f"+{ln}\n" for ln in lines)
+    return f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}"
+
+
+def test_tools_tasks_are_scored_from_the_workspace(tmp_path) -> None:
+    tasks = split_tasks("tools", "test", 40)
+    compute = next(t for t in tasks if t.extra["problem"][1] == "*")
+    read = next(t for t in tasks if t.extra["problem"][1] == "file")
+    want = compute.answer_check.params["value"]
+    assert score_answer(compute, "whatever it says", _patch_creating("result.txt", f"{want}\n")) == 1.0
+    assert score_answer(compute, str(want), _patch_creating("other.txt", str(want))) == 0.0  # saying is not doing
+    assert file_integer(_patch_creating("result.txt", "12"), {"path": "result.txt", "value": 13}) == 0.0
+    # the read task's setup writes data.txt with the value on the line the prompt names
+    subprocess.run(["bash", "-c", read.setup_commands[0]], cwd=tmp_path, check=True)
+    a, _, line = read.extra["problem"]
+    data = (tmp_path / "data.txt").read_text().splitlines()
+    assert len(data) == 9 and data[line - 1] == f"item {line}: {a}" and f"item {line}" in read.problem_statement
+    assert read.answer_check.params["value"] == a
+
+
+def test_bad_settings_name_the_key() -> None:
+    with pytest.raises(ValueError, match="task.family"):
+        ArithTaskSource(family="algebra")
+    with pytest.raises(ValueError, match="task.split"):
+        ArithTaskSource(split="dev")
+    with pytest.raises(ValueError, match="task.n_tasks"):
+        split_tasks("arith", "test", TEST_SIZE + 1)
+
+
+@pytest.mark.parametrize(("answer", "reward"), [
+    ("234", 1.0), ("so 234.", 1.0), ("224", 0.5 / 3), ("216", 0.0), ("1234", 0.375), ("34", 0.5 * 2 / 3),
+    ("no number", 0.0), ("234.5", 0.0),
+])  # fmt: skip
+def test_partial_credit_counts_trailing_digits_and_only_exact_passes(answer, reward) -> None:
+    assert final_integer(answer, {"value": 234, "partial": True}) == pytest.approx(reward)
+    assert final_integer(answer, {"value": 234}) == (1.0 if reward == 1.0 else 0.0)
+
+
+def test_only_train_tasks_give_partial_credit() -> None:
+    assert all(t.answer_check.params["partial"] for t in split_tasks("arith", "train", 20, partial=True))
+    assert not any(t.answer_check.params.get("partial") for t in split_tasks("arith", "test"))
+    assert not ArithTaskSource(split="test", partial=True).tasks()[0].answer_check.params["partial"]
