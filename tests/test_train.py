@@ -50,9 +50,7 @@ def rewards_by_step(run_dir: Path) -> list[float]:
 def compose_train(run_dir: Path, model_dir: Path, *overrides: str):
     """The root config as train.py composes it, run directory and model set by hand (no Hydra run)."""
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose(
-            "config", overrides=[f"model_dir={model_dir}", *overrides], return_hydra_config=True
-        )
+        cfg = compose("config", overrides=[f"model_dir={model_dir}", *overrides], return_hydra_config=True)
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = str(run_dir)
     HydraConfig().set_config(cfg)
@@ -98,28 +96,6 @@ def curve(values: list[float]) -> list[float]:
     return [round(x, 3) for x in values]
 
 
-def gain(values: list[float], n: int = 5) -> float:
-    return sum(values[-n:]) / n - sum(values[:n]) / n
-
-
-@pytest.mark.slow
-def test_learning_sanity_still_learns(tiny_model_dir, tmp_path):
-    """`python train.py experiment=sanity`: the mean reward of the last 5 steps beats the first 5
-    by a clear margin within 30 steps. (That the rise needs the weight push is shown by the
-    multi-turn learning test's no-push control in tests/module/test_learning_loop.py, which also
-    covers what this task cannot: a prompt-dependent reward, merged multi-call sessions, masked
-    observation turns, side calls.)"""
-    push = tmp_path / "push"
-    train("experiment=sanity", "logger=csv", f"hydra.run.dir={push}")
-    r_push = rewards_by_step(push)
-    assert len(r_push) == 30  # one row per batch, skipped (zero-signal) ones included
-    print(f"sanity reward by step: {curve(r_push)}")
-    assert gain(r_push) > 0.15, f"reward did not improve: first5 -> last5 gain {gain(r_push):.3f}"
-    versions = [int(v) for v in column(push, "train/policy_version")]
-    # a push per optimiser step; batches whose groups all score the same (converged) are skipped
-    assert versions == sorted(versions) and versions[-1] >= 5
-
-
 # The CLI learning checks: harness, experiment, and the bars each run must clear. Measured with
 # bench/cli_learning.py --harness H [--experiment E] --seed N (push run of 8 steps, control of 3).
 CLI_CHECKS = [
@@ -153,7 +129,13 @@ def test_cli_learns_to_read_the_prompt_against_a_no_push_control(
     14): there must be none here."""
     push, control = tmp_path / "push", tmp_path / "control"
     train(f"experiment={experiment}", f"harness={harness}", f"hydra.run.dir={push}")
-    train(f"experiment={experiment}", f"harness={harness}", *CONTROL_OVERRIDES, "steps=2", f"hydra.run.dir={control}")
+    train(
+        f"experiment={experiment}",
+        f"harness={harness}",
+        *CONTROL_OVERRIDES,
+        "steps=2",
+        f"hydra.run.dir={control}",
+    )
     r_push, r_control = rewards_by_step(push), rewards_by_step(control)
     print(f"{harness} case reward by step: push {curve(r_push)}, control {curve(r_control)}")
     _, measured = start_and_lead(r_push, r_control)
@@ -278,6 +260,10 @@ def test_real_model_trains_a_few_steps_with_held_out_eval_and_export(smollm2_mod
     from polar_pl.engine.embedded import EmbeddedEngine
 
     with EmbeddedEngine(run / "model", served_model_name="trained", max_model_len=512) as engine:
-        body = {"model": "trained", "messages": [{"role": "user", "content": "What is 2 plus 2?"}], "max_tokens": 8}
+        body = {
+            "model": "trained",
+            "messages": [{"role": "user", "content": "What is 2 plus 2?"}],
+            "max_tokens": 8,
+        }
         answer = httpx.post(f"{engine.base_url}/chat/completions", json=body, timeout=120)
     assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
