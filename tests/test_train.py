@@ -244,6 +244,7 @@ def test_real_model_trains_a_few_steps_with_held_out_eval_and_export(smollm2_mod
     train(
         "experiment=smollm2_arith", f"model_dir={smollm2_model_dir}", "steps=2", "logger=csv",
         "datamodule.group_size=4", "datamodule.groups_per_step=2", "datamodule.max_staleness=0",
+        "datamodule.dynamic_sampling=false",
         "harness.max_tokens=16", "datamodule.gateway_options.max_tokens_cap=16",
         "callbacks.held_out_eval.limit=4", "callbacks.held_out_eval.n=2", "callbacks.held_out_eval.ks=[1,2]",
         "module.kl={_target_:polar_pl.module.losses.kl_k3_plus,_partial_:true}", "module.kl_coef=0.01",
