@@ -126,6 +126,19 @@ def test_yaml_pins_match_the_specs(name):
     assert h.version == type(h).pinned and h.version[0].isdigit()
 
 
+@pytest.mark.parametrize("name", [n for n in HARNESSES if n != "mini"])
+def test_the_pinned_version_installs_from_its_lockfile(name):
+    """A fresh install is the tree that was tested: its lockfile names the pinned package at the
+    pinned version, with every dependency resolved (a range once resolved to a version the
+    registry did not serve yet and every fresh `make test` failed). Another version has none."""
+    h = build_harness(name)
+    lock = json.loads(h.lockfile().read_text())
+    assert lock["packages"][""]["dependencies"] == {h.package: h.pinned}
+    assert lock["packages"][f"node_modules/{h.package}"]["version"] == h.pinned
+    assert all(p["version"] for k, p in lock["packages"].items() if k)
+    assert build_harness(name, version="0.0.1").lockfile() is None
+
+
 def test_codex_config_points_at_the_session():
     plan = build_harness("codex").plan(SESSION, "do it", PATHS)
     cfg = tomllib.loads(plan.files["/h/.codex/config.toml"].decode())
