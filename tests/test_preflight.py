@@ -44,6 +44,20 @@ def test_a_cli_harness_without_its_prefix_stops_in_one_line(state, tmp_path):
         assert part in lines[-1], lines[-1]
 
 
+def test_an_evaluation_checks_the_prefix_too(tmp_path):
+    """`polar-pl eval` runs the same sessions as training: the same check, the same one line."""
+    prefix = tmp_path / "harness"
+    proc = subprocess.run(
+        [sys.executable, "-m", "polar_pl.eval", "harness=claude_code", f"eval.output_dir={tmp_path / 'eval'}",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO, env=fresh_env(tmp_path, prefix), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, timeout=300, check=False,
+    )  # fmt: skip
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stdout[-3000:]
+    assert f"polar-pl harness install claude_code --prefix {prefix}" in lines[-1], lines[-1]
+
+
 def compose_config(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         return compose("config", overrides=list(overrides))
