@@ -125,7 +125,10 @@ CHECKS: dict[str, AnswerCheckFn] = {
     "final_integer": final_integer,
 }
 # Checks that read the workspace (the agent's patch) instead of the final answer.
-WORKSPACE_CHECKS: dict[str, AnswerCheckFn] = {"file_similarity": file_similarity, "file_integer": file_integer}
+WORKSPACE_CHECKS: dict[str, AnswerCheckFn] = {
+    "file_similarity": file_similarity,
+    "file_integer": file_integer,
+}
 
 
 def score_answer(task: Task, answer: str | None, patch: str = "") -> float:
