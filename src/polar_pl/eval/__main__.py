@@ -17,7 +17,6 @@ from omegaconf import DictConfig
 
 from polar_pl.errors import ConfigError, RunFailed
 from polar_pl.eval.app import evaluate
-from polar_pl.preflight import preflight
 
 log = logging.getLogger("polar_pl.eval")
 
@@ -27,7 +26,6 @@ CONF = os.environ.get("POLAR_CONF_DIR") or "pkg://polar_pl.conf"
 @hydra.main(version_base=None, config_path=CONF, config_name="eval")
 def main(cfg: DictConfig) -> float:
     try:
-        preflight(cfg)  # the same sessions as training: a harness that cannot run stops here, in one line
         report = evaluate(cfg)
     except (ConfigError, RunFailed) as exc:
         log.error("%s", exc)
