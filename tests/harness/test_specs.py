@@ -104,12 +104,13 @@ def test_a_harness_only_says_how_to_launch_its_cli(name, monkeypatch):
     cfg = _composed(f"harness={name}", "module=grpo_gpu")
     assert cfg.module.lr == 1e-6 and cfg.module.weight_decay == 0.01
     assert cfg.datamodule == base.datamodule and cfg.model_dir == base.model_dir and cfg.warm_start is None
-    real = _composed(f"harness={name}", "experiment=smollm2_arith")
-    alone = _composed("experiment=smollm2_arith")
-    assert real.model_dir == "/models/smollm2-135m-instruct" and real.pretrained == "smollm2"
-    assert real.module.lr == alone.module.lr and real.module.lr < 1e-4
-    assert real.datamodule.gateway_options == alone.datamodule.gateway_options
-    assert real.datamodule.group_size == alone.datamodule.group_size
+    for experiment in ("smollm2", "smollm2_tools"):
+        real = _composed(f"experiment={experiment}", f"harness={name}")
+        alone = _composed(f"experiment={experiment}")
+        assert real.model_dir == "/models/smollm2-135m-instruct" and real.pretrained == "smollm2"
+        assert real.module.lr == alone.module.lr and real.module.lr < 1e-4
+        assert real.datamodule == alone.datamodule and real.datamodule.gateway_options.max_tokens_cap < 128
+        assert instantiate(real.harness).name == name
 
 
 def test_unknown_names_are_value_errors():
@@ -123,6 +124,19 @@ def test_unknown_names_are_value_errors():
 def test_yaml_pins_match_the_specs(name):
     h = _harness(f"harness={name}")
     assert h.version == type(h).pinned and h.version[0].isdigit()
+
+
+@pytest.mark.parametrize("name", [n for n in HARNESSES if n != "mini"])
+def test_the_pinned_version_installs_from_its_lockfile(name):
+    """A fresh install is the tree that was tested: its lockfile names the pinned package at the
+    pinned version, with every dependency resolved (a range once resolved to a version the
+    registry did not serve yet and every fresh `make test` failed). Another version has none."""
+    h = build_harness(name)
+    lock = json.loads(h.lockfile().read_text())
+    assert lock["packages"][""]["dependencies"] == {h.package: h.pinned}
+    assert lock["packages"][f"node_modules/{h.package}"]["version"] == h.pinned
+    assert all(p["version"] for k, p in lock["packages"].items() if k)
+    assert build_harness(name, version="0.0.1").lockfile() is None
 
 
 def test_codex_config_points_at_the_session():

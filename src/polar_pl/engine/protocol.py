@@ -7,7 +7,7 @@ Two implementations, chosen in Hydra with `_target_` (conf/engine/*.yaml):
 - `polar_pl.engine.vllm.VLLMEngine`: vLLM's OpenAI server, launched from a vLLM environment or
   connected to by URL.
 
-Both serve the same HTTP contract (DESIGN.md, "Engine contract"), so the gateway only needs
+Both serve the same HTTP contract (docs/architecture.md, "Engine contract"), so the gateway only needs
 `base_url` and `model`. Both also take LoRA adapters (`AdapterEngine`): the trainer pushes only
 the adapter, and the engine serves it as `<served>-lora-v<version>` (utils/adapters.py).
 """

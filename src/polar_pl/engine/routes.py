@@ -1,4 +1,4 @@
-"""The engine contract's routes (DESIGN.md, "Engine contract"), as a module-level router whose
+"""The engine contract's routes (docs/architecture.md, "Engine contract"), as a module-level router whose
 thin handlers read their state from `request.app.state` (set by `server.create_app`): `backend`
 (a GenerationBackend), `model_name` (the served name), `reasoning_parser` and `admin_token`. Conversion to and
 from OpenAI JSON lives in `engine/serving.py`.
