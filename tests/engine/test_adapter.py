@@ -33,7 +33,10 @@ def test_merge_equals_peft_and_each_push_starts_from_the_base(tiny_model_dir) ->
     engine_model = load_model(tiny_model_dir)
     base = weights(engine_model)
     merge = AdapterMerge(engine_model)
-    first, second = random_adapter(tiny_model_dir, 1), random_adapter(tiny_model_dir, 2, target_modules=("q_proj",))
+    first, second = (
+        random_adapter(tiny_model_dir, 1),
+        random_adapter(tiny_model_dir, 2, target_modules=("q_proj",)),
+    )
     merge.apply(*adapter_state(first))
     want = weights(first.merge_and_unload())
     got = weights(engine_model)
@@ -44,7 +47,9 @@ def test_merge_equals_peft_and_each_push_starts_from_the_base(tiny_model_dir) ->
     want = weights(second.merge_and_unload())
     got = weights(engine_model)
     assert max((got[k] - want[k]).abs().max().item() for k in got) < 1e-6
-    assert torch.equal(got["model.layers.0.mlp.down_proj.weight"], base["model.layers.0.mlp.down_proj.weight"])
+    assert torch.equal(
+        got["model.layers.0.mlp.down_proj.weight"], base["model.layers.0.mlp.down_proj.weight"]
+    )
 
 
 def test_rslora_scaling_matches_peft(tiny_model_dir) -> None:

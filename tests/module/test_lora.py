@@ -26,7 +26,7 @@ from polar_pl.module.losses import kl_k3
 from polar_pl.module.lora import LoraSpec
 from polar_pl.module.model import load_model
 from polar_pl.module.prepare import prepare
-from polar_pl.module.weight_sync import DiskSync, EmbeddedStateDictSync
+from polar_pl.module.weight_sync import DiskSync, EmbeddedStateDictSync, hf_state_dict, nbytes
 
 LORA = {"rank": 4, "alpha": 8}
 
@@ -105,7 +105,9 @@ def test_engine_serves_base_plus_adapter_with_the_trainers_logprobs(tiny_model_d
     sync = EmbeddedStateDictSync().bind(fresh_engine)
     module = lora_module(tiny_model_dir, sync)
     v0 = fresh_engine.policy_version()
-    step(module, sample_group(fresh_engine, "g", prompt_ids(6, 11), seed=3))
+    m = step(module, sample_group(fresh_engine, "g", prompt_ids(6, 11), seed=3))
+    full_mb = nbytes(hf_state_dict(load_model(tiny_model_dir))) / 1e6
+    assert 0 < m["train/push_mb"] < 0.1 * full_mb  # the adapter alone
     v1 = fresh_engine.policy_version()
     assert v1 == v0 + 1 and fresh_engine.model == f"tiny-lora-v{v1}"
     cards = httpx.get(f"{fresh_engine.base_url}/models", timeout=10).json()["data"]
@@ -126,7 +128,9 @@ def test_engine_serves_base_plus_adapter_with_the_trainers_logprobs(tiny_model_d
 
 def test_subprocess_engine_loads_the_adapter_folder(tiny_model_dir, tmp_path) -> None:
     """DiskSync writes PEFT's folder; the engine process loads it over its admin route."""
-    with EmbeddedEngine(tiny_model_dir, served_model_name="tiny", mode="subprocess", max_model_len=512) as eng:
+    with EmbeddedEngine(
+        tiny_model_dir, served_model_name="tiny", mode="subprocess", max_model_len=512
+    ) as eng:
         sync = DiskSync(dir=str(tmp_path / "push")).bind(eng)
         module = lora_module(tiny_model_dir, sync)
         step(module, sample_group(eng, "g", prompt_ids(6, 11), seed=3))
@@ -145,7 +149,9 @@ def test_subprocess_engine_loads_the_adapter_folder(tiny_model_dir, tmp_path) ->
         assert eng.policy_version() == 1
 
 
-def test_gateway_asks_for_the_newest_adapter_and_records_its_version(tiny_model_dir, fresh_engine, tmp_path) -> None:
+def test_gateway_asks_for_the_newest_adapter_and_records_its_version(
+    tiny_model_dir, fresh_engine, tmp_path
+) -> None:
     with Gateway([fresh_engine.url], tmp_path / "t.db") as gw:
         s = gw.create_session()
         client = openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="unused", max_retries=0)
@@ -168,7 +174,9 @@ def test_resume_from_a_lora_checkpoint(tiny_model_dir, fresh_engine, rows, tmp_p
     class Recording(EmbeddedStateDictSync):
         def push(self, model):
             named = model.named_parameters()  # a PeftModel's: base_model.model.<HF name>
-            pushed.append({n.removeprefix("base_model.model."): p.detach().clone() for n, p in named if "lora_" in n})
+            pushed.append(
+                {n.removeprefix("base_model.model."): p.detach().clone() for n, p in named if "lora_" in n}
+            )
             return super().push(model)
 
     def fit(max_steps: int, ckpt_path=None, lora=LORA) -> GRPOModule:
@@ -209,7 +217,9 @@ def test_export_writes_the_adapter_and_the_merged_model(tiny_model_dir, rows, tm
         global_rank, datamodule = 0, None
 
     ExportModel(str(tmp_path / "model"), str(tmp_path / "adapter")).on_fit_end(Run(), module)
-    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file() and not (tmp_path / "model").exists()
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file() and not (
+        tmp_path / "model"
+    ).exists()
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["lora_alpha"] == 8
     peft = PeftModel.from_pretrained(load_model(tiny_model_dir), str(tmp_path / "adapter")).eval()

@@ -283,7 +283,9 @@ class GRPOModule(L.LightningModule):
         else:
             if old is None:
                 old, ent, ref = self._old_logprobs(batch, prep.sampling)
-            tis_w, keep_w, corr = self._corrections(old, batch.behavior_logprobs, mask, prep.segments, tok_adv)
+            tis_w, keep_w, corr = self._corrections(
+                old, batch.behavior_logprobs, mask, prep.segments, tok_adv
+            )
         t1 = time.perf_counter()
         seen = _Seen.zeros(mask, self.tis, self.off_policy_mask) if fused else None
         stats = self._optimise(batch, prep, optimizer, scheduler, mask, tok_adv, old, ref, corr, seen)
@@ -365,7 +367,11 @@ class GRPOModule(L.LightningModule):
         rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
         with self._reference(batch.input_ids.device) as ref_model:
             for idx in self._micro(rows, batch):
-                kw = {"sampling": sampling[idx], "chunk_tokens": self.logprob_chunk_tokens, "need": sampled[idx]}
+                kw = {
+                    "sampling": sampling[idx],
+                    "chunk_tokens": self.logprob_chunk_tokens,
+                    "need": sampled[idx],
+                }
                 refs.append(token_logprobs(ref_model, *self._inputs(batch, idx), **kw)[0])
         return torch.cat(refs)
 
@@ -403,7 +409,7 @@ class GRPOModule(L.LightningModule):
             for k in ("loss", "kl", "clipped", "tokens")
         }
         norms: list[float] = []
-        push_s = 0.0
+        push_s, push_bytes = 0.0, 0
         world = self._world()
         for _ in range(self.epochs):
             order = (
@@ -420,13 +426,25 @@ class GRPOModule(L.LightningModule):
                 # x len(mbs): each optimiser step carries its share of the batch at full scale.
                 for idx in mine:
                     self._micro_step(
-                        batch, prep, idx, weights[idx] * len(mbs), mask, tok_adv, old, ref, corr, sums,
-                        grad_scale=world, seen=seen,
+                        batch,
+                        prep,
+                        idx,
+                        weights[idx] * len(mbs),
+                        mask,
+                        tok_adv,
+                        old,
+                        ref,
+                        corr,
+                        sums,
+                        grad_scale=world,
+                        seen=seen,
                     )
                 for _ in range(pad):
                     self._backward(self._touch_all())
                 norms.append(self._step(optimizer, scheduler))
-                push_s += self._maybe_push()
+                if not self.optimizer_steps % self.push_every:
+                    push_s += self._timed_push()
+                    push_bytes += self.weight_sync.pushed_bytes if self.weight_sync is not None else 0
         steps = max(len(norms), 1)
         if world > 1:  # every rank saw only its share
             keys = list(sums)
@@ -439,6 +457,7 @@ class GRPOModule(L.LightningModule):
             "train/grad_norm": sum(norms) / steps,
             "train/optimizer_steps": float(len(norms)),
             "train/push_s": push_s,
+            "train/push_mb": push_bytes / 1e6,  # the adapter alone with LoRA
             "train/lr": float(optimizer.param_groups[0]["lr"]),
         }
 
@@ -458,7 +477,9 @@ class GRPOModule(L.LightningModule):
             old_mb, corr_mb = old[idx], (corr[idx] if corr is not None else None)
         else:
             old_mb = logp.detach()
-            tis_mb, keep_mb, corr_mb = self._corrections(old_mb, batch.behavior_logprobs[idx], m, segments, tok_adv[idx])
+            tis_mb, keep_mb, corr_mb = self._corrections(
+                old_mb, batch.behavior_logprobs[idx], m, segments, tok_adv[idx]
+            )
             seen.record(idx, old_mb, ent.detach(), tis_mb, keep_mb)
         per_token, clipped = self.policy_loss(logp, old_mb, tok_adv[idx], m, segments)
         if corr_mb is not None:
@@ -524,9 +545,7 @@ class GRPOModule(L.LightningModule):
         self.optimizer_steps += 1
         return norm
 
-    def _maybe_push(self) -> float:
-        if self.optimizer_steps % self.push_every:
-            return 0.0
+    def _timed_push(self) -> float:
         t = time.perf_counter()
         if self.weight_sync is not None:
             self._push()  # an unbound sync raises: a silent no-push would fake learning
@@ -613,7 +632,9 @@ class _Seen:
     @classmethod
     def zeros(cls, mask: torch.Tensor, tis: Any, off_policy_mask: Any) -> _Seen:
         z = functools.partial(torch.zeros_like, mask, dtype=torch.float32)
-        return cls(z(), z(), z(), z() if tis is not None else None, z() if off_policy_mask is not None else None)
+        return cls(
+            z(), z(), z(), z() if tis is not None else None, z() if off_policy_mask is not None else None
+        )
 
     def record(self, idx: torch.Tensor, old: torch.Tensor, ent: torch.Tensor, tis_w, keep_w) -> None:
         self.old[idx], self.ent[idx], self.covered[idx] = old, ent, 1.0

@@ -42,6 +42,7 @@ class WeightSync(Protocol):
     """Moves the trainer's weights into the engine."""
 
     engine: Engine | None
+    pushed_bytes: int  # what the last push moved (tensor bytes); 0 when nothing or not known
 
     def bind(self, engine: Engine) -> Self:
         """Called once when the engine is known, before the first push; returns self."""
@@ -83,6 +84,10 @@ def adapter_payload(model: nn.Module, dtype: torch.dtype | None) -> tuple[dict[s
     return tensors, {**config, "inference_mode": True}
 
 
+def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def _dtype(name: str | None) -> torch.dtype | None:
     if name is None:
         return None
@@ -96,6 +101,7 @@ class _Bound:
     """Shared engine binding."""
 
     engine: Engine | None = None
+    pushed_bytes: int = 0
 
     def bind(self, engine: Engine) -> Self:
         self.engine = engine
@@ -124,8 +130,12 @@ class EmbeddedStateDictSync(_Bound):
 
     def push(self, model: nn.Module) -> int:
         if is_adapter(model):
-            return int(self._engine().update_adapter(*adapter_payload(model, self.dtype)))
-        return int(self._engine().update_weights_from_state_dict(hf_state_dict(model, self.dtype)))
+            tensors, config = adapter_payload(model, self.dtype)
+            self.pushed_bytes = nbytes(tensors)
+            return int(self._engine().update_adapter(tensors, config))
+        state = hf_state_dict(model, self.dtype)
+        self.pushed_bytes = nbytes(state)
+        return int(self._engine().update_weights_from_state_dict(state))
 
 
 class DiskSync(_Bound):
@@ -148,8 +158,9 @@ class DiskSync(_Bound):
             tensors, config = adapter_payload(model, self.dtype)
             write, load = functools.partial(save_adapter, tensors, config), engine.update_adapter_from_disk
         else:
-            write = functools.partial(save_state_dict, hf_state_dict(model, self.dtype))
-            load = engine.update_weights_from_disk
+            tensors = hf_state_dict(model, self.dtype)
+            write, load = functools.partial(save_state_dict, tensors), engine.update_weights_from_disk
+        self.pushed_bytes = nbytes(tensors)
         if self.dir is None:
             with tempfile.TemporaryDirectory(prefix="polar-push-") as tmp:
                 write(Path(tmp))
@@ -296,6 +307,7 @@ class VLLMWeightTransferSync(_Bound):
             self._init(model)
         if self.pause is not None:
             self._routes.pause(self.pause)
+        self.pushed_bytes = nbytes(dict(model.named_parameters()))
         try:
             self._transfer.send_weights()  # start_weight_update, update_weights (+ broadcast), finish
             version = self.policy_version() + 1
