@@ -20,10 +20,12 @@ one summary line of the adapter / full ratios.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import httpx
 import torch
@@ -61,7 +63,7 @@ class Probe:
                 if r.status_code == 200:
                     self.done.append(time.perf_counter())
 
-    def __enter__(self) -> Probe:
+    def __enter__(self) -> Self:
         self._thread.start()
         time.sleep(1.0)
         return self
@@ -71,7 +73,7 @@ class Probe:
         self._thread.join()
 
     def round_trip(self) -> float:
-        gaps = [b - a for a, b in zip(self.done, self.done[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(self.done)]
         return statistics.median(gaps) if gaps else 0.0
 
     def longest_gap(self, t0: float, t1: float) -> float:
@@ -80,7 +82,7 @@ class Probe:
         marks = ([before[-1]] if before else [t0]) + [t for t in inside if t <= t1]
         after = [t for t in inside if t > t1]
         marks.append(after[0] if after else t1)
-        return max(b - a for a, b in zip(marks, marks[1:], strict=False))
+        return max(b - a for a, b in itertools.pairwise(marks))
 
 
 def payload_bytes(model, is_adapter: bool) -> int:

@@ -22,8 +22,8 @@ from polar_pl.gateway.handle import Gateway
 from polar_pl.module.export import ExportModel, export_merged, hf_from_checkpoint
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.logprobs import scorable, token_logprobs
-from polar_pl.module.losses import kl_k3
 from polar_pl.module.lora import LoraSpec
+from polar_pl.module.losses import kl_k3
 from polar_pl.module.model import load_model
 from polar_pl.module.prepare import prepare
 from polar_pl.module.weight_sync import DiskSync, EmbeddedStateDictSync, hf_state_dict, nbytes
