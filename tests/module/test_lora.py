@@ -26,7 +26,13 @@ from polar_pl.module.lora import LoraSpec
 from polar_pl.module.losses import kl_k3
 from polar_pl.module.model import load_model
 from polar_pl.module.prepare import prepare
-from polar_pl.module.weight_sync import DiskSync, EmbeddedStateDictSync, hf_state_dict, nbytes
+from polar_pl.module.weight_sync import (
+    DiskSync,
+    EmbeddedStateDictSync,
+    VLLMWeightTransferSync,
+    hf_state_dict,
+    nbytes,
+)
 
 LORA = {"rank": 4, "alpha": 8}
 
@@ -61,6 +67,8 @@ def test_bad_lora_config_names_the_key(tiny_model_dir) -> None:
             LoraSpec.from_config(cfg)
     with pytest.raises(ValueError, match="module.lora.target_modules=.*no_such_proj"):
         GRPOModule(tiny_model_dir, lora={"rank": 4, "target_modules": ["no_such_proj"]})
+    with pytest.raises(ValueError, match="VLLMWeightTransferSync cannot push a LoRA adapter"):
+        GRPOModule(tiny_model_dir, lora=LORA, weight_sync=VLLMWeightTransferSync())
 
 
 def test_only_the_adapter_trains_and_is_checkpointed(tiny_model_dir, rows) -> None:

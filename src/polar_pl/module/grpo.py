@@ -165,7 +165,7 @@ class GRPOModule(L.LightningModule):
         self.lr, self.weight_decay, self.betas, self.adam_eps = lr, weight_decay, tuple(betas), adam_eps
         self.lr_scheduler, self.grad_clip, self.temperature = lr_scheduler, grad_clip, temperature
         self.push_every, self.weight_sync, self.seed = int(push_every), weight_sync, seed
-        adapters_ok = weight_sync is None or getattr(weight_sync, "pushes_adapters", False)
+        adapters_ok = weight_sync is None or weight_sync.pushes_adapters
         if self.lora is not None and not adapters_ok:
             raise ValueError(
                 f"module.weight_sync={type(weight_sync).__name__} cannot push a LoRA adapter (module.lora.rank="

@@ -43,6 +43,7 @@ class WeightSync(Protocol):
 
     engine: Engine | None
     pushed_bytes: int  # what the last push moved (tensor bytes); 0 when nothing or not known
+    pushes_adapters: bool  # whether push() takes a PeftModel and sends its adapter alone
 
     def bind(self, engine: Engine) -> Self:
         """Called once when the engine is known, before the first push; returns self."""
@@ -102,6 +103,7 @@ class _Bound:
 
     engine: Engine | None = None
     pushed_bytes: int = 0
+    pushes_adapters: bool = False
 
     def bind(self, engine: Engine) -> Self:
         self.engine = engine
