@@ -268,3 +268,31 @@ def test_real_model_trains_a_few_steps_with_held_out_eval_and_export(smollm2_mod
         }
         answer = httpx.post(f"{engine.base_url}/chat/completions", json=body, timeout=120)
     assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
+
+
+def test_lora_run_pushes_the_adapter_and_exports_it(tiny_model_dir, tmp_path):
+    """`train.py module.lora.rank=4`: every step pushes the adapter alone (a fraction of the full
+    weights' bytes), the engine's logprobs of fresh samples equal the trainer's, and the run ends
+    with the adapter in PEFT's format and the merged model beside it."""
+    run = tmp_path / "lora"
+    train(
+        "debug=fast", "steps=2", "module.lora.rank=4", "module.lora.lr=1e-2", "module.lora.export_merged=true",
+        "datamodule.max_staleness=0", "module.filter_zero_variance=false",
+        "+callbacks.export_model._target_=polar_pl.module.export.ExportModel",
+        f"+callbacks.export_model.out_dir={run}/model", f"hydra.run.dir={run}",
+    )  # fmt: skip
+    rows = [r for r in metrics(run) if r.get("train/push_mb")]
+    assert [int(float(r["train/policy_version"])) for r in rows] == [1, 2]
+    full_mb = sum(p.stat().st_size for p in tiny_model_dir.glob("*.safetensors")) / 1e6
+    assert all(0 < float(r["train/push_mb"]) < 0.2 * full_mb for r in rows), (rows, full_mb)
+    fresh = [float(r["train/logprob_gap_mean"]) for r in rows if float(r["train/staleness_max"]) == 0]
+    assert fresh and max(fresh) < 0.01
+    # calls after the first push asked for the adapter by name and were recorded with its version
+    from polar_pl.gateway.store.traces import TraceReader
+    from polar_pl.utils.adapters import adapter_version
+
+    with TraceReader(run / "traces.db") as store:
+        served = {(r.normalized_request["model"], r.policy_version) for r in store.records()}
+    adapters = {(adapter_version(m), v) for m, v in served if adapter_version(m) is not None}
+    assert adapters and all(a == v for a, v in adapters), served
+    assert (run / "adapter" / "adapter_config.json").exists() and (run / "model" / "config.json").exists()
