@@ -18,7 +18,8 @@ With LoRA (`module.lora`) the module pushes its `PeftModel`, and `EmbeddedStateD
 `DiskSync` send the adapter alone: its A / B tensors and adapter_config.json, in memory
 (`engine.update_adapter`) or as a PEFT folder (`engine.update_adapter_from_disk`); the engine
 serves base + adapter (`<served>-lora-v<version>`). For SmolLM2-135M at rank 16 on every linear
-layer that is 19.6 MB instead of 538 MB (bench/push.py). `pushes_adapters` says a sync can.
+layer that is 19.6 MB instead of 651 MB, and into vLLM's CPU build 0.5 s instead of 5.7 s
+(bench/push.py). `pushes_adapters` says a sync can.
 """
 
 from __future__ import annotations
