@@ -319,11 +319,3 @@ def _log_first(result: RolloutResult) -> None:
         f": {result.error}" if result.error else "",
     )  # fmt: skip
 
-
-def run_groups(service_factory: Callable[[], RolloutService], n: int, timeout: float) -> list[Group]:
-    """Start a service, take n groups, stop it (for one-shot uses such as data generation)."""
-    service = service_factory().start()
-    try:
-        return service.next_groups(n, timeout=timeout)
-    finally:
-        service.stop()
