@@ -38,7 +38,7 @@ export POLAR_HARNESS_PREFIX := $(abspath $(HARNESS_PREFIX))
 
 .PHONY: train test env test-env vllm-env model real-model harness-clis harness-models sandbox-deps docker-deps browser-deps lint
 
-train: env model sandbox-deps $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis .cache/tiny-model-$(TRAIN_HARNESS)/config.json)
+train: env model sandbox-deps $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis)
 	$(BIN)/python train.py $(ARGS)
 
 # Three xdist workers on the 2-core machine: much of the suite waits on processes (CLIs,
@@ -96,7 +96,7 @@ $(CLAUDE_CASE_MODEL)/config.json: $(MODEL)/config.json src/polar_pl/tinymodel/ha
 
 # The generic warm start (chat and tool-call formats, ~3 CPU min), then one model per CLI that
 # bench/cli_learning.py trains (~3 CPU min each: the CLI's real request is captured, the model is
-# tuned inside it). `make train ARGS="harness=pi"` builds the one it needs.
+# tuned inside it). `make train ARGS="harness=pi experiment=cli_tiny"` builds the one it needs on first use.
 harness-models: $(foreach h,$(BENCH_HARNESSES),.cache/tiny-model-$(h)/config.json)
 $(WARM_MODEL)/config.json: | env
 	$(BIN)/polar-pl tiny-model --out $(WARM_MODEL) --warm-start

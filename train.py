@@ -8,15 +8,27 @@
 
 from __future__ import annotations
 
+import logging
+
 import hydra
 from omegaconf import DictConfig
 
-from polar_pl.training import train
+from polar_pl.errors import ConfigError, RunFailed
+from polar_pl.preflight import preflight
+
+log = logging.getLogger("polar_pl.train")
 
 
 @hydra.main(version_base=None, config_path="pkg://polar_pl.conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    metrics = train(cfg)
+    try:
+        preflight(cfg)  # in seconds: a config that cannot work stops before torch and Lightning load
+        from polar_pl.training import train
+
+        metrics = train(cfg)
+    except (ConfigError, RunFailed) as exc:  # why the run cannot go on: its last line, exit 1
+        log.error("%s", exc)
+        raise SystemExit(1) from None
     return metrics.get("rollout/reward_mean")
 
 

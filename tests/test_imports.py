@@ -1,4 +1,4 @@
-"""The arrows that must never exist (DESIGN.md, "Packages"), checked on the source: every import
+"""The arrows that must never exist (docs/architecture.md, "The parts"), checked on the source: every import
 statement in src/polar_pl, at any depth (function-level imports count too), resolved to the
 polar_pl package it names."""
 

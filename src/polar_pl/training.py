@@ -21,15 +21,23 @@ from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
 from polar_pl.datamodule.progress import LiveProgress
 from polar_pl.engine.replicas import EngineReplicas
 from polar_pl.monitor.noise import quiet
+from polar_pl.preflight import preflight
 from polar_pl.shutdown import GracefulShutdown
 
 log = logging.getLogger(__name__)
 
 
 def build_parts(cfg: DictConfig) -> dict[str, Any]:
-    """Instantiate harness, sandbox factory, tasks, evaluator, merge builder, engine, datamodule."""
+    """Instantiate harness, sandbox factory, tasks, evaluator, merge builder, engine, datamodule;
+    the harness prefix is checked first, and a missing pretrained or warm-started model built
+    before the engine."""
+    preflight(cfg)
     rollout = instantiate(cfg.rollout) if cfg.get("rollout") else None
     harness = instantiate(cfg.harness)
+    if cfg.get("pretrained"):
+        ensure_pretrained_model(cfg)
+    if cfg.get("warm_start"):  # a CLI's warm start runs that CLI: after the check
+        ensure_warm_model(cfg)
     sandbox = instantiate(cfg.sandbox)
     source = instantiate(cfg.task)
     tasks = source.tasks()
@@ -118,10 +126,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
         torch.set_num_threads(int(cfg.torch_threads))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     sweep_leftovers(cfg)
-    if cfg.get("pretrained"):
-        ensure_pretrained_model(cfg)
-    if cfg.get("warm_start"):
-        ensure_warm_model(cfg)
     parts: dict[str, Any] = {}
     loggers: list = []
     checkpoint = Path(cfg.trainer.default_root_dir) / "checkpoints" / "last.ckpt"

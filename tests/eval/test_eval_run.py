@@ -70,7 +70,9 @@ def test_eval_scores_every_attempt_and_writes_the_report(tiny_model_dir, tmp_pat
     assert summary["label"] == "base" and summary["attempts"] == LIMIT * N and summary["tasks"] == LIMIT
     rows = [json.loads(x) for x in (out / "tasks.jsonl").read_text().splitlines()]
     assert {r["task_id"]: r["c"] for r in rows}["arith-test-0000"] == 1
-    assert (out / "pass_at_k.png").stat().st_size > 0 and "| base | 6 | 2 |" in (out / "summary.md").read_text()
+    assert (out / "pass_at_k.png").stat().st_size > 0 and "| base | 6 | 2 |" in (
+        out / "summary.md"
+    ).read_text()
     logged = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     assert sorted(g["seq"] for g in logged) == list(range(LIMIT))
     assert all(a["answer"].startswith(g["prompt"].split("?")[0]) for g in logged for a in g["attempts"])
@@ -107,9 +109,30 @@ def test_compare_gives_the_paired_difference(tiny_model_dir, tmp_path) -> None:
         outs[label] = tmp_path / label
     comparison = json.loads((outs["trained"] / "comparison.json").read_text())
     gain = expected_pass({0, 1, 2, 3})[0] - expected_pass({0})[0]
-    assert comparison["pass@1_diff"]["mean"] == pytest.approx(gain) and comparison["pass@1_diff"]["tasks"] == LIMIT
+    assert (
+        comparison["pass@1_diff"]["mean"] == pytest.approx(gain)
+        and comparison["pass@1_diff"]["tasks"] == LIMIT
+    )
     cli = subprocess.run(
         [sys.executable, "-m", "polar_pl.cli", "eval", "--compare", str(outs["base"]), str(outs["trained"])],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "paired difference of pass@1 (trained - base) over 6 tasks: 50.0" in cli.stdout
+
+
+def test_an_evaluation_whose_sandboxes_cannot_start_stops_instead_of_scoring_zero(
+    tiny_model_dir, tmp_path
+) -> None:
+    """Attempts the infrastructure failed say nothing about the model: they are never counted as
+    wrong answers, and when the first task's attempts all fail alike the evaluation stops with that
+    failure (as a training run does) and records nothing, so a rerun starts clean."""
+    from polar_pl.datamodule.failfast import RolloutsFailing
+
+    missing, calls = tmp_path / "no-such-folder", Counter()
+    with serve_scripted(scripted(set(), calls), model_dir=tiny_model_dir) as upstream:
+        cfg = eval_cfg(upstream, tmp_path / "ev", tiny_model_dir, f"sandbox.base_dir={missing}")
+        with pytest.raises(RolloutsFailing, match=f"No such file or directory: '{missing}/"):
+            evaluate(cfg)
+    assert sum(calls.values()) == 0
+    log = tmp_path / "ev" / "rollouts.jsonl"
+    assert not log.exists() or not log.read_text().strip()

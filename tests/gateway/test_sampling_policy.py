@@ -17,11 +17,11 @@ def engine(tiny_model_dir):
         yield srv
 
 
-def calls(engine, tmp_path, tiny_model_dir, policy: str, faithful: bool):
+def calls(engine, tmp_path, tiny_model_dir, policy: str, faithful: bool, **options):
     engine.backend.requests.clear()
     with Gateway(
         [engine.url], tmp_path / f"{policy}-{faithful}.db", tokenizer_dir=tiny_model_dir,
-        token_faithful=faithful, sampling=policy,
+        token_faithful=faithful, sampling=policy, **options,
     ) as gw:  # fmt: skip
         s = gw.create_session()
         client = openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="unused", max_retries=0)
@@ -51,6 +51,15 @@ def test_pinned_sends_the_raw_distribution(engine, tmp_path, tiny_model_dir) -> 
     assert (
         "sampling pinned: temperature 0.7 -> 1.0" in notes[0] and "sampling pinned: top_k 5 -> -1" in notes[1]
     )
+
+
+def test_pinned_at_a_run_chosen_temperature(engine, tmp_path, tiny_model_dir) -> None:
+    """The run, not each CLI, picks what the policy samples from (a real model rambles at 1.0)."""
+    sent, recorded, notes = calls(engine, tmp_path, tiny_model_dir, "pinned", True, pinned_temperature=0.6)
+    assert sent == recorded == [(0.6, 1.0, -1)] * 3
+    assert "sampling pinned: temperature 0.7 -> 0.6" in notes[0] and "sampling pinned: temperature 1.0" not in str(notes)
+    with pytest.raises(ValueError, match="pinned_temperature"):
+        Gateway([engine.url], tmp_path / "t.db", pinned_temperature=0)
 
 
 def test_unknown_policy_names_the_option(engine, tmp_path) -> None:

@@ -73,20 +73,44 @@ def test_debug_fast_composes_with_every_harness(name):
     assert cfg.datamodule.gateway_options.max_tokens_cap == 8 and cfg.steps == 2
 
 
-@pytest.mark.parametrize("name", [n for n in SUPPORTED if n != "mini"])
-def test_cli_defaults_come_from_the_harness_conf(name, monkeypatch):
-    """Each CLI's own defaults (chosen by measurement, conf/harness/<name>.yaml) win over the
-    datamodule's: its warm-started model, group size, timeout, response cap and cap policy."""
+def _composed(*overrides: str, monkeypatch=None):
     from hydra.core.hydra_config import HydraConfig
 
-    monkeypatch.setenv("POLAR_MODEL_CACHE", "/models")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"harness={name}"], return_hydra_config=True)
+        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+@pytest.mark.parametrize("name", [n for n in SUPPORTED if n != "mini"])
+def test_cli_tiny_recipe_comes_from_its_experiment(name, monkeypatch):
+    """The tiny model's CPU recipe for CLIs (experiment=cli_tiny) wins over the datamodule's: the
+    CLI's warm-started model, group size, timeout, response cap and cap policy."""
+    monkeypatch.setenv("POLAR_MODEL_CACHE", "/models")
+    cfg = _composed(f"harness={name}", "experiment=cli_tiny")
     assert cfg.warm_start.harness == name and cfg.model_dir == f"/models/tiny-model-{name}"
-    assert cfg.datamodule.group_size == 4 and cfg.datamodule.pools.run_timeout_s in (300, 600)
+    assert cfg.datamodule.group_size == 4 and cfg.datamodule.pools.run_timeout_s == 600
     assert cfg.datamodule.options.timeout_policy == "mask"
-    assert cfg.datamodule.gateway_options.cap_policy == "end_turn"
+    assert cfg.datamodule.gateway_options.cap_policy == "end_turn" and cfg.module.lr == 1e-2
+
+
+@pytest.mark.parametrize("name", list(SUPPORTED))
+def test_a_harness_only_says_how_to_launch_its_cli(name, monkeypatch):
+    """`module=grpo_gpu harness=claude_code` (the README's GPU line) trained at the harness conf's
+    tiny-model lr 1e-2 on a 64-token cap: a harness group now sets nothing but the harness, so the
+    module, cap and model are the ones chosen elsewhere: grpo_gpu's, the real-model experiment's."""
+    monkeypatch.setenv("POLAR_MODEL_CACHE", "/models")
+    base = _composed("module=grpo_gpu")
+    cfg = _composed(f"harness={name}", "module=grpo_gpu")
+    assert cfg.module.lr == 1e-6 and cfg.module.weight_decay == 0.01
+    assert cfg.datamodule == base.datamodule and cfg.model_dir == base.model_dir and cfg.warm_start is None
+    for experiment in ("smollm2", "smollm2_tools"):
+        real = _composed(f"experiment={experiment}", f"harness={name}")
+        alone = _composed(f"experiment={experiment}")
+        assert real.model_dir == "/models/smollm2-135m-instruct" and real.pretrained == "smollm2"
+        assert real.module.lr == alone.module.lr and real.module.lr < 1e-4
+        assert real.datamodule == alone.datamodule and real.datamodule.gateway_options.max_tokens_cap < 128
+        assert instantiate(real.harness).name == name
 
 
 def test_unknown_names_are_value_errors():
@@ -100,6 +124,19 @@ def test_unknown_names_are_value_errors():
 def test_yaml_pins_match_the_specs(name):
     h = _harness(f"harness={name}")
     assert h.version == type(h).pinned and h.version[0].isdigit()
+
+
+@pytest.mark.parametrize("name", [n for n in HARNESSES if n != "mini"])
+def test_the_pinned_version_installs_from_its_lockfile(name):
+    """A fresh install is the tree that was tested: its lockfile names the pinned package at the
+    pinned version, with every dependency resolved (a range once resolved to a version the
+    registry did not serve yet and every fresh `make test` failed). Another version has none."""
+    h = build_harness(name)
+    lock = json.loads(h.lockfile().read_text())
+    assert lock["packages"][""]["dependencies"] == {h.package: h.pinned}
+    assert lock["packages"][f"node_modules/{h.package}"]["version"] == h.pinned
+    assert all(p["version"] for k, p in lock["packages"].items() if k)
+    assert build_harness(name, version="0.0.1").lockfile() is None
 
 
 def test_codex_config_points_at_the_session():

@@ -145,7 +145,7 @@ def test_counters_round_trip_through_a_checkpoint() -> None:
     module.optimizer_steps, module.skipped_batches, module.own_version = 4, 2, 3
     ckpt: dict = {}
     module.on_save_checkpoint(ckpt)
-    assert ckpt == {"grpo": {"optimizer_steps": 4, "skipped_batches": 2, "own_version": 3}}
+    assert ckpt == {"grpo": {"optimizer_steps": 4, "skipped_batches": 2, "own_version": 3, "lora": None}}
     other = GRPOModule(model=small_model())
     other.on_load_checkpoint(ckpt)
     assert (other.optimizer_steps, other.skipped_batches, other.own_version) == (4, 2, 3)

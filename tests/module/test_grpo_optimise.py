@@ -16,7 +16,7 @@ from polar_pl.datamodule.collate import collate
 from polar_pl.module import losses, offpolicy
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.segments import call_segments
-from polar_pl.module.weight_sync import EmbeddedStateDictSync
+from polar_pl.module.weight_sync import EmbeddedStateDictSync, hf_state_dict, nbytes
 
 # One row per sequence (mode "pad"); row i trains i + 1 tokens, so a micro-batch's mask row sums
 # name its sequences. Rewards differ: no group is filtered.
@@ -133,6 +133,7 @@ def test_push_time_sums_every_push() -> None:
     mod = module(Seen(), minibatches=2, weight_sync=EmbeddedStateDictSync(engine))
     m = mod.update(collate(ROWS, mode="pad"), mod.configure_optimizers())
     assert engine.pushed == 2 and 0.1 <= m["train/push_s"] < 5.0
+    assert m["train/push_mb"] == pytest.approx(2 * nbytes(hf_state_dict(mod.model)) / 1e6)
     assert m["train/policy_version"] == 2.0
 
 
@@ -182,7 +183,7 @@ def test_update_metrics_by_hand(minibatches, epochs) -> None:
         return float((x * mask).sum() / 21)
 
     assert set(m) == {
-        "train/loss", "train/clip_frac", "train/kl", "train/grad_norm", "train/optimizer_steps", "train/push_s",
+        "train/loss", "train/clip_frac", "train/kl", "train/grad_norm", "train/optimizer_steps", "train/push_s", "train/push_mb",
         "train/lr", "train/logprob_gap_mean", "train/ratio_p05", "train/ratio_p50", "train/ratio_p95",
         "train/staleness_mean", "train/staleness_max", "train/entropy", "train/advantage_abs_mean",
         "train/rollouts", "train/side_rollouts", "train/truncated_calls", "train/tokens_per_s",

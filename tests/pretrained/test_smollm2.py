@@ -17,7 +17,11 @@ TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run a command.",
     "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
 }}]  # fmt: skip
-CALL = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "echo $((6*7))"}'}}
+CALL = {
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "bash", "arguments": '{"command": "echo $((6*7))"}'},
+}
 
 
 @pytest.fixture(scope="module")

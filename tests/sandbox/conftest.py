@@ -52,6 +52,12 @@ def make_sandbox(request):
     return _factory(request.param, request)
 
 
+@pytest.fixture(params=["bwrap", "docker"])
+def make_isolated(request):
+    """The isolating backends, built with given constructor options: `make_isolated(**options)`."""
+    return lambda **options: _factory(request.param, request, **options)()
+
+
 @pytest.fixture
 def sandbox(make_sandbox):
     sb = make_sandbox()

@@ -27,7 +27,9 @@ def test_held_out_split_is_fixed_and_never_trained_on(family) -> None:
     for seed in range(3):
         train = split_tasks(family, "train", 3000, seed=seed)
         assert not held & set(problems(train)), seed
-    assert problems(split_tasks(family, "train", 50, seed=1)) != problems(split_tasks(family, "train", 50, seed=2))
+    assert problems(split_tasks(family, "train", 50, seed=1)) != problems(
+        split_tasks(family, "train", 50, seed=2)
+    )
 
 
 def test_arith_ranges_and_answers() -> None:
@@ -72,13 +74,17 @@ def test_tools_tasks_are_scored_from_the_workspace(tmp_path) -> None:
     read = next(t for t in tasks if t.extra["problem"][1] == "file")
     want = compute.answer_check.params["value"]
     assert score_answer(compute, "whatever it says", _patch_creating("result.txt", f"{want}\n")) == 1.0
-    assert score_answer(compute, str(want), _patch_creating("other.txt", str(want))) == 0.0  # saying is not doing
+    assert (
+        score_answer(compute, str(want), _patch_creating("other.txt", str(want))) == 0.0
+    )  # saying is not doing
     assert file_integer(_patch_creating("result.txt", "12"), {"path": "result.txt", "value": 13}) == 0.0
     # the read task's setup writes data.txt with the value on the line the prompt names
     subprocess.run(["bash", "-c", read.setup_commands[0]], cwd=tmp_path, check=True)
     a, _, line = read.extra["problem"]
     data = (tmp_path / "data.txt").read_text().splitlines()
-    assert len(data) == 9 and data[line - 1] == f"item {line}: {a}" and f"item {line}" in read.problem_statement
+    assert (
+        len(data) == 9 and data[line - 1] == f"item {line}: {a}" and f"item {line}" in read.problem_statement
+    )
     assert read.answer_check.params["value"] == a
 
 
@@ -89,3 +95,18 @@ def test_bad_settings_name_the_key() -> None:
         ArithTaskSource(split="dev")
     with pytest.raises(ValueError, match="task.n_tasks"):
         split_tasks("arith", "test", TEST_SIZE + 1)
+
+
+@pytest.mark.parametrize(("answer", "reward"), [
+    ("234", 1.0), ("so 234.", 1.0), ("224", 0.5 / 3), ("216", 0.0), ("1234", 0.375), ("34", 0.5 * 2 / 3),
+    ("no number", 0.0), ("234.5", 0.0),
+])  # fmt: skip
+def test_partial_credit_counts_trailing_digits_and_only_exact_passes(answer, reward) -> None:
+    assert final_integer(answer, {"value": 234, "partial": True}) == pytest.approx(reward)
+    assert final_integer(answer, {"value": 234}) == (1.0 if reward == 1.0 else 0.0)
+
+
+def test_only_train_tasks_give_partial_credit() -> None:
+    assert all(t.answer_check.params["partial"] for t in split_tasks("arith", "train", 20, partial=True))
+    assert not any(t.answer_check.params.get("partial") for t in split_tasks("arith", "test"))
+    assert not ArithTaskSource(split="test", partial=True).tasks()[0].answer_check.params["partial"]

@@ -25,7 +25,9 @@ import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
 from polar_pl.datamodule.collate import TrainBatch, collate
+from polar_pl.datamodule.failfast import FailFast
 from polar_pl.datamodule.pools import INFRA_FAILURE, PoolSizes
+from polar_pl.datamodule.progress import waiting_line
 from polar_pl.datamodule.rollout import RolloutOptions
 from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.datamodule.service import Group, RolloutsStopped
@@ -59,6 +61,11 @@ class RolloutDataModule(L.LightningDataModule):
     engine_down_s: an engine that has not answered its health check for this long while the
         trainer waits for rollouts ends the run (`PartDown`; rollout=local) instead of failing every rollout
         for ever; so does a gateway whose server stopped.
+    fail_fast_after: when the run's first this-many rollouts all failed the same way (an
+        infrastructure failure: failfast.py), the run stops with that failure (`RolloutsFailing`);
+        None: one group's worth (group_size); 0: never.
+    wait_log_s: while the trainer waits for a batch, a line every this many seconds says what it
+        waits on (rollouts running, finished, failed, the last failure); None: silent.
     """
 
     def __init__(
@@ -89,6 +96,8 @@ class RolloutDataModule(L.LightningDataModule):
         pause_on_push: str | None = "keep",
         rollout: RolloutBackend | None = None,
         engine_down_s: float = 15.0,
+        fail_fast_after: int | None = None,
+        wait_log_s: float | None = 30.0,
     ) -> None:
         super().__init__()
         self.engine, self.sandbox, self.harness = engine, sandbox, harness
@@ -131,6 +140,10 @@ class RolloutDataModule(L.LightningDataModule):
         self.engine_down_s = engine_down_s
         self._checked_at = 0.0
         self._engine_down_since: float | None = None
+        self.fail_fast = FailFast(group_size if fail_fast_after is None else fail_fast_after)
+        if wait_log_s is not None and wait_log_s <= 0:
+            raise ValueError(f"datamodule.wait_log_s={wait_log_s}: must be > 0 (null: no waiting lines)")
+        self.wait_log_s = wait_log_s
 
     # ---- lifecycle ------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -279,7 +292,8 @@ class RolloutDataModule(L.LightningDataModule):
         flat: list[TrajectoryRow] = []  # rows of groups without signal, trained only if nothing else came
         kept = 0
         while kept < self.groups_per_step:
-            taken = service.next_groups(self.groups_per_step - kept, timeout=timeout, consume=False)
+            taken = self._next_groups(service, self.groups_per_step - kept, timeout)
+            self.fail_fast.see(r for g in taken for r in g.results)
             seqs += [g.seq for g in taken]
             groups += taken
             for g in taken:
@@ -311,6 +325,29 @@ class RolloutDataModule(L.LightningDataModule):
         self._batch_metrics.append(metrics)
         self._batch_groups.append(groups)
         return batch
+
+    def _next_groups(self, service: RolloutClient, n: int, timeout: float | None) -> list[Group]:
+        """`service.next_groups(n)`, with a line every `wait_log_s` saying what it waits on: a run
+        whose rollouts crawl or all fail is never silent, in a log as in a terminal."""
+        t0 = time.monotonic()
+        while True:
+            left = None if timeout is None else timeout - (time.monotonic() - t0)
+            if self.wait_log_s is None or (left is not None and left <= self.wait_log_s):
+                return service.next_groups(n, timeout=left, consume=False)
+            try:
+                return service.next_groups(n, timeout=self.wait_log_s, consume=False)
+            except TimeoutError:
+                pass
+            self._log_waiting(service, time.monotonic() - t0)
+
+    def _log_waiting(self, service: RolloutClient, waited: float) -> None:
+        batch = f"batch {self.batches_done + len(self._issued) + 1}/{self.steps}"
+        try:
+            metrics, last_failure = service.metrics(), service.last_failure()
+        except Exception:  # a status line must not end the run it reports on
+            log.debug("rollout status unavailable", exc_info=True)
+            metrics, last_failure = {}, None
+        log.info("%s", waiting_line(waited, batch, metrics, last_failure))
 
     def shared_batch(self) -> TrainBatch:
         """`next_batch` on rank 0; under a multi-process trainer every rank gets rank 0's batch
@@ -549,6 +586,12 @@ class PausingEngine:
 
     def update_weights_from_disk(self, path: str) -> int:
         return self._paused(self._dm.engine.update_weights_from_disk, path)
+
+    def update_adapter(self, tensors: Any, config: Any) -> int:
+        return self._paused(self._dm.engine.update_adapter, tensors, config)
+
+    def update_adapter_from_disk(self, path: str) -> int:
+        return self._paused(self._dm.engine.update_adapter_from_disk, path)
 
 
 class CommitBatches(L.Callback):

@@ -41,6 +41,22 @@ def render(m: dict[str, float], title: str = "rollouts") -> Table:
     return t
 
 
+def waiting_line(waited_s: float, batch: str, m: dict[str, float], last_failure: str | None) -> str:
+    """One line on what a trainer waiting for rollouts waits on, from the rollout client's
+    gauges: attempts in a stage, finished ones by status, and the last failure's reason."""
+    active = {s: int(m.get(f"pool/{s}_active", 0)) for s in STAGES}
+    prefix = "pool/sessions_"
+    finished = {k.removeprefix(prefix): int(v) for k, v in sorted(m.items()) if k.startswith(prefix) and v}
+    failed = sum(n for status, n in finished.items() if status not in ("ok", "timeout"))
+    stages = ", ".join(f"{s} {n}" for s, n in active.items())
+    by_status = f" ({', '.join(f'{k} {v}' for k, v in finished.items())})" if finished else ""
+    return (
+        f"waiting {waited_s:.0f} s for {batch}: rollouts {sum(active.values())} in progress ({stages}), "
+        f"{sum(finished.values())} finished{by_status}, {failed} failed; "
+        f"last failure: {last_failure or 'none'}"
+    )
+
+
 def _follow_redirect() -> list[tuple[logging.StreamHandler, object]]:
     """Point the log handlers that write to the terminal at Live's stdout/stderr proxies, so log
     lines (the per-step line, start-up lines) print above the table instead of through it.

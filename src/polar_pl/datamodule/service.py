@@ -20,7 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar_pl.datamodule.pools import PoolSizes, RolloutJob, RolloutResult, RolloutStages, StagePools
+from polar_pl.datamodule.pools import OK, PoolSizes, RolloutJob, RolloutResult, RolloutStages, StagePools
+from polar_pl.errors import RunFailed
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class RolloutsStopped(RuntimeError):
     """The service admits no more rollouts (the run is shutting down)."""
 
 
-class PartDown(RuntimeError):
+class PartDown(RunFailed):
     """A part every rollout needs (the engine, the gateway) stopped answering: the run cannot go on."""
 
 
@@ -99,6 +100,7 @@ class RolloutService:
         self.id_prefix = id_prefix or uuid.uuid4().hex[:6]
         self.late_results = 0
         self._first_logged = False
+        self.last_failure: str | None = None  # the latest failed attempt's reason, for status lines
         self._demand = 0
         self._ready: list[Group] = []
         self._cond = threading.Condition()
@@ -281,6 +283,8 @@ class RolloutService:
                 if not self._first_logged:
                     self._first_logged = True
                     _log_first(result)
+                if result.status != OK and result.error:
+                    self.last_failure = f"{result.failed_stage or result.status}: {result.error}"
                 p = pending.get(result.group_id)
                 if p is None:
                     self.late_results += 1  # its group was released at the deadline already
@@ -315,11 +319,3 @@ def _log_first(result: RolloutResult) -> None:
         f": {result.error}" if result.error else "",
     )  # fmt: skip
 
-
-def run_groups(service_factory: Callable[[], RolloutService], n: int, timeout: float) -> list[Group]:
-    """Start a service, take n groups, stop it (for one-shot uses such as data generation)."""
-    service = service_factory().start()
-    try:
-        return service.next_groups(n, timeout=timeout)
-    finally:
-        service.stop()

@@ -1,4 +1,4 @@
-"""Inference engines behind one contract (DESIGN.md, "Engine contract").
+"""Inference engines behind one contract (docs/architecture.md, "Engine contract").
 
 Handles (what the rest of the system holds), `protocol.Engine`:
   embedded.EmbeddedEngine   transformers engine of this package (thread or subprocess)

@@ -6,7 +6,8 @@ a state dict are a direct in-memory copy, no serialization.
 mode="subprocess": `polar-pl engine` in a child process (isolates the GIL from the trainer);
 state-dict updates go through a safetensors directory and POST /update_weights_from_disk.
 Either way the weight route needs `admin_token` (made per engine; the child reads it from its
-environment, not its command line).
+environment, not its command line). LoRA adapters (PEFT format) are merged into the base weights
+(engine/adapter.py); afterwards `model` is the adapter's name, `<served>-lora-v<version>`.
 
 num_threads sets torch's intra-op threads of the engine's scheduler thread only (torch keeps that
 setting per thread), so in thread mode the trainer's own torch threads are not changed; the two
@@ -27,8 +28,9 @@ import httpx
 import torch
 
 from polar_pl.engine.process import ServerProcess, healthy
-from polar_pl.engine.weights import save_state_dict
+from polar_pl.engine.weights import save_adapter, save_state_dict
 from polar_pl.utils import tokens
+from polar_pl.utils.adapters import adapter_model_name
 from polar_pl.utils.serving import ServerThread, free_port
 
 # transformers builds a model under a process-global meta-device context: two replicas loading on
@@ -75,6 +77,7 @@ class EmbeddedEngine:
         self.backend = None  # TransformersBackend, thread mode only
         self._thread: ServerThread | None = None
         self._proc: ServerProcess | None = None
+        self._adapter_version: int | None = None  # subprocess mode: learnt from the adapter route
 
     @property
     def url(self) -> str:
@@ -86,7 +89,11 @@ class EmbeddedEngine:
 
     @property
     def model(self) -> str:
-        return self.served_model_name
+        """The name to request: the served name, or the pushed adapter's."""
+        adapter = self.backend.adapter_version if self.backend is not None else self._adapter_version
+        return (
+            self.served_model_name if adapter is None else adapter_model_name(self.served_model_name, adapter)
+        )
 
     def start(self) -> Self:
         if not (self.model_dir / "config.json").exists():
@@ -171,14 +178,34 @@ class EmbeddedEngine:
     def update_weights_from_disk(self, path: str) -> int:
         if self.backend is not None:
             return self.backend.update_weights_from_disk(path)
+        self._adapter_version = None
+        return int(self._post("/update_weights_from_disk", path)["policy_version"])
+
+    def update_adapter(self, tensors: Mapping[str, torch.Tensor], config: Mapping) -> int:
+        """A LoRA adapter (PEFT names, adapter_config.json's content), merged into the base."""
+        if self.backend is not None:
+            return self.backend.update_adapter(tensors, config)
+        with tempfile.TemporaryDirectory(prefix="polar-adapter-") as tmp:
+            save_adapter(tensors, config, Path(tmp))
+            return self.update_adapter_from_disk(tmp)
+
+    def update_adapter_from_disk(self, path: str) -> int:
+        """A PEFT adapter folder (adapter_model.safetensors, adapter_config.json)."""
+        if self.backend is not None:
+            return self.backend.update_adapter_from_disk(path)
+        version = int(self._post("/update_adapter_from_disk", path)["policy_version"])
+        self._adapter_version = version
+        return version
+
+    def _post(self, route: str, path: str) -> dict:
         r = httpx.post(
-            f"{self.url}/update_weights_from_disk",
+            f"{self.url}{route}",
             json={"path": str(path)},
             headers={"authorization": f"Bearer {self.admin_token}"},
             timeout=600,
         )
         r.raise_for_status()
-        return int(r.json()["policy_version"])
+        return r.json()
 
     def __enter__(self) -> Self:
         return self.start()

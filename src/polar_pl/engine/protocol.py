@@ -7,8 +7,9 @@ Two implementations, chosen in Hydra with `_target_` (conf/engine/*.yaml):
 - `polar_pl.engine.vllm.VLLMEngine`: vLLM's OpenAI server, launched from a vLLM environment or
   connected to by URL.
 
-Both serve the same HTTP contract (DESIGN.md, "Engine contract"), so the gateway only needs
-`base_url` and `model`.
+Both serve the same HTTP contract (docs/architecture.md, "Engine contract"), so the gateway only needs
+`base_url` and `model`. Both also take LoRA adapters (`AdapterEngine`): the trainer pushes only
+the adapter, and the engine serves it as `<served>-lora-v<version>` (utils/adapters.py).
 """
 
 from __future__ import annotations
@@ -53,3 +54,18 @@ class Engine(Protocol):
 
     def update_weights_from_disk(self, path: str) -> int:
         """Called with a directory of *.safetensors (HF names); returns the new policy version."""
+
+
+@runtime_checkable
+class AdapterEngine(Engine, Protocol):
+    """An engine that serves LoRA adapters pushed in PEFT's format over its base weights."""
+
+    def update_adapter(self, tensors: Mapping[str, torch.Tensor], config: Mapping) -> int:
+        """Called by the trainer after an optimizer step with the adapter's A / B tensors (PEFT
+        names, `base_model.model.<module>.lora_A.weight`) and adapter_config.json's content;
+        returns the new policy version. Requests admitted afterwards are served by this adapter,
+        under the name `<served>-lora-v<version>` (what `model` returns from then on)."""
+
+    def update_adapter_from_disk(self, path: str) -> int:
+        """Called with a PEFT adapter folder (adapter_model.safetensors, adapter_config.json);
+        returns the new policy version, as `update_adapter`."""

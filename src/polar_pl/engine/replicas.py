@@ -87,6 +87,12 @@ class EngineReplicas:
     def update_weights_from_disk(self, path: str) -> int:
         return self._push(lambda e: e.update_weights_from_disk(path))
 
+    def update_adapter(self, tensors: Mapping[str, torch.Tensor], config: Mapping) -> int:
+        return self._push(lambda e: e.update_adapter(tensors, config))
+
+    def update_adapter_from_disk(self, path: str) -> int:
+        return self._push(lambda e: e.update_adapter_from_disk(path))
+
     def __enter__(self) -> Self:
         return self.start()
 

@@ -1,4 +1,4 @@
-"""The engine contract's routes (DESIGN.md, "Engine contract"), as a module-level router whose
+"""The engine contract's routes (docs/architecture.md, "Engine contract"), as a module-level router whose
 thin handlers read their state from `request.app.state` (set by `server.create_app`): `backend`
 (a GenerationBackend), `model_name` (the served name), `reasoning_parser` and `admin_token`. Conversion to and
 from OpenAI JSON lives in `engine/serving.py`.
@@ -9,8 +9,13 @@ from OpenAI JSON lives in `engine/serving.py`.
   POST /tokenize, /detokenize     vLLM's token routes (prompt or messages -> ids; ids -> text)
   POST /update_weights_from_disk {"path": DIR} -> {"policy_version": v}   (Bearer admin token;
                                  off without one: weights must never come from a sandbox)
+  POST /update_adapter_from_disk {"path": DIR} -> {"policy_version": v, "model": NAME}   (a PEFT
+                                 LoRA folder, merged into the base; same token)
   GET  /policy_version, GET /weight_info (vLLM's shape), GET /stats
-Every response carries the header `x-policy-version`.
+Every response carries the header `x-policy-version`. Once an adapter is pushed the engine serves
+it as `<served>-lora-v<version>` (listed in /v1/models after the base, as vLLM lists its LoRA
+adapters, and named in every answer); requests may name the base or any of its adapter names and
+get the weights the engine holds now.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from polar_pl.engine.openai_protocol import (
     TokenizeRequest,
     UpdateWeightsFromDiskRequest,
 )
+from polar_pl.utils.adapters import adapter_model_name, adapter_version
 
 VERSION_HEADER = "x-policy-version"
 
@@ -81,9 +87,17 @@ async def _guarded(lines: AsyncIterator[str], gen: AsyncIterator) -> AsyncIterat
         await gen.aclose()
 
 
+def served_name(request: Request) -> str:
+    """The name of what the engine serves now: the base's, or its pushed adapter's."""
+    adapter = getattr(backend_of(request), "adapter_version", None)
+    base = request.app.state.model_name
+    return base if adapter is None else adapter_model_name(base, adapter)
+
+
 def check_model(request: Request, name: str | None) -> None:
     model_name, backend = request.app.state.model_name, backend_of(request)
-    if name and name not in (model_name, backend.model_name):
+    adapter = getattr(backend, "adapter_version", None) is not None and adapter_version(name, model_name)
+    if name and name not in (model_name, backend.model_name) and not adapter:
         raise EngineError(
             f"The model `{name}` does not exist. Valid aliases: {model_name}.",
             HTTPStatus.NOT_FOUND,
@@ -148,7 +162,10 @@ async def models(request: Request):
         "parent": None,
         "max_model_len": backend.max_model_len,
     }
-    return JSONResponse({"object": "list", "data": [card]}, headers=version_headers(backend))
+    cards = [card]
+    if getattr(backend, "adapter_version", None) is not None:
+        cards.append({**card, "id": served_name(request), "parent": card["id"]})
+    return JSONResponse({"object": "list", "data": cards}, headers=version_headers(backend))
 
 
 @router.post("/tokenize")
@@ -253,6 +270,23 @@ async def update_weights_from_disk(request: Request):
     return JSONResponse({"status": "ok", "policy_version": version}, headers={VERSION_HEADER: str(version)})
 
 
+@router.post("/update_adapter_from_disk", dependencies=[Depends(require_admin)])
+async def update_adapter_from_disk(request: Request):
+    try:
+        body = UpdateWeightsFromDiskRequest.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from exc
+    backend = backend_of(request)
+    try:
+        version = await run_in_threadpool(backend.update_adapter_from_disk, body.path)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        raise EngineError(
+            f"cannot load the adapter from {body.path}: {exc}", HTTPStatus.BAD_REQUEST, param="path"
+        ) from exc
+    body = {"status": "ok", "policy_version": version, "model": served_name(request)}
+    return JSONResponse(body, headers={VERSION_HEADER: str(version)})
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, request: Request):
     backend, reasoning_parser = backend_of(request), request.app.state.reasoning_parser
@@ -279,7 +313,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     request_id = _request_id("chatcmpl")
     ctx = serving.ResponseContext(
         request_id,
-        request.app.state.model_name,
+        served_name(request),
         backend.tokenizer,
         prompt_ids,
         backend.policy_version,
@@ -315,7 +349,7 @@ async def completions(req: CompletionRequest, request: Request):
     )
     request_id = _request_id("cmpl")
     ctx = serving.ResponseContext(
-        request_id, request.app.state.model_name, backend.tokenizer, prompt_ids, backend.policy_version
+        request_id, served_name(request), backend.tokenizer, prompt_ids, backend.policy_version
     )
     gen = backend.generate(GenerationRequest(request_id, tuple(prompt_ids), params, None))
     return await respond(backend, req, ctx, gen, serving.completion_response, serving.completion_stream)

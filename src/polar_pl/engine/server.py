@@ -1,4 +1,4 @@
-"""The engine's FastAPI app: the engine contract of DESIGN.md over any `GenerationBackend`.
+"""The engine's FastAPI app: the engine contract of docs/architecture.md over any `GenerationBackend`.
 
 `create_app` puts the backend, the served model name, the reasoning parser and the admin token
 on `app.state`,

@@ -2,7 +2,9 @@
 
 Generation runs on the scheduler thread (`engine/scheduler.py`), which batches every active
 sequence into one forward pass per step. Weight updates run on that same thread between steps and
-bump the policy version; tokens sampled afterwards carry the new version.
+bump the policy version; tokens sampled afterwards carry the new version. A LoRA adapter push is
+merged into the weights (engine/adapter.py); the engine then serves it as
+`<served>-lora-v<version>` (`adapter_version`), and a full push drops it.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from polar_pl.engine.adapter import AdapterMerge
 from polar_pl.engine.backend import BackendStats, GenerationRequest, SeqDelta
 from polar_pl.engine.scheduler import Scheduler
-from polar_pl.engine.weights import load_state_dict
+from polar_pl.engine.weights import load_adapter, load_state_dict
 
 
 def default_device() -> torch.device:
@@ -72,6 +75,8 @@ class TransformersBackend:
         # vLLM stops on the generation config's other EOS ids too, reporting them as stop tokens.
         self.default_stop_token_ids = tuple(i for i in _generation_eos(self.model_dir) if i != eos)
         self.policy_version = 0
+        self.adapter_version: int | None = None  # the policy version of the merged adapter; None: none
+        self._merge: AdapterMerge | None = None
         self.stats = BackendStats()
         self._version_lock = threading.Lock()
         self._scheduler = Scheduler(
@@ -124,6 +129,27 @@ class TransformersBackend:
     def update_weights_from_disk(self, path: str) -> int:
         return self.update_weights_from_state_dict(load_state_dict(path))
 
+    def update_adapter(self, tensors: Mapping[str, torch.Tensor], config: Mapping) -> int:
+        """Merge a LoRA adapter (PEFT names and adapter_config.json's content) into the base
+        weights; returns the new policy version, which is also the adapter's."""
+        return self._scheduler.run_exclusive(lambda: self._apply_adapter(tensors, config))
+
+    def update_adapter_from_disk(self, path: str) -> int:
+        return self.update_adapter(*load_adapter(path))
+
+    def _apply_adapter(self, tensors: Mapping[str, torch.Tensor], config: Mapping) -> int:
+        if self._merge is None:
+            self._merge = AdapterMerge(self.model)
+        self._merge.apply(tensors, config)
+        return self._bump(adapter=True)
+
+    def _bump(self, *, adapter: bool) -> int:
+        self._scheduler.prefix_cache.clear()  # KV computed by the old weights
+        with self._version_lock:
+            self.policy_version += 1
+            self.adapter_version = self.policy_version if adapter else None
+            return self.policy_version
+
     def _load(self, state_dict: Mapping[str, torch.Tensor]) -> int:
         # state_dict names tied weights under both names (lm_head.weight and embed_tokens.weight).
         params = self.model.state_dict(keep_vars=True)
@@ -136,10 +162,8 @@ class TransformersBackend:
                 if target.shape != tensor.shape:
                     raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(target.shape)}")
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
-        self._scheduler.prefix_cache.clear()  # KV computed by the old weights
-        with self._version_lock:
-            self.policy_version += 1
-            return self.policy_version
+        self._merge = None  # these weights are the base of the next adapter push
+        return self._bump(adapter=False)
 
 
 def _generation_eos(model_dir: Path) -> tuple[int, ...]:

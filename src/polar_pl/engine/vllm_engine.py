@@ -13,6 +13,13 @@ Weights and versions use what vLLM 0.32 serves with VLLM_SERVER_DEV_MODE=1:
 - from a state dict: written to a temporary safetensors directory, then as from disk. The NCCL /
   IPC routes (init_weight_transfer_engine, start/update/finish_weight_update) are the GPU path and
   belong to the weight-sync work.
+
+LoRA (`max_lora_rank` set: `--enable-lora`, VLLM_ALLOW_RUNTIME_LORA_UPDATING): an adapter push is
+copied into a folder of this handle's own (vLLM reads an adapter's files again when it evicts it
+from its cache and a request brings it back), loaded with `POST /v1/load_lora_adapter` under the
+name `<served>-lora-v<version>`, and the adapter before the previous one is unloaded (the
+previous one stays for requests still running on it). `model` is then the new adapter's name:
+requests must ask for it, vLLM serves the base under the served name.
 """
 
 from __future__ import annotations
@@ -33,8 +40,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from polar_pl.engine.process import ServerProcess, healthy
-from polar_pl.engine.weights import save_state_dict
+from polar_pl.engine.weights import ADAPTER_CONFIG, ADAPTER_WEIGHTS, save_adapter, save_state_dict
+from polar_pl.utils.adapters import adapter_model_name
 from polar_pl.utils.serving import free_port
+
+# vLLM's allowed --max-lora-rank values (vllm/config/lora.py)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 NO_VLLM = (
     "no Python with vLLM found: set engine.python, or $POLAR_VLLM_PYTHON (`make vllm-env` builds "
@@ -84,9 +95,14 @@ class VLLMEngine:
         extra_args: list[str] | tuple[str, ...] = (),
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 600.0,
+        max_lora_rank: int | None = None,
     ):
         if model_dir is None and url is None:
             raise ValueError("VLLMEngine needs engine.model_dir (to launch) or engine.url (to connect)")
+        if max_lora_rank is not None and not 1 <= int(max_lora_rank) <= LORA_RANKS[-1]:
+            raise ValueError(
+                f"engine.max_lora_rank={max_lora_rank}: 1 to {LORA_RANKS[-1]}, or null (no LoRA)"
+            )
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self._url = url.rstrip("/") if url else None
         self.served_model_name = served_model_name
@@ -101,8 +117,11 @@ class VLLMEngine:
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
         self.startup_timeout = startup_timeout
+        self.max_lora_rank = max_lora_rank
         self._proc: ServerProcess | None = None
         self._version = 0
+        self._adapters: list[tuple[str, Path]] = []  # (name, folder) loaded, oldest first
+        self._adapter_root: Path | None = None
 
     @property
     def url(self) -> str:
@@ -114,7 +133,8 @@ class VLLMEngine:
 
     @property
     def model(self) -> str:
-        return self.served_model_name
+        """The name to request: the newest adapter's once one is loaded, else the served name."""
+        return self._adapters[-1][0] if self._adapters else self.served_model_name
 
     def command(self) -> list[str]:
         if self.python is None:
@@ -136,6 +156,10 @@ class VLLMEngine:
             cmd += ["--reasoning-parser", self.reasoning_parser]
         if self.enforce_eager:  # skips torch.compile warm-up: minutes on a small CPU
             cmd.append("--enforce-eager")
+        if self.max_lora_rank is not None:
+            rank = next(r for r in LORA_RANKS if r >= int(self.max_lora_rank))
+            # two adapters at once: the newest, and the one before it for requests still running on it
+            cmd += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "2", "--max-cpu-loras", "2"]
         return cmd + self.extra_args
 
     def start(self) -> Self:
@@ -161,6 +185,7 @@ class VLLMEngine:
             "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", str(cache_root)),
             "VLLM_SERVER_DEV_MODE": "1",
             "VLLM_NO_USAGE_STATS": "1",
+            **({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if self.max_lora_rank is not None else {}),
             **self.env,
         }
         # The vLLM venv must not import this project's packages through an inherited PYTHONPATH.
@@ -173,6 +198,9 @@ class VLLMEngine:
         if self._proc is not None:
             self._proc.stop()
             self._proc = None
+        if self._adapter_root is not None:
+            shutil.rmtree(self._adapter_root, ignore_errors=True)
+            self._adapter_root, self._adapters = None, []
 
     def health(self) -> bool:
         return healthy(self.url)
@@ -206,6 +234,7 @@ class VLLMEngine:
         return bool(config.get("tie_word_embeddings", False))
 
     def _reload(self, path: Path) -> int:
+        self._unload_adapters(keep=0)  # new base weights: the adapters trained on the old ones go
         rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}, "timeout": 600}
         r = httpx.post(f"{self.url}/collective_rpc", json=rpc, timeout=660)
         if r.status_code != 200:
@@ -225,6 +254,55 @@ class VLLMEngine:
         with tempfile.TemporaryDirectory(prefix="polar-weights-") as tmp:
             save_state_dict(state_dict, Path(tmp))
             return self.update_weights_from_disk(tmp)
+
+    def update_adapter(self, tensors: Mapping[str, torch.Tensor], config: Mapping) -> int:
+        """A LoRA adapter (PEFT names, adapter_config.json's content), written where vLLM reads it."""
+        folder = self._adapter_folder()
+        save_adapter(tensors, config, folder)
+        return self._load_adapter(folder)
+
+    def update_adapter_from_disk(self, path: str) -> int:
+        """A PEFT adapter folder, copied into this handle's own (the caller may remove its copy)."""
+        folder = self._adapter_folder()
+        folder.mkdir(parents=True)
+        for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
+            if not (Path(path) / name).is_file():
+                raise FileNotFoundError(f"no {name} in {path}")
+            shutil.copy(Path(path) / name, folder / name)
+        return self._load_adapter(folder)
+
+    def _unload_adapters(self, keep: int) -> None:
+        while len(self._adapters) > keep:
+            old, old_folder = self._adapters.pop(0)
+            r = httpx.post(f"{self.url}/v1/unload_lora_adapter", json={"lora_name": old}, timeout=60)
+            if r.status_code != 200:
+                raise RuntimeError(f"vLLM unload_lora_adapter {old} failed ({r.status_code}): {r.text[:500]}")
+            shutil.rmtree(old_folder, ignore_errors=True)
+
+    def _adapter_folder(self) -> Path:
+        if self.max_lora_rank is None and self._url is None:
+            raise RuntimeError(
+                "VLLMEngine: LoRA adapters need engine.max_lora_rank (vLLM's --enable-lora); it is null"
+            )
+        if self._adapter_root is None:
+            self._adapter_root = Path(tempfile.mkdtemp(prefix="polar-vllm-lora-"))
+        return self._adapter_root / f"v{self._version + 1}"
+
+    def _load_adapter(self, folder: Path) -> int:
+        version = self._version + 1
+        name = adapter_model_name(self.served_model_name, version)
+        body = {"lora_name": name, "lora_path": str(folder)}
+        r = httpx.post(f"{self.url}/v1/load_lora_adapter", json=body, timeout=600)
+        if r.status_code != 200:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise RuntimeError(f"vLLM load_lora_adapter failed ({r.status_code}): {r.text[:500]}")
+        self._adapters.append((name, folder))
+        self._unload_adapters(keep=2)  # the newest and the one before it
+        r = httpx.post(f"{self.url}/update_weight_version", json={"new_version": str(version)}, timeout=60)
+        if r.status_code != 200:
+            raise RuntimeError(f"vLLM update_weight_version failed ({r.status_code}): {r.text[:500]}")
+        self._version = version
+        return version
 
     def __enter__(self) -> Self:
         return self.start()

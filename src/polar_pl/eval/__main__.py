@@ -9,19 +9,27 @@ the held-out evaluation on the Hydra config conf/eval.yaml (the training groups)
 
 from __future__ import annotations
 
+import logging
 import os
 
 import hydra
 from omegaconf import DictConfig
 
+from polar_pl.errors import ConfigError, RunFailed
 from polar_pl.eval.app import evaluate
+
+log = logging.getLogger("polar_pl.eval")
 
 CONF = os.environ.get("POLAR_CONF_DIR") or "pkg://polar_pl.conf"
 
 
 @hydra.main(version_base=None, config_path=CONF, config_name="eval")
 def main(cfg: DictConfig) -> float:
-    report = evaluate(cfg)
+    try:
+        report = evaluate(cfg)
+    except (ConfigError, RunFailed) as exc:
+        log.error("%s", exc)
+        raise SystemExit(1) from None
     return report.estimates[min(report.estimates)].mean
 
 

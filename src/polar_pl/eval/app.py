@@ -25,9 +25,11 @@ def evaluate(cfg: DictConfig, on_group: Callable[[dict[str, Any]], None] | None 
     """Run (or resume) the evaluation `cfg` describes; on_group: called with each finished task's
     log record (tests interrupt the run from here)."""
     from polar_pl.monitor.noise import quiet
+    from polar_pl.preflight import preflight
     from polar_pl.training import build_engine, ensure_pretrained_model
 
     quiet()
+    preflight(cfg)  # the same sessions as training: a harness that cannot run stops here, in one line
     opts = cfg.eval
     out = Path(opts.output_dir).resolve()
     spec = EvalSpec(n=int(opts.n), ks=tuple(int(k) for k in opts.ks if k <= opts.n), threshold=float(opts.threshold),

@@ -21,7 +21,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             a, b = (load_report(Path(d)) for d in args.compare)
         except FileNotFoundError as exc:
-            print(f"polar-pl eval --compare: {exc.filename} is missing (not a finished evaluation)", file=sys.stderr)
+            print(
+                f"polar-pl eval --compare: {exc.filename} is missing (not a finished evaluation)",
+                file=sys.stderr,
+            )
             return 2
         print(compare(a, b).table())
         return 0

@@ -66,7 +66,9 @@ class EvalReport:
         lines = []
         for task, (n, c) in sorted(self.counts.items()):
             row: dict[str, Any] = {"task_id": task, "n": n, "c": c}
-            row.update({f"pass@{k}": v[task] for k in self.estimates if task in (v := per_task({task: (n, c)}, k))})
+            row.update(
+                {f"pass@{k}": v[task] for k in self.estimates if task in (v := per_task({task: (n, c)}, k))}
+            )
             lines.append(json.dumps(row))
         (out / "tasks.jsonl").write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
         plot([self], out / "pass_at_k.png")

@@ -8,8 +8,10 @@ a training attempt that nothing trains on. Each finished task is appended to `ro
 the output directory before the next one is taken (`RolloutLog`): a run stopped at any point
 resumes where it stopped when it is started again on the same directory.
 
-An attempt whose infrastructure failed (sandbox, engine, gateway: the attempts training masks) says
-nothing about the model: it is logged but left out of pass@k, and counted.
+An attempt whose infrastructure failed (sandbox, engine, gateway: `failfast.infra_failure`, the
+attempts training never scores) says nothing about the model: it is logged but left out of pass@k,
+and counted. When the first task's attempts all fail alike, nothing can work: the evaluation stops
+with that failure (`FailFast`, as a training run does) before it records anything.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polar_pl.datamodule.pools import INFRA_FAILURE, PoolSizes, RolloutResult
+from polar_pl.datamodule.failfast import FailFast, infra_failure
+from polar_pl.datamodule.pools import PoolSizes, RolloutResult
 from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
 from polar_pl.datamodule.service import Group, RolloutService
 from polar_pl.eval.report import EvalReport, build_report
@@ -65,19 +68,14 @@ class EvalParts:
     gateway_options: dict[str, Any]
 
 
-def infra_failed(result: RolloutResult) -> bool:
-    """The attempts training masks as the infrastructure's doing (pools.py, outcome.py)."""
-    return result.status == INFRA_FAILURE or result.info.get("harness_error") == "infra"
-
-
 def attempt_record(result: RolloutResult, threshold: float) -> dict[str, Any]:
     answer = result.info.get("answer")
     return {
         "rollout_id": result.rollout_id,
         "status": result.status,
         "reward": result.reward,
-        "passed": result.reward >= threshold and not infra_failed(result),
-        "valid": not infra_failed(result),
+        "passed": result.reward >= threshold and infra_failure(result) is None,
+        "valid": infra_failure(result) is None,
         "answer": answer[:ANSWER_CHARS] if isinstance(answer, str) else answer,
         "eval_reason": result.info.get("eval_reason"),
         "error": result.error,
@@ -124,7 +122,9 @@ def run_eval(
     todo = [s for s in range(len(tasks)) if s not in logbook.done]
     if todo:
         if logbook.done:
-            log.info("%s: resuming %s, %d of %d tasks already done", label, out, len(logbook.done), len(tasks))
+            log.info(
+                "%s: resuming %s, %d of %d tasks already done", label, out, len(logbook.done), len(tasks)
+            )
         _run_groups(parts, tasks, spec, logbook, todo, out, label, on_group)
     report = build_report(logbook, spec, label)
     report.write(out)
@@ -142,9 +142,11 @@ def _run_groups(parts: EvalParts, tasks: Sequence[Any], spec: EvalSpec, logbook:
         limit=todo[-1] + 1, id_prefix=label, **logbook.cursor(),
     ).start()  # fmt: skip
     t0, passed, valid = time.monotonic(), 0, 0
+    fail_fast = FailFast(spec.n)
     try:
         for i, _ in enumerate(todo, 1):
             (group,) = service.next_groups(1, timeout=spec.group_timeout_s)
+            fail_fast.see(group.results)
             record = group_record(group, spec.threshold)
             logbook.append(record)
             passed += sum(a["passed"] for a in record["attempts"])

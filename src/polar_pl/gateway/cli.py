@@ -59,7 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("recorded", "pinned"),
         default="recorded",
         help="recorded: each call states the harness's temperature/top_p/top_k (the trainer rebuilds "
-        "that distribution); pinned: temperature 1, top_p 1, no top_k",
+        "that distribution); pinned: temperature 1 (or --pinned-temperature), top_p 1, no top_k",
+    )
+    p.add_argument(
+        "--pinned-temperature", type=float, default=1.0, help="the temperature of --sampling pinned"
     )
     p.add_argument(
         "--cap-policy",
@@ -178,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
             reasoning_parser=args.reasoning_parser,
             max_tokens_cap=args.max_tokens_cap,
             sampling=args.sampling,
+            pinned_temperature=args.pinned_temperature,
             cap_policy=args.cap_policy,
             pause_timeout=args.pause_timeout,
             max_body_bytes=int(args.max_body_mb * 2**20),

@@ -64,10 +64,12 @@ class Gateway:
         self.runtime: GatewayRuntime = self.app.state.runtime
         self._server: ServerThread | None = None
 
-    def start(self) -> Gateway:
+    def start(self, timeout: float = 120.0) -> Gateway:
+        """Serve; returns once the app has started. Start-up loads the served model's tokenizer
+        (transformers' import alone took > 30 s in a Ray worker on a loaded 2-core machine)."""
         self._server = ServerThread(
             self.app, host=self.host, port=self.port, on_shutdown=self.app.harness.stop
-        ).start()
+        ).start(timeout)
         return self
 
     def stop(self) -> None:
@@ -131,8 +133,10 @@ class Gateway:
 
     def set_policy_version(self, version: int) -> None:
         """The version to record for engines that do not report one in their answers (vLLM does
-        not): call it after a weight push, before `resume()`."""
+        not): call it after a weight push, before `resume()`. The engines are also asked again
+        which model name to request (a LoRA push adds an adapter name)."""
         self.runtime.proxy.version_hint = int(version)
+        self.runtime.pool.refresh_models()
 
     def take_out_upstream(self, url: str) -> None:
         """Stop routing to this engine replica for good (it failed a weight push)."""

@@ -42,6 +42,7 @@ class GatewayRuntime:
         max_tokens_cap: int | None = None,
         cap_policy: str = "length",
         sampling: str = "recorded",
+        pinned_temperature: float = 1.0,
         pause_timeout: float = 300.0,
         reasoning_parser: str | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -52,8 +53,8 @@ class GatewayRuntime:
         both engines (vLLM, embedded) accept token prompts. max_tokens_cap: upper bound on each
         call's response length (None: the harness's request). cap_policy: what the harness is
         told when the cap cut a response, "length" or "end_turn" (call/proxy.py). sampling: "recorded" (the
-        harness's temperature / top_p / top_k, stated explicitly) or "pinned" (1 / 1 / off), see
-        call/sampling.py. pause_timeout: how long a call
+        harness's temperature / top_p / top_k, stated explicitly) or "pinned" (pinned_temperature / 1 /
+        off), see call/sampling.py. pause_timeout: how long a call
         waits at a paused gate before a 503 / 529 with Retry-After. reasoning_parser: the
         engine's (vLLM `--reasoning-parser`, "qwen3"), applied to token-in answers as the engine
         applies it to chat answers. token_faithful_check: also build every incremental
@@ -95,6 +96,7 @@ class GatewayRuntime:
             max_tokens_cap=max_tokens_cap,
             cap_policy=cap_policy,
             sampling=sampling,
+            pinned_temperature=pinned_temperature,
             gate=self.gate,
         )
 

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 PROVIDERS = ("anthropic", "openai_chat", "openai_responses", "google")
+NPM_LOCKS = Path(__file__).parent / "npm_locks"
 
 # Env every Node CLI gets: no update checks, no telemetry, no colour codes in captured output.
 # The last four only suit captured output: `polar-pl session new` leaves them out of a person's shell.
@@ -43,7 +44,7 @@ class NpmHarness:
     name: str = ""
     package: str = ""
     bin: str = ""
-    pinned: str = ""  # the npm version this spec was tested with (HARNESSES.md)
+    pinned: str = ""  # the npm version this spec was tested with (docs/harnesses.md)
     providers: tuple[str, ...] = ()
 
     def __init__(
@@ -77,12 +78,35 @@ class NpmHarness:
             raise RuntimeError(f"harness {self.name} needs npm (Node.js) to install {self.package}")
         target = self.home_dir(prefix)
         target.mkdir(parents=True, exist_ok=True)
-        cmd = [npm, "install", "--prefix", str(target), "--save-exact", "--no-audit", "--no-fund",
-               "--loglevel=error", f"{self.package}@{self.version}"]  # fmt: skip
+        quiet = ["--no-audit", "--no-fund", "--loglevel=error"]
+        lock = self.lockfile()
+        if lock is not None:  # the tree as tested: npm keeps every version the lockfile names
+            (target / "package.json").write_text(json.dumps({"dependencies": {self.package: self.version}}))
+            shutil.copyfile(lock, target / "package-lock.json")
+            cmd = [npm, "install", "--prefix", str(target), *quiet]
+        else:
+            cmd = [npm, "install", "--prefix", str(target), "--save-exact", *quiet, f"{self.package}@{self.version}"]
         subprocess.run(cmd, check=True)
         self.post_install(prefix)
         if not self.is_installed(prefix):
             raise RuntimeError(f"npm installed {self.package} but version {self.version} is not in {target}")
+
+    def lockfile(self) -> Path | None:
+        """The npm lockfile of the pinned version (`npm_locks/<name>.json`), None for another
+        version. With it an install is the tree that was tested, whatever the registry published
+        since: a dependency's range once resolved to a version the registry did not serve yet
+        (ETARGET), and every fresh install failed."""
+        lock = NPM_LOCKS / f"{self.name}.json"
+        return lock if self.version == self.pinned and lock.exists() else None
+
+    def prefix_problem(self, prefix: Path | None) -> str | None:
+        if prefix is None:
+            return "is not set"
+        if not Path(prefix).is_dir():
+            return f"is {prefix}, which does not exist"
+        if not self.is_installed(Path(prefix)):
+            return f"is {prefix}, which does not hold {self.package} {self.version}"
+        return None
 
     def post_install(self, prefix: Path) -> None:
         """Fix-ups npm leaves undone (idempotent; `harness install` runs it on existing installs too)."""

@@ -50,6 +50,9 @@ class Mini:
     def install(self, prefix: Path) -> None:
         """Nothing to install: the agent ships with polar_pl (stdlib only)."""
 
+    def prefix_problem(self, prefix: Path | None) -> str | None:
+        return None  # copied into the sandbox: no prefix needed
+
     def plan(self, session: GatewaySession, prompt: str, paths: SandboxPaths) -> LaunchPlan:
         script = f"{paths.home}/.polar/mini_agent.py"
         argv = [*paths.python, script, "--model", session.model, "--max-turns", str(self.max_turns),

@@ -64,6 +64,10 @@ class Harness(Protocol):
     def install(self, prefix: Path) -> None:
         """Install the pinned version under prefix (host side, needs the package registry)."""
 
+    def prefix_problem(self, prefix: Path | None) -> str | None:
+        """Called at start-up with the host folder a sandbox mounts as the harness prefix (None:
+        none is set): why this harness cannot run from it, or None when it can."""
+
     def plan(self, session: GatewaySession, prompt: str, paths: SandboxPaths) -> LaunchPlan:
         """The argv / env / config files that run one task prompt non-interactively."""
 

@@ -1,7 +1,11 @@
 """The trained policy as a plain Hugging Face folder that transformers, vLLM and `polar-pl engine`
 load: weights (safetensors) and config from the model, tokenizer, chat template and generation
 config from the folder it was trained from. Also what turns a training checkpoint into such a
-folder (`polar-pl eval eval.ckpt_path=...`)."""
+folder (`polar-pl eval eval.ckpt_path=...`).
+
+A LoRA run (`module.lora`) exports its adapter as PEFT writes it (`<run>/adapter/`:
+`PeftModel.from_pretrained(base, dir)` and vLLM's LoRA loading read it) and, with
+`module.lora.export_merged: true`, the base with the adapter merged in as that plain folder."""
 
 from __future__ import annotations
 
@@ -26,35 +30,85 @@ def export_hf(model: nn.Module, model_dir: str | Path, out: str | Path) -> Path:
     if out.exists():
         shutil.rmtree(out)
     model.save_pretrained(out, safe_serialization=True)
+    _copy_tokenizer(model_dir, out)
+    return out
+
+
+def _copy_tokenizer(model_dir: str | Path, out: Path) -> None:
     for pattern in _KEEP:
         for src in Path(model_dir).glob(pattern):
             if src.is_file() and not (out / src.name).exists():
                 shutil.copy(src, out / src.name)
+
+
+def export_adapter(peft_model: nn.Module, model_dir: str | Path, out: str | Path) -> Path:
+    """The adapter of a PEFT model as PEFT saves it into `out` (replaced), with the tokenizer
+    files of `model_dir` (so the folder names its own chat template); returns it."""
+    out = Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    peft_model.save_pretrained(out, safe_serialization=True)
+    _copy_tokenizer(model_dir, out)
     return out
 
 
-def hf_from_checkpoint(ckpt_path: str | Path, model_dir: str | Path, out: str | Path) -> Path:
-    """A Lightning checkpoint of `GRPOModule` (trained from `model_dir`) as an HF folder at `out`."""
+def export_merged(adapter_dir: str | Path, model_dir: str | Path, out: str | Path) -> Path:
+    """The base of `model_dir` with the adapter of `adapter_dir` merged in (PEFT's
+    `merge_and_unload`, on a fresh copy of the base), as a plain HF folder at `out`."""
+    from peft import PeftModel
+
     from polar_pl.module.model import load_model
 
-    state = torch.load(str(ckpt_path), map_location="cpu", weights_only=False)["state_dict"]
-    weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+    merged = PeftModel.from_pretrained(load_model(model_dir), str(adapter_dir)).merge_and_unload()
+    return export_hf(merged, model_dir, out)
+
+
+def hf_from_checkpoint(ckpt_path: str | Path, model_dir: str | Path, out: str | Path) -> Path:
+    """A Lightning checkpoint of `GRPOModule` (trained from `model_dir`) as an HF folder at `out`;
+    a LoRA checkpoint's adapter is merged into the base."""
+    from polar_pl.module.model import load_model
+
+    ckpt = torch.load(str(ckpt_path), map_location="cpu", weights_only=False)
+    weights = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     if not weights:
         raise ValueError(f"{ckpt_path}: no model.* weights in the checkpoint's state_dict")
     model = load_model(model_dir)
-    model.load_state_dict(weights, strict=True)
-    return export_hf(model, model_dir, out)
+    lora = ckpt.get("grpo", {}).get("lora")
+    if lora is None:
+        model.load_state_dict(weights, strict=True)
+        return export_hf(model, model_dir, out)
+    from polar_pl.module.lora import LoraSpec, attach
+
+    peft_model = attach(model, LoraSpec.from_config(lora))
+    missing = set(model.load_state_dict(weights, strict=False).missing_keys)
+    if lost := [n for n, p in model.named_parameters() if p.requires_grad and n in missing]:
+        raise ValueError(f"{ckpt_path}: the LoRA checkpoint lacks adapter weights ({lost[:3]}...)")
+    return export_hf(peft_model.merge_and_unload(), model_dir, out)
 
 
 class ExportModel(L.Callback):
-    """At the end of a run that was not interrupted: the final policy into `out_dir` (`<run>/model`)."""
+    """At the end of a run that was not interrupted: the final policy into `out_dir` (`<run>/model`).
+    A LoRA run writes its adapter into `adapter_dir` (None: `adapter` beside `out_dir`), and the
+    merged model into `out_dir` only with `module.lora.export_merged: true`."""
 
-    def __init__(self, out_dir: str) -> None:
+    def __init__(self, out_dir: str, adapter_dir: str | None = None) -> None:
         self.out_dir = out_dir
+        self.adapter_dir = adapter_dir or str(Path(out_dir).parent / "adapter")
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         dm = getattr(trainer, "datamodule", None)
         if trainer.global_rank != 0 or getattr(dm, "interrupted", False):
             return
-        path = export_hf(pl_module.model, pl_module.model_dir, self.out_dir)
-        log.info("model: %s (transformers, vLLM and `polar-pl engine --model %s` load it)", path, path)
+        lora = getattr(pl_module, "lora", None)
+        if lora is None:
+            path = export_hf(pl_module.model, pl_module.model_dir, self.out_dir)
+            log.info("model: %s (transformers, vLLM and `polar-pl engine --model %s` load it)", path, path)
+            return
+        adapter = export_adapter(pl_module.peft_model, pl_module.model_dir, self.adapter_dir)
+        log.info("adapter: %s (PeftModel.from_pretrained(base, %s) and vLLM's LoRA loading read it)",
+                 adapter, adapter)  # fmt: skip
+        if lora.export_merged:
+            path = export_merged(adapter, pl_module.model_dir, self.out_dir)
+            log.info(
+                "model: %s (base + adapter merged; transformers, vLLM and `polar-pl engine` load it)", path
+            )

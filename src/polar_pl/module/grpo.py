@@ -17,6 +17,10 @@ Per batch (`update`):
    (config-chosen), KL, an entropy bonus, gradient clipping, AdamW, an optional LR schedule;
 5. after every `push_every`-th optimiser step, `weight_sync.push(model)`.
 
+LoRA (`lora`, module/lora.py): PEFT's LoRA layers on the frozen base; only the adapter's A / B
+are trained, in the optimizer and in checkpoints; the KL reference is the same model with the
+adapter off (no copy); a push sends the adapter alone (weight_sync.py).
+
 Optimisation is manual (`automatic_optimization = False`): Lightning's global step counts
 optimiser steps, so a batch advances it by epochs x minibatches, and a skipped batch by 0.
 
@@ -30,11 +34,12 @@ gradient is the one-process gradient. Rank 0 pushes the weights and every rank l
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +53,7 @@ from polar_pl.module import advantages as adv_fns
 from polar_pl.module import aggregation as agg_fns
 from polar_pl.module import losses
 from polar_pl.module.logprobs import Sampling, forward_inputs, scorable, token_logprobs
+from polar_pl.module.lora import LoraSpec, attach
 from polar_pl.module.metrics import batch_metrics, harness_metrics, numeric, unit_metrics
 from polar_pl.module.model import Frozen, enable_checkpointing, load_model
 from polar_pl.module.prepare import Prepared, prepare, unit_sums
@@ -84,6 +90,8 @@ class GRPOModule(L.LightningModule):
         otherwise uses each call's recorded temperature / top_p / top_k).
     lr_scheduler: fn(optimizer) -> an LR scheduler stepped after every optimiser step, or None.
     weight_sync: a WeightSync (bound to the datamodule's `push_target()` in on_fit_start if unbound), or None.
+    lora: {rank, alpha, dropout, target_modules, lr, export_merged} (see lora.LoraSpec); None or
+        rank None: full fine-tuning.
     """
 
     def __init__(
@@ -122,6 +130,7 @@ class GRPOModule(L.LightningModule):
         attn_implementation: str | None = None,
         gradient_checkpointing: bool = False,
         seed: int = 0,
+        lora: Mapping[str, Any] | LoraSpec | None = None,
     ):
         super().__init__()
         self.automatic_optimization = False
@@ -139,6 +148,10 @@ class GRPOModule(L.LightningModule):
         if gradient_checkpointing:
             enable_checkpointing(self.model)
         enable_tree_attention(self.model)  # exactly sdpa, plus tree batches (collate mode "tree")
+        self.lora = LoraSpec.from_config(lora)
+        self._peft = _Outside(attach(self.model, self.lora)) if self.lora is not None else None
+        if self.lora is not None:
+            self._adapter_only_checkpoints()
         self.advantage = advantage or functools.partial(adv_fns.group_mean, std_normalize=True)
         self.aggregation = aggregation or agg_fns.token_mean
         self.policy_loss = policy_loss or functools.partial(
@@ -151,11 +164,19 @@ class GRPOModule(L.LightningModule):
         self.epochs, self.minibatches = int(epochs), int(minibatches)
         self.micro_batch_size, self.micro_batch_tokens = micro_batch_size, micro_batch_tokens
         self.logprob_chunk_tokens = logprob_chunk_tokens
+        lr = self.lora.lr if self.lora is not None and self.lora.lr is not None else lr
         self.lr, self.weight_decay, self.betas, self.adam_eps = lr, weight_decay, tuple(betas), adam_eps
         self.lr_scheduler, self.grad_clip, self.temperature = lr_scheduler, grad_clip, temperature
         self.push_every, self.weight_sync, self.seed = int(push_every), weight_sync, seed
-        needs_ref = self.kl_coef > 0 or self.kl_reward_coef > 0
-        self._ref = Frozen(copy.deepcopy(self.model)) if needs_ref else None
+        adapters_ok = weight_sync is None or weight_sync.pushes_adapters
+        if self.lora is not None and not adapters_ok:
+            raise ValueError(
+                f"module.weight_sync={type(weight_sync).__name__} cannot push a LoRA adapter (module.lora.rank="
+                f"{self.lora.rank}): use module/weight_sync=embedded, disk or none"
+            )
+        self.needs_ref = self.kl_coef > 0 or self.kl_reward_coef > 0
+        # with LoRA the reference is this model with its adapter off (`_reference`): no copy
+        self._ref = Frozen(copy.deepcopy(self.model)) if self.needs_ref and self.lora is None else None
         self.optimizer_steps = 0  # over the whole run (checkpointed)
         self.skipped_batches = 0
         self.own_version = 0  # pushes done, when there is no weight sync to ask
@@ -202,10 +223,18 @@ class GRPOModule(L.LightningModule):
             "optimizer_steps": self.optimizer_steps,
             "skipped_batches": self.skipped_batches,
             "own_version": self.own_version,
+            "lora": self.lora.to_dict() if self.lora is not None else None,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("grpo", {})
+        saved = state.get("lora")
+        if (saved is None) != (self.lora is None) or (saved and saved["rank"] != self.lora.rank):
+            had = f"LoRA rank {saved['rank']}" if saved else "full fine-tuning"
+            raise ValueError(
+                f"ckpt_path: the checkpoint was trained with {had}; module.lora.rank="
+                f"{self.lora.rank if self.lora else None} cannot resume it"
+            )
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         self.skipped_batches = int(state.get("skipped_batches", 0))
         self.own_version = int(state.get("own_version", 0))
@@ -252,12 +281,14 @@ class GRPOModule(L.LightningModule):
         tok_adv = adv[prep.token_unit.clamp(min=0)] * mask
         fused = old is None and self.single_step
         if fused:  # pi_old is the model as it is: its logprobs come from the update's own forward
-            ref = self._ref_logprobs(batch, prep.sampling) if self._ref is not None else None
+            ref = self._ref_logprobs(batch, prep.sampling) if self.needs_ref else None
             tis_w = keep_w = corr = None
         else:
             if old is None:
                 old, ent, ref = self._old_logprobs(batch, prep.sampling)
-            tis_w, keep_w, corr = self._corrections(old, batch.behavior_logprobs, mask, prep.segments, tok_adv)
+            tis_w, keep_w, corr = self._corrections(
+                old, batch.behavior_logprobs, mask, prep.segments, tok_adv
+            )
         t1 = time.perf_counter()
         seen = _Seen.zeros(mask, self.tis, self.off_policy_mask) if fused else None
         stats = self._optimise(batch, prep, optimizer, scheduler, mask, tok_adv, old, ref, corr, seen)
@@ -316,15 +347,35 @@ class GRPOModule(L.LightningModule):
             keep = keep & signal
         return advantage, keep, filtered
 
+    @contextlib.contextmanager
+    def _reference(self, device: torch.device):
+        """The frozen reference model: the initial model's copy, or with LoRA this model with its
+        adapter off (PEFT's `disable_adapter`), in eval mode."""
+        if self._peft is None:
+            yield self._ref.on(device)
+            return
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._peft.model.disable_adapter():
+                yield self.model
+        finally:
+            self.model.train(was_training)
+
     @torch.no_grad()
     def _ref_logprobs(self, batch: TrainBatch, sampling: Sampling) -> torch.Tensor:
         """The frozen reference's logprobs (N, T) of the sampled tokens."""
-        ref_model = self._ref.on(batch.input_ids.device)
         sampled = batch.loss_mask * scorable(batch.position_ids)
         refs = []
-        for idx in self._micro(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device), batch):
-            kw = {"sampling": sampling[idx], "chunk_tokens": self.logprob_chunk_tokens, "need": sampled[idx]}
-            refs.append(token_logprobs(ref_model, **self._inputs(batch, idx), **kw)[0])
+        rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
+        with self._reference(batch.input_ids.device) as ref_model:
+            for idx in self._micro(rows, batch):
+                kw = {
+                    "sampling": sampling[idx],
+                    "chunk_tokens": self.logprob_chunk_tokens,
+                    "need": sampled[idx],
+                }
+                refs.append(token_logprobs(ref_model, **self._inputs(batch, idx), **kw)[0])
         return torch.cat(refs)
 
     @torch.no_grad()
@@ -335,7 +386,6 @@ class GRPOModule(L.LightningModule):
         was_training = self.model.training
         self.model.eval()
         olds, ents, refs = [], [], []
-        ref_model = self._ref.on(batch.input_ids.device) if self._ref is not None else None
         sampled = batch.loss_mask * scorable(batch.position_ids)
         for idx in self._micro(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device), batch):
             kw = {"sampling": sampling[idx], "chunk_tokens": self.logprob_chunk_tokens, "need": sampled[idx]}
@@ -343,8 +393,9 @@ class GRPOModule(L.LightningModule):
             lp, ent = token_logprobs(self.model, with_entropy=True, **kw)
             olds.append(lp)
             ents.append(ent)
-            if ref_model is not None:
-                refs.append(token_logprobs(ref_model, **kw)[0])
+            if self.needs_ref:
+                with self._reference(batch.input_ids.device) as ref_model:
+                    refs.append(token_logprobs(ref_model, **kw)[0])
         self.model.train(was_training)
         return torch.cat(olds), torch.cat(ents), (torch.cat(refs) if refs else None)
 
@@ -361,7 +412,7 @@ class GRPOModule(L.LightningModule):
             for k in ("loss", "kl", "clipped", "tokens")
         }
         norms: list[float] = []
-        push_s = 0.0
+        push_s, push_bytes = 0.0, 0
         world = self._world()
         for _ in range(self.epochs):
             order = (
@@ -378,13 +429,25 @@ class GRPOModule(L.LightningModule):
                 # x len(mbs): each optimiser step carries its share of the batch at full scale.
                 for idx in mine:
                     self._micro_step(
-                        batch, prep, idx, weights[idx] * len(mbs), mask, tok_adv, old, ref, corr, sums,
-                        grad_scale=world, seen=seen,
+                        batch,
+                        prep,
+                        idx,
+                        weights[idx] * len(mbs),
+                        mask,
+                        tok_adv,
+                        old,
+                        ref,
+                        corr,
+                        sums,
+                        grad_scale=world,
+                        seen=seen,
                     )
                 for _ in range(pad):
                     self._backward(self._touch_all())
                 norms.append(self._step(optimizer, scheduler))
-                push_s += self._maybe_push()
+                if not self.optimizer_steps % self.push_every:
+                    push_s += self._timed_push()
+                    push_bytes += self.weight_sync.pushed_bytes if self.weight_sync is not None else 0
         steps = max(len(norms), 1)
         if world > 1:  # every rank saw only its share
             keys = list(sums)
@@ -397,6 +460,7 @@ class GRPOModule(L.LightningModule):
             "train/grad_norm": sum(norms) / steps,
             "train/optimizer_steps": float(len(norms)),
             "train/push_s": push_s,
+            "train/push_mb": push_bytes / 1e6,  # the adapter alone with LoRA
             "train/lr": float(optimizer.param_groups[0]["lr"]),
         }
 
@@ -416,7 +480,9 @@ class GRPOModule(L.LightningModule):
             old_mb, corr_mb = old[idx], (corr[idx] if corr is not None else None)
         else:
             old_mb = logp.detach()
-            tis_mb, keep_mb, corr_mb = self._corrections(old_mb, batch.behavior_logprobs[idx], m, segments, tok_adv[idx])
+            tis_mb, keep_mb, corr_mb = self._corrections(
+                old_mb, batch.behavior_logprobs[idx], m, segments, tok_adv[idx]
+            )
             seen.record(idx, old_mb, ent.detach(), tis_mb, keep_mb)
         per_token, clipped = self.policy_loss(logp, old_mb, tok_adv[idx], m, segments)
         if corr_mb is not None:
@@ -484,9 +550,7 @@ class GRPOModule(L.LightningModule):
         self.optimizer_steps += 1
         return norm
 
-    def _maybe_push(self) -> float:
-        if self.optimizer_steps % self.push_every:
-            return 0.0
+    def _timed_push(self) -> float:
         t = time.perf_counter()
         if self.weight_sync is not None:
             self._push()  # an unbound sync raises: a silent no-push would fake learning
@@ -498,18 +562,38 @@ class GRPOModule(L.LightningModule):
         """Rank 0 pushes; under several ranks every rank learns the new version (and a sharded
         strategy's ranks join the full-state-dict gather)."""
         assert self.weight_sync is not None
+        policy = self._peft.model if self._peft is not None else self.model  # a PeftModel: its adapter alone
         if self._world() == 1:
-            return self.weight_sync.push(self.model)
+            return self.weight_sync.push(policy)
         from lightning.pytorch.strategies import DDPStrategy
 
         if self.global_rank == 0:
-            version = int(self.weight_sync.push(self.model))
+            version = int(self.weight_sync.push(policy))
         else:
             version = -1
             if not isinstance(self.trainer.strategy, DDPStrategy):
                 hf_state_dict(self.model)  # FSDP: gathering the full state dict is a collective
         self.own_version = int(self.trainer.strategy.broadcast(version, src=0))
         return self.own_version
+
+    @property
+    def peft_model(self) -> nn.Module | None:
+        """With LoRA: the PEFT model around `model` (its adapter's state and config); else None."""
+        return self._peft.model if self._peft is not None else None
+
+    def _adapter_only_checkpoints(self) -> None:
+        """Checkpoints keep the adapter alone: the frozen base is `model_dir`, rebuilt on resume."""
+        trainable = {f"model.{n}" for n, p in self.model.named_parameters() if p.requires_grad}
+
+        def drop_base(module, state, prefix, metadata) -> None:
+            for key in [k for k in state if k.startswith(prefix) and k[len(prefix) :] not in trainable]:
+                del state[key]
+
+        def base_not_missing(module, incompatible) -> None:
+            incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if k in trainable]
+
+        self.register_state_dict_post_hook(drop_base)
+        self.register_load_state_dict_post_hook(base_not_missing)
 
     def _skip(self, why: str, **extra: float) -> dict[str, float]:
         self.skipped_batches += 1
@@ -531,6 +615,14 @@ class GRPOModule(L.LightningModule):
         return out
 
 
+class _Outside:
+    """Holds the PeftModel around `GRPOModule.model` outside the module tree: its parameters are
+    the model's own, so registering it would list each twice (in checkpoints too)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+
 @dataclass(slots=True)
 class _Seen:
     """pi_old's logprobs and entropies (N, T) as a single-step batch's micro-steps computed them,
@@ -545,7 +637,9 @@ class _Seen:
     @classmethod
     def zeros(cls, mask: torch.Tensor, tis: Any, off_policy_mask: Any) -> _Seen:
         z = functools.partial(torch.zeros_like, mask, dtype=torch.float32)
-        return cls(z(), z(), z(), z() if tis is not None else None, z() if off_policy_mask is not None else None)
+        return cls(
+            z(), z(), z(), z() if tis is not None else None, z() if off_policy_mask is not None else None
+        )
 
     def record(self, idx: torch.Tensor, old: torch.Tensor, ent: torch.Tensor, tis_w, keep_w) -> None:
         self.old[idx], self.ent[idx], self.covered[idx] = old, ent, 1.0

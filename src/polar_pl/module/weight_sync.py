@@ -13,10 +13,18 @@ Implementations:
 - `VLLMWeightTransferSync`: vLLM's native weight-transfer routes (init / start / update / finish)
   over NCCL or CUDA IPC. GPU only; see its docstring for what is and is not exercised;
 - `NoSync`: pushes nothing (the `sanity_no_push` experiment): weights and version stay put.
+
+With LoRA (`module.lora`) the module pushes its `PeftModel`, and `EmbeddedStateDictSync` and
+`DiskSync` send the adapter alone: its A / B tensors and adapter_config.json, in memory
+(`engine.update_adapter`) or as a PEFT folder (`engine.update_adapter_from_disk`); the engine
+serves base + adapter (`<served>-lora-v<version>`). For SmolLM2-135M at rank 16 on every linear
+layer that is 19.6 MB instead of 651 MB, and into vLLM's CPU build 0.5 s instead of 5.7 s
+(bench/push.py). `pushes_adapters` says a sync can.
 """
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,7 +35,7 @@ import torch
 from torch import nn
 
 from polar_pl.engine.protocol import Engine
-from polar_pl.engine.weights import save_state_dict
+from polar_pl.engine.weights import save_adapter, save_state_dict
 
 
 @runtime_checkable
@@ -35,13 +43,16 @@ class WeightSync(Protocol):
     """Moves the trainer's weights into the engine."""
 
     engine: Engine | None
+    pushed_bytes: int  # what the last push moved (tensor bytes); 0 when nothing or not known
+    pushes_adapters: bool  # whether push() takes a PeftModel and sends its adapter alone
 
     def bind(self, engine: Engine) -> Self:
         """Called once when the engine is known, before the first push; returns self."""
 
     def push(self, model: nn.Module) -> int:
         """Called after an optimiser step (every `push_every`); returns the engine's policy version
-        afterwards. Requests admitted after it returns sample with the new weights."""
+        afterwards. Requests admitted after it returns sample with the new weights. `model` is a
+        PEFT `PeftModel` when the module trains LoRA (only syncs with `pushes_adapters` get one)."""
 
     def policy_version(self) -> int:
         """The engine's current policy version (the reference for staleness)."""
@@ -60,6 +71,25 @@ def hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[st
     return out
 
 
+def is_adapter(model: nn.Module) -> bool:
+    """Whether `model` is a PEFT model, whose push is its adapter alone."""
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def adapter_payload(model: nn.Module, dtype: torch.dtype | None) -> tuple[dict[str, torch.Tensor], dict]:
+    """The adapter's (tensors, adapter_config.json content) as engines load it (inference mode)."""
+    from polar_pl.module.lora import adapter_state
+
+    tensors, config = adapter_state(model, dtype)
+    return tensors, {**config, "inference_mode": True}
+
+
+def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def _dtype(name: str | None) -> torch.dtype | None:
     if name is None:
         return None
@@ -73,6 +103,8 @@ class _Bound:
     """Shared engine binding."""
 
     engine: Engine | None = None
+    pushed_bytes: int = 0
+    pushes_adapters: bool = False
 
     def bind(self, engine: Engine) -> Self:
         self.engine = engine
@@ -91,13 +123,22 @@ class _Bound:
 
 
 class EmbeddedStateDictSync(_Bound):
-    """`engine.update_weights_from_state_dict(model.state_dict())`."""
+    """`engine.update_weights_from_state_dict(model.state_dict())`; a LoRA model's adapter with
+    `engine.update_adapter(tensors, config)`."""
+
+    pushes_adapters = True
 
     def __init__(self, engine: Engine | None = None, *, dtype: str | None = None):
         self.engine, self.dtype = engine, _dtype(dtype)
 
     def push(self, model: nn.Module) -> int:
-        return int(self._engine().update_weights_from_state_dict(hf_state_dict(model, self.dtype)))
+        if is_adapter(model):
+            tensors, config = adapter_payload(model, self.dtype)
+            self.pushed_bytes = nbytes(tensors)
+            return int(self._engine().update_adapter(tensors, config))
+        state = hf_state_dict(model, self.dtype)
+        self.pushed_bytes = nbytes(state)
+        return int(self._engine().update_weights_from_state_dict(state))
 
 
 class DiskSync(_Bound):
@@ -106,27 +147,38 @@ class DiskSync(_Bound):
     dir: where to write; None = a fresh temporary directory per push, removed afterwards.
     A given `dir` is emptied of *.safetensors before each write and keeps the last push.
     dtype: cast before writing (e.g. bfloat16 halves the bytes); None keeps the trainer's.
+    A LoRA model's push is a PEFT adapter folder, loaded with `engine.update_adapter_from_disk`.
     """
+
+    pushes_adapters = True
 
     def __init__(self, engine: Engine | None = None, *, dir: str | None = None, dtype: str | None = None):
         self.engine, self.dir, self.dtype = engine, dir, _dtype(dtype)
 
     def push(self, model: nn.Module) -> int:
         engine = self._engine()
-        state = hf_state_dict(model, self.dtype)
+        if is_adapter(model):
+            tensors, config = adapter_payload(model, self.dtype)
+            write, load = functools.partial(save_adapter, tensors, config), engine.update_adapter_from_disk
+        else:
+            tensors = hf_state_dict(model, self.dtype)
+            write, load = functools.partial(save_state_dict, tensors), engine.update_weights_from_disk
+        self.pushed_bytes = nbytes(tensors)
         if self.dir is None:
             with tempfile.TemporaryDirectory(prefix="polar-push-") as tmp:
-                save_state_dict(state, Path(tmp))
-                return int(engine.update_weights_from_disk(tmp))
+                write(Path(tmp))
+                return int(load(tmp))
         out = Path(self.dir)
-        for old in out.glob("*.safetensors"):
+        for old in (*out.glob("*.safetensors"), *out.glob("adapter_config.json")):
             old.unlink()
-        save_state_dict(state, out)
-        return int(engine.update_weights_from_disk(str(out)))
+        write(out)
+        return int(load(str(out)))
 
 
 class NoSync(_Bound):
     """Pushes nothing: the engine keeps its weights and its version (learning-sanity control)."""
+
+    pushes_adapters = True  # nothing, full or adapter
 
     def __init__(self, engine: Engine | None = None):
         self.engine = engine
@@ -258,6 +310,7 @@ class VLLMWeightTransferSync(_Bound):
             self._init(model)
         if self.pause is not None:
             self._routes.pause(self.pause)
+        self.pushed_bytes = nbytes(dict(model.named_parameters()))
         try:
             self._transfer.send_weights()  # start_weight_update, update_weights (+ broadcast), finish
             version = self.policy_version() + 1

@@ -56,7 +56,9 @@ def _build_into(out: Path) -> None:
     started = time.monotonic()
     source = gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
-    loaded = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        str(source.parent), gguf_file=source.name, dtype=torch.float32
+    )
     model = _plain_copy(loaded)
     del loaded
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")

@@ -41,6 +41,9 @@ class ServiceCalls:
     def state_dict(self) -> dict[str, Any]:
         return self._service().state_dict()
 
+    def last_failure(self) -> str | None:
+        return self.service.last_failure if self.service is not None else None
+
 
 class LocalRollout:
     """The `rollout=local` backend (conf/rollout/local.yaml)."""

@@ -99,6 +99,10 @@ class RolloutClient(Protocol):
     def metrics(self) -> dict[str, float]:
         """Slash-keyed gauges: pool/*, gateway/*, rollout/* (workers, retries, masked sessions)."""
 
+    def last_failure(self) -> str | None:
+        """The latest failed attempt's stage and reason (None: none failed, or not known here):
+        for the line the trainer prints while it waits for rollouts."""
+
     def pause(self, mode: str) -> None:
         """Before a weight push: new engine calls wait at every gateway ("drain": and the calls
         in flight finish first; "keep": they run on)."""

@@ -117,6 +117,9 @@ class RayClient:
     def metrics(self) -> dict[str, float]:
         return self._call("metrics", timeout=30)
 
+    def last_failure(self) -> str | None:
+        return self._call("last_failure", timeout=30)
+
     def records(self, worker: str, session_id: str) -> list[Any]:
         """A session's raw trace records, from the store of the worker's gateway that served it."""
         return self._call("records", worker, session_id)

@@ -212,6 +212,10 @@ class RemoteClient:
     def metrics(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.api.call("GET", "/v1/stats").json().items()}
 
+    def last_failure(self) -> str | None:
+        """Not sent over the API: the service's own log has its failures."""
+        return None
+
     def pause(self, mode: str) -> None:
         """Nothing to send: POST /v1/weights pauses the service's gateways around the load."""
 

@@ -189,7 +189,7 @@ def argv(
             a.mount("--ro-bind", f"/etc/{name}", f"/etc/{name}")
     for src, dst in (*rt.binds, *readonly):
         a.mount("--ro-bind", src, dst)
-    if harness_prefix:
+    if harness_prefix and os.path.isdir(harness_prefix):  # optional: bwrap refuses a missing source
         a.mount("--ro-bind", harness_prefix, harness_prefix)
     for path in rt.masks:
         a.mount("--tmpfs", None, path)

@@ -21,6 +21,7 @@ raises `InfraError` (infra.py). An exec is retried only when it provably never s
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import shutil
 import tempfile
@@ -32,7 +33,7 @@ from typing import Self
 from polar_pl.sandbox import creator, docker_remote, gitdiff
 from polar_pl.sandbox.docker_files import ContainerFiles
 from polar_pl.sandbox.hosts import DockerHost, HostPool
-from polar_pl.sandbox.image import DEFAULT_TAG, USER_UID, cache_dir, default_harness_prefix
+from polar_pl.sandbox.image import DEFAULT_TAG, USER_UID, cache_dir, mounted_harness_prefix
 from polar_pl.sandbox.infra import InfraError, RetryPolicy, transient, with_retries
 from polar_pl.sandbox.local import parse_bytes
 from polar_pl.sandbox.protocol import ExecResult
@@ -59,8 +60,6 @@ def client_for(docker_host: str | None, timeout: float = 300):
 
 
 def default_host() -> str:
-    import os
-
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
 
@@ -102,11 +101,14 @@ class DockerSandbox(ContainerFiles):
         self.pids = pids
         self.cpus = cpus
         self.owner = owner
-        # "" = no harness CLIs (the mini agent needs none); None = the default prefix
-        self.host_prefix = None if harness_prefix == "" else default_harness_prefix(harness_prefix)
-        self.node = shutil.which("node") if node is None else (node or None)  # "" = no Node
+        # What is mounted from the host exists, or is left out: Docker refuses a missing bind source
+        # and every container create would fail. "" = no harness CLIs (the mini agent needs none);
+        # None = the default prefix.
+        self.host_prefix = None if harness_prefix == "" else mounted_harness_prefix(harness_prefix)
+        node = shutil.which("node") if node is None else node  # "" = no Node
+        self.node = node if node and os.path.exists(node) else None
         deps = Path(pydeps) if pydeps else cache_dir() / "pydeps"
-        self.host_pydeps = str(deps) if (deps / ".complete").exists() or pydeps else None
+        self.host_pydeps = str(deps) if (deps / ".complete").exists() or (pydeps and deps.is_dir()) else None
         self.default_timeout = default_timeout
         self.workdir = "/workspace"
         self.home = "/home/polar"

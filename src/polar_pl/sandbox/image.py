@@ -97,6 +97,15 @@ def default_harness_prefix(given: str | None = None) -> str | None:
     return str(Path(prefix).resolve()) if prefix else None
 
 
+def mounted_harness_prefix(given: str | None = None) -> str | None:
+    """What a sandbox mounts as the harness prefix: `default_harness_prefix` when that folder
+    exists, else None (left out). bwrap and Docker refuse a missing source, and so every exec of
+    every sandbox failed, the mini agent's too, which needs no CLI; a harness that does need the
+    prefix is refused at start-up instead (`training.check_harness_prefix`)."""
+    prefix = default_harness_prefix(given)
+    return prefix if prefix and os.path.isdir(prefix) else None
+
+
 def pydeps_dir(cache: Path | None = None) -> Path:
     """A `pip install --target` folder with the mini agent's dependencies, for mounting read-only."""
     cache = cache or cache_dir()

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Self
 
 from polar_pl.sandbox import bwrap, cgroups, creator, gitdiff, userns
-from polar_pl.sandbox.image import default_harness_prefix
+from polar_pl.sandbox.image import mounted_harness_prefix
 from polar_pl.sandbox.protocol import ExecResult
 from polar_pl.sandbox.relay import Relay, inside_url, unix_to_tcp
 
@@ -80,7 +80,7 @@ class LocalSandbox:
             self.limits = cgroups.Limits()
         self.owner = owner
         self.base_dir = base_dir
-        self.harness_prefix = default_harness_prefix(harness_prefix)  # absolute: execs run elsewhere
+        self.harness_prefix = mounted_harness_prefix(harness_prefix)  # absolute (execs run elsewhere); None if absent
         self.default_timeout = default_timeout
         self._runtime = bwrap.runtime(tuple(python_packages)) if isolation == "bwrap" else None
         # As root the sandbox user is host nobody, which must own the writable part of the sandbox.

@@ -95,8 +95,20 @@ def last_number(text: str) -> float | None:
 
 
 def final_integer(answer: str, params: Mapping[str, Any]) -> float:
-    """1 when the last number in the answer equals `params["value"]`, else 0."""
-    return float(last_number(answer) == int(params["value"]))
+    """1 when the last number in the answer equals `params["value"]`. Otherwise 0, or with
+    `params["partial"]` 0.5 x the share of trailing digits it gets right, over the longer of the
+    two numbers ("224" for 234: 1 of 3 digits, 0.17; "1234": 3 of 4, 0.375): a dense signal for a
+    model that is rarely exact, and what the low digits of a sum or product depend on; only an exact
+    answer passes (reward 1)."""
+    want, got = int(params["value"]), last_number(answer)
+    if got == want:
+        return 1.0
+    if not params.get("partial") or got is None or got != int(got):
+        return 0.0
+    digits, mine = str(want), str(int(got))
+    right = next((i for i, (a, b) in enumerate(zip(reversed(digits), reversed(mine))) if a != b),
+                 min(len(digits), len(mine)))  # fmt: skip
+    return 0.5 * right / max(len(digits), len(mine))
 
 
 def file_integer(patch: str, params: Mapping[str, Any]) -> float:
@@ -113,7 +125,10 @@ CHECKS: dict[str, AnswerCheckFn] = {
     "final_integer": final_integer,
 }
 # Checks that read the workspace (the agent's patch) instead of the final answer.
-WORKSPACE_CHECKS: dict[str, AnswerCheckFn] = {"file_similarity": file_similarity, "file_integer": file_integer}
+WORKSPACE_CHECKS: dict[str, AnswerCheckFn] = {
+    "file_similarity": file_similarity,
+    "file_integer": file_integer,
+}
 
 
 def score_answer(task: Task, answer: str | None, patch: str = "") -> float:

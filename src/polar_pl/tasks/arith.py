@@ -73,16 +73,17 @@ def tools_problem(rng: random.Random) -> Problem:
     return rng.randint(10_000, 99_999), "file", rng.randint(2, 9)
 
 
-def arith_task(problem: Problem, rng: random.Random, instance_id: str) -> Task:
+def arith_task(problem: Problem, rng: random.Random, instance_id: str, partial: bool = False) -> Task:
     a, op, b = problem
     prompt = rng.choice(_WORDS[op]).format(a=a, b=b)
+    check = AnswerCheck("final_integer", {"value": value(problem), "partial": partial})
     return Task(
         instance_id=instance_id, repo="", base_commit="", problem_statement=prompt, difficulty="easy",
-        answer_check=AnswerCheck("final_integer", {"value": value(problem)}), extra={"problem": problem},
+        answer_check=check, extra={"problem": problem},
     )  # fmt: skip
 
 
-def tools_task(problem: Problem, rng: random.Random, instance_id: str) -> Task:
+def tools_task(problem: Problem, rng: random.Random, instance_id: str, partial: bool = False) -> Task:
     a, op, b = problem
     if op == "*":
         prompt = (f"Use a shell command to compute {a} times {b}, and write the result to "
@@ -96,7 +97,7 @@ def tools_task(problem: Problem, rng: random.Random, instance_id: str) -> Task:
     return Task(
         instance_id=instance_id, repo="", base_commit="", problem_statement=prompt, difficulty="easy",
         setup_commands=setup, extra={"problem": problem},
-        answer_check=AnswerCheck("file_integer", {"path": RESULT_FILE, "value": expected}),
+        answer_check=AnswerCheck("file_integer", {"path": RESULT_FILE, "value": expected, "partial": partial}),
     )  # fmt: skip
 
 
@@ -117,8 +118,10 @@ def held_out(family: str) -> list[tuple[Problem, random.Random]]:
     return list(out.items())
 
 
-def split_tasks(family: str, split: str, n_tasks: int | None = None, seed: int = 0) -> list[Task]:
-    """`n_tasks` tasks of `split` (test: the first n of the fixed held-out set, all by default)."""
+def split_tasks(family: str, split: str, n_tasks: int | None = None, seed: int = 0,
+                partial: bool = False) -> list[Task]:  # fmt: skip
+    """`n_tasks` tasks of `split` (test: the first n of the fixed held-out set, all by default).
+    partial: train tasks score near misses (`final_integer`'s partial credit); test tasks never do."""
     if family not in FAMILIES:
         raise ValueError(f"task.family is {family!r}; allowed: {', '.join(FAMILIES)}")
     if split not in SPLITS:
@@ -136,7 +139,8 @@ def split_tasks(family: str, split: str, n_tasks: int | None = None, seed: int =
     while len(tasks) < (n_tasks or 1000):
         problem = make(rng)
         if problem not in excluded:
-            tasks.append(build(problem, random.Random(rng.random()), f"{family}-train-{seed}-{len(tasks):05d}"))
+            iid = f"{family}-train-{seed}-{len(tasks):05d}"
+            tasks.append(build(problem, random.Random(rng.random()), iid, partial=partial))
     return tasks
 
 
@@ -144,7 +148,8 @@ class ArithTaskSource(_Source):
     """Tasks of one family and split, scored by `AnswerEvaluator` (answer or workspace, no sandbox).
 
     n_tasks: train: how many to draw (default 1000); test: the first n of the held-out set (null:
-    all of it, 300)."""
+    all of it, 300). partial: train tasks give partial credit for a near miss (the trailing
+    digits right); what passes, and every test task, is exact."""
 
     def __init__(
         self,
@@ -155,6 +160,7 @@ class ArithTaskSource(_Source):
         evaluator: EvaluatorPartial | None = None,
         instance_ids: Sequence[str] | None = None,
         limit: int | None = None,
+        partial: bool = False,
     ) -> None:
         if family not in FAMILIES:
             raise ValueError(f"task.family is {family!r}; allowed: {', '.join(FAMILIES)}")
@@ -167,7 +173,7 @@ class ArithTaskSource(_Source):
 
             evaluator = AnswerEvaluator
         super().__init__(evaluator, None, instance_ids, limit)
-        self.family, self.split, self.n_tasks, self.seed = family, split, n_tasks, seed
+        self.family, self.split, self.n_tasks, self.seed, self.partial = family, split, n_tasks, seed, partial
 
     def _load(self) -> list[Task]:
-        return split_tasks(self.family, self.split, self.n_tasks, self.seed)
+        return split_tasks(self.family, self.split, self.n_tasks, self.seed, self.partial)

@@ -14,7 +14,7 @@ from typing import Any
 from polar_pl.testing.scripted import Reply, ToolCall
 
 # harness -> (its shell tool, the argument holding the command, extra arguments the tool requires);
-# names as recorded from each CLI's requests (fixtures/harness-captures).
+# names as recorded from each CLI's requests (docs/harnesses.md).
 SHELL_TOOL: dict[str, tuple[str, str, dict[str, Any]]] = {
     "mini": ("bash", "command", {}),
     "claude_code": ("Bash", "command", {"description": "Write the result file"}),

@@ -3,13 +3,17 @@
 Token ids come from the engine (`prompt_token_ids` on the first chunk, `token_ids` per choice
 chunk, vLLM's `return_token_ids`), logprobs from `logprobs.content`, and the policy version from
 the `x-policy-version` header or a `policy_version` field on chunks (a weight update can land
-mid-generation, so it is tracked per token). The same object assembles the full
+mid-generation, so it is tracked per token). An engine that tags no version (vLLM) but answered
+from a LoRA adapter `<served>-lora-v<N>` (utils/adapters.py) names it in the answer's `model`:
+its tokens are recorded with version N. The same object assembles the full
 `chat.completion` for harnesses that did not ask for a stream.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from polar_pl.utils.adapters import adapter_version
 
 
 class CallCapture:
@@ -57,6 +61,9 @@ class CallCapture:
             self.id = chunk.get("id") or ""
             self.created = chunk.get("created") or 0
             self.model = chunk.get("model") or ""
+            served = adapter_version(self.model)
+            if served is not None and chunk.get("policy_version") is None:
+                self.policy_version = served  # the adapter that answered is the version
         pids = chunk.get("prompt_token_ids")
         if pids:
             self.prompt_ids = pids

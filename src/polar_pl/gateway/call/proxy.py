@@ -91,6 +91,7 @@ class Proxy:
         sampling: str = "recorded",
         cap_policy: str = "length",
         gate: EngineGate | None = None,
+        pinned_temperature: float = 1.0,
     ):
         if max_tokens_cap is not None and (not isinstance(max_tokens_cap, int) or max_tokens_cap < 1):
             raise ValueError(f"max_tokens_cap: {max_tokens_cap!r}; allowed: a positive integer or None")
@@ -109,6 +110,9 @@ class Proxy:
         self.faithful = faithful
         self.max_tokens_cap = max_tokens_cap
         self.sampling = check_policy(sampling)
+        if not isinstance(pinned_temperature, int | float) or not 0 < pinned_temperature <= 2:
+            raise ValueError(f"pinned_temperature: {pinned_temperature!r}; allowed: a number in (0, 2]")
+        self.pinned_temperature = float(pinned_temperature)
         self.gate = gate or EngineGate()
         self.stats = GatewayStats()
         # why the gateway is stopping, once it is: the reason its aborted calls are recorded with
@@ -323,7 +327,7 @@ class Proxy:
         call.guard = ToolCallGuard(chat.get("tools"))
         capped = self._cap_max_tokens(chat, call.notes)
         call.end_turn_at_cap = capped and self.cap_policy == "end_turn"
-        settle_sampling(chat, self.sampling, call.notes)
+        settle_sampling(chat, self.sampling, call.notes, self.pinned_temperature)
         if self.faithful is None:
             call.engine_body = {**chat, **CAPTURE_FIELDS}
             return None

@@ -9,8 +9,9 @@ min_p, logit_bias) are dropped, with a note.
 
 Policies (gateway option `sampling`):
 - "recorded" (default): the harness's temperature / top_p / top_k, defaults 1 / 1 / off;
-- "pinned": temperature 1, top_p 1, no top_k whatever the harness asked (raw = processed
-  logprobs: the same numbers under any engine logprobs mode).
+- "pinned": temperature 1 (or the gateway's `pinned_temperature`), top_p 1, no top_k whatever
+  the harness asked: the run, not each CLI, chooses what the policy samples from (at temperature
+  1, raw = processed logprobs: the same numbers under any engine logprobs mode).
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ def check_policy(policy: str) -> str:
     return policy
 
 
-def settle_sampling(chat: dict[str, Any], policy: str, notes: list[str]) -> None:
+def settle_sampling(chat: dict[str, Any], policy: str, notes: list[str], temperature: float = 1.0) -> None:
     """Rewrite the engine request `chat` in place (see the module docstring); what changed is
-    appended to `notes`."""
+    appended to `notes`. temperature: the pinned policy's."""
+    pinned = {**DEFAULTS, "temperature": temperature}
     for key, neutral in UNREPRODUCED.items():
         value = chat.pop(key, None)
         if value is not None and value != neutral:
@@ -47,8 +49,8 @@ def settle_sampling(chat: dict[str, Any], policy: str, notes: list[str]) -> None
         if key == "top_k" and asked == 0:
             asked = None  # 0 and -1 both mean off
         if policy == "pinned":
-            if asked is not None and asked != default:
-                notes.append(f"sampling pinned: {key} {asked!r} -> {default!r}")
-            chat[key] = default
+            if asked is not None and asked != pinned[key]:
+                notes.append(f"sampling pinned: {key} {asked!r} -> {pinned[key]!r}")
+            chat[key] = pinned[key]
         else:
             chat[key] = default if asked is None else asked

@@ -4,8 +4,8 @@ Titles, memory extraction and routing classifiers are real model calls (they are
 they are not steps of the agent's trajectory; trajectory builders keep them out of the main chain.
 A rule matches on request features only: the provider API, whether tools are offered, the model
 name, and a fingerprint of the system prompt. Rules are data (`SideCallRule`), so a config can
-add or replace them; the defaults were derived from the captures in
-shared/fixtures/harness-captures (and OpenCode's published title prompt).
+add or replace them; the defaults were derived from the requests each CLI sent (docs/harnesses.md; recorded captures
+are replayed in the tests) and OpenCode's published title prompt.
 """
 
 from __future__ import annotations

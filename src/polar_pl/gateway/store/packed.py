@@ -42,8 +42,3 @@ def pack_i32(ids: Any) -> bytes:
 
 def pack_f32(values: Any) -> bytes:
     return as_f32(values).tobytes()
-
-
-def as_list(ids: Any) -> list:
-    """A list, as the record contract has always held them (arrays converted, lists kept)."""
-    return ids if type(ids) is list else np.asarray(ids).tolist()

@@ -31,7 +31,6 @@ the commit and the harness getting the response: no phantom ok records after kil
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import itertools
@@ -164,10 +163,6 @@ class TraceStore:
                     failing = True
         finally:
             conn.close()
-
-    async def append_async(self, record: TraceRecord) -> None:
-        """Append and wait for the commit without blocking the event loop."""
-        await asyncio.wrap_future(self.append(record))
 
     def put_session(self, info: SessionInfo) -> None:
         """Raises StoreUnavailable when the row cannot be written (disk full)."""

@@ -6,6 +6,11 @@ sessions, then an order drawn per pool, so that several gateways in front of the
 one per rollout worker, do not all start on the first one). A replica that refuses connections or fails its health check is skipped until a later
 check finds it healthy again; sessions stuck to it move on their next call. One taken out
 (`take_out`: it failed a weight push, so it would sample with stale weights) never comes back.
+
+The model name asked for is the engine's: the first card of its /v1/models, or, when it lists
+LoRA adapters of that model (`<served>-lora-v<N>`, as vLLM lists them), the newest adapter. The
+name is read again after every weight push (`refresh_models`), so calls go to the adapter just
+pushed; a gateway started later (the held-out evaluation's) finds it on its first call.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import random
 from dataclasses import dataclass, field
 
 from polar_pl.gateway.upstream.client import UpstreamClient, UpstreamError
+from polar_pl.utils.adapters import adapter_version
 
 
 @dataclass(slots=True)
@@ -44,6 +50,7 @@ class ReplicaPool:
         if not urls:
             raise ValueError("gateway upstreams: at least one engine URL is required")
         self.replicas = [Replica(u.rstrip("/").removesuffix("/v1"), model=model) for u in urls]
+        self._fixed_model = model
         self._tiebreak = {id(r): i for i, r in enumerate(random.sample(self.replicas, len(self.replicas)))}
         self._client = client
         self._sticky: dict[str, Replica] = {}
@@ -80,11 +87,20 @@ class ReplicaPool:
 
     async def model_for(self, rep: Replica) -> str:
         """The name the engine serves (harnesses send their own model names; the engine ignores
-        nothing, so the gateway always asks for the served one)."""
+        nothing, so the gateway always asks for the served one): its newest LoRA adapter if it
+        lists any, else its model."""
         if rep.model is None:
-            card = await self._card(rep)
-            rep.model = card["id"]
+            cards = await self._cards(rep)
+            base = cards[0]["id"]
+            adapters = [(v, c["id"]) for c in cards if (v := adapter_version(c.get("id"), base)) is not None]
+            rep.model = max(adapters)[1] if adapters else base
         return rep.model
+
+    def refresh_models(self) -> None:
+        """After a weight push: ask each engine again which name to request (a new adapter)."""
+        if self._fixed_model is None:
+            for rep in self.replicas:
+                rep.model = None
 
     async def context_limit(self) -> int | None:
         """The engine's context length in tokens (`max_model_len` on vLLM's and the embedded
@@ -99,11 +115,14 @@ class ReplicaPool:
         return self._context or None
 
     async def _card(self, rep: Replica) -> dict:
+        return (await self._cards(rep))[0]
+
+    async def _cards(self, rep: Replica) -> list[dict]:
         data = await self._client.request_json("GET", rep.endpoint("/v1/models"))
         models = data.get("data") if isinstance(data, dict) else None
         if not models or not isinstance(models[0], dict) or not isinstance(models[0].get("id"), str):
             raise UpstreamError("http", "the engine serves no model", 502, rep.url)
-        return models[0]
+        return [m for m in models if isinstance(m, dict)]
 
     async def check(self, rep: Replica) -> bool:
         if rep.removed:
