@@ -296,3 +296,18 @@ def test_lora_run_pushes_the_adapter_and_exports_it(tiny_model_dir, tmp_path):
     adapters = {(adapter_version(m), v) for m, v in served if adapter_version(m) is not None}
     assert adapters and all(a == v for a, v in adapters), served
     assert (run / "adapter" / "adapter_config.json").exists() and (run / "model" / "config.json").exists()
+
+
+def test_tree_collate_trains_each_group_on_its_prompt_once(tiny_model_dir, tmp_path):
+    """`datamodule.collate_mode=tree`: each group's shared prompt is laid out once (most of a
+    learnable row is its prompt), and the trainer's logprobs through the tree equal the engine's."""
+    run = tmp_path / "tree"
+    train(
+        "debug=fast", "steps=2", "datamodule.collate_mode=tree", "datamodule.group_size=4",
+        "module.filter_zero_variance=false", f"hydra.run.dir={run}",
+    )  # fmt: skip
+    shared = column(run, "rollout/shared_token_frac")
+    assert len(shared) == 2 and min(shared) > 0.5, shared
+    rows = [r for r in metrics(run) if r.get("train/logprob_gap_mean")]
+    fresh = [float(r["train/logprob_gap_mean"]) for r in rows if float(r["train/staleness_max"]) == 0]
+    assert fresh and max(fresh) < 0.01, rows

@@ -315,7 +315,8 @@ class RolloutDataModule(L.LightningDataModule):
         rows = rows or flat
         wait_s = time.monotonic() - t0
         self.wait_total_s += wait_s
-        budget = self.token_budget or max(len(r.input_ids) for r in rows)
+        longest = None if self.collate_mode == "tree" else max(len(r.input_ids) for r in rows)  # tree: the longest tree
+        budget = self.token_budget or longest
         batch = collate(
             rows, mode=self.collate_mode, token_budget=budget, pad_id=getattr(self.engine, "pad_token_id", 0)
         )
@@ -438,6 +439,8 @@ class RolloutDataModule(L.LightningDataModule):
             "rollout/trainable_tokens": sum(r.num_trainable for r in rows),
             "rollout/wait_s": wait_s,
             "rollout/padding_waste": batch.padding_waste,
+            # collate_mode tree: row tokens laid out once for several rows (a group's shared prompt)
+            "rollout/shared_token_frac": batch.shared_tokens / max(batch.shared_tokens + batch.total_tokens, 1),
         }
         for stage in ("init", "running", "postrun"):  # per session, mean over the batch
             spent = [r.timings[stage] for r in results if stage in r.timings]
