@@ -253,38 +253,31 @@ def require_admin(request: Request) -> None:
         )
 
 
-@router.post("/update_weights_from_disk", dependencies=[Depends(require_admin)])
-async def update_weights_from_disk(request: Request):
-    # the body is parsed here, after the admin check (a declared body would be validated first)
+async def _load_from_disk(request: Request, load: str, what: str) -> JSONResponse:
+    """POST {"path": DIR} -> the backend's `load`(DIR); a folder it cannot load is a 400. The body
+    is parsed here, after the admin check (a declared body would be validated first)."""
     try:
         body = UpdateWeightsFromDiskRequest.model_validate_json(await request.body())
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from exc
-    backend = backend_of(request)
     try:
-        version = await run_in_threadpool(backend.update_weights_from_disk, body.path)
+        version = await run_in_threadpool(getattr(backend_of(request), load), body.path)
     except (FileNotFoundError, ValueError, KeyError) as exc:
         raise EngineError(
-            f"cannot load weights from {body.path}: {exc}", HTTPStatus.BAD_REQUEST, param="path"
+            f"cannot load {what} from {body.path}: {exc}", HTTPStatus.BAD_REQUEST, param="path"
         ) from exc
-    return JSONResponse({"status": "ok", "policy_version": version}, headers={VERSION_HEADER: str(version)})
+    answer = {"status": "ok", "policy_version": version, "model": served_name(request)}
+    return JSONResponse(answer, headers={VERSION_HEADER: str(version)})
+
+
+@router.post("/update_weights_from_disk", dependencies=[Depends(require_admin)])
+async def update_weights_from_disk(request: Request):
+    return await _load_from_disk(request, "update_weights_from_disk", "weights")
 
 
 @router.post("/update_adapter_from_disk", dependencies=[Depends(require_admin)])
 async def update_adapter_from_disk(request: Request):
-    try:
-        body = UpdateWeightsFromDiskRequest.model_validate_json(await request.body())
-    except ValidationError as exc:
-        raise RequestValidationError(exc.errors()) from exc
-    backend = backend_of(request)
-    try:
-        version = await run_in_threadpool(backend.update_adapter_from_disk, body.path)
-    except (FileNotFoundError, ValueError, KeyError) as exc:
-        raise EngineError(
-            f"cannot load the adapter from {body.path}: {exc}", HTTPStatus.BAD_REQUEST, param="path"
-        ) from exc
-    body = {"status": "ok", "policy_version": version, "model": served_name(request)}
-    return JSONResponse(body, headers={VERSION_HEADER: str(version)})
+    return await _load_from_disk(request, "update_adapter_from_disk", "the adapter")
 
 
 @router.post("/v1/chat/completions")
