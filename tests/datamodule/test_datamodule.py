@@ -283,7 +283,7 @@ def test_infra_failures_are_counted_by_kind_and_kept_out_of_the_reward(tiny_mode
         RolloutResult("r3", "g0", "t", FAILED, 0.0),
         RolloutResult("r4", "g0", "t", "harness_error", 0.0, info={"harness_error": "infra"}),
     ))  # fmt: skip
-    m = dm._metrics([group], [], SimpleNamespace(padding_waste=0.0), 0.0)
+    m = dm._metrics([group], [], SimpleNamespace(padding_waste=0.0, shared_tokens=0, total_tokens=0), 0.0)
     assert m["rollout/infra_failures"] == 3 and m["rollout/infra_failures/image"] == 1
     assert m["rollout/infra_failures/exec"] == 1 and m["rollout/infra_failures/harness"] == 1
     assert m["rollout/sessions"] == 5
