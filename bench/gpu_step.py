@@ -40,7 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from polar_pl.datamodule.collate import TrainBatch, collate
-from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.engine.weights import save_state_dict
 from polar_pl.module.grpo import GRPOModule, enable_checkpointing
 from polar_pl.module.offpolicy import tis_token

@@ -6,7 +6,7 @@ interleaved with their parent, side calls (titles), compaction, re-render drift,
 responses and failed calls. They are written into a real TraceStore (the gateway's own
 `append`, packed layout, store/layout.py); throughput counts per-call tokens (prompt + response
 of every call, what the merge has to read) over the time to read every session back and merge
-it, on the path training takes (`datamodule.rollout.read_and_merge`: `records(sid, packed=True)`,
+it, on the path training takes (`rollout.stages.read_and_merge`: `records(sid, packed=True)`,
 then the builder). Side by side in one run, against the 100 M tokens/s target:
 
 - training path: store -> packed records (arrays over the blobs) -> rows (prefix; per_request)
@@ -51,8 +51,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from polar_pl.datamodule.rollout import read_and_merge
-from polar_pl.datamodule.trajectory import BreakKind, MergeStats, PerRequestBuilder, PrefixBuilder
+from polar_pl.rollout.stages import read_and_merge
+from polar_pl.trajectory import BreakKind, MergeStats, PerRequestBuilder, PrefixBuilder
 from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.gateway.store.traces import TraceStore
 

@@ -19,8 +19,8 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from polar_pl.datamodule.pools import Occupancy, PoolSizes, RolloutJob, RolloutResult
-from polar_pl.datamodule.service import RolloutService
+from polar_pl.rollout.pools import Occupancy, PoolSizes, RolloutJob, RolloutResult
+from polar_pl.rollout.service import RolloutService
 
 
 class SimEngine:

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from polar_pl.datamodule.pools import PoolSizes, RolloutJob, RolloutResult
-from polar_pl.datamodule.service import RolloutService
+from polar_pl.rollout.pools import PoolSizes, RolloutJob, RolloutResult
+from polar_pl.rollout.service import RolloutService
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from polar_pl.datamodule.pools import PoolSizes, RolloutJob, RolloutResult
-from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.datamodule.service import RolloutService
+from polar_pl.rollout.pools import PoolSizes, RolloutJob, RolloutResult
+from polar_pl.trajectory.rows import TrajectoryRow
+from polar_pl.rollout.service import RolloutService
 from polar_pl.rollout.protocol import RolloutSetup
 
 

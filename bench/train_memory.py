@@ -42,7 +42,7 @@ def child(length: int, mode: str, model_dir: str) -> dict:
     import torch
 
     from polar_pl.datamodule.collate import collate
-    from polar_pl.datamodule.rows import TrajectoryRow
+    from polar_pl.trajectory.rows import TrajectoryRow
     from polar_pl.module.grpo import GRPOModule
 
     torch.manual_seed(0)

@@ -1,10 +1,12 @@
 """The arrows that must never exist (docs/architecture.md, "The parts"), checked on the source: every import
 statement in src/polar_pl, at any depth (function-level imports count too), resolved to the
-polar_pl package it names."""
+polar_pl package it names. The training path's packages import one way, datamodule -> rollout ->
+trajectory -> gateway, and no module imports itself back through others."""
 
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 
 import polar_pl
@@ -13,10 +15,13 @@ SRC = Path(polar_pl.__file__).parent
 
 # package -> packages it must never import (the values are top-level packages of polar_pl).
 PARTS = {"chat", "datamodule", "engine", "gateway", "harness", "module", "rollout", "sandbox", "sft", "tasks",
-         "testing"}
+         "testing", "trajectory"}
 FORBIDDEN: dict[str, set[str]] = {
-    "gateway": {"datamodule", "engine", "harness", "module", "rollout", "sandbox", "sft", "tasks", "testing"},
-    "rollout": {"module"},  # where sessions run knows nothing of the training math
+    "gateway": {"datamodule", "engine", "harness", "module", "rollout", "sandbox", "sft", "tasks", "testing",
+                "trajectory"},
+    # where sessions run knows nothing of the training math, nor of the DataModule that consumes it
+    "rollout": {"module", "datamodule"},
+    "trajectory": {"datamodule", "rollout", "module", "engine", "harness", "sandbox", "tasks"},
     "chat": PARTS - {"chat"},
 }
 
@@ -72,6 +77,36 @@ def test_forbidden_arrows_do_not_exist():
         if _top(t) in FORBIDDEN.get(_top(m) or "", set())
     ]
     assert not bad, bad
+
+
+def _is_entry_point(module: str) -> bool:
+    """A command line composes the packages under it (`rollout.cli` builds a training config's
+    parts); it is a root, never imported by a library module, so it is left out of the package order."""
+    last = module.rsplit(".", 1)[-1]
+    return last == "__main__" or last == "cli" or last.endswith("_cli")
+
+
+def test_no_module_imports_itself_back():
+    graph = _graph()
+    try:
+        graphlib.TopologicalSorter({m: {t for t in ts if t in graph and t != m} for m, ts in graph.items()}).prepare()
+    except graphlib.CycleError as e:
+        raise AssertionError(f"import circle: {' -> '.join(e.args[1])}") from None
+
+
+def test_packages_import_one_way():
+    """Package to package, library modules only: no circle (datamodule -> rollout -> trajectory -> gateway)."""
+    order: dict[str, set[str]] = {}
+    for m, targets in _graph().items():
+        if _is_entry_point(m):
+            continue
+        for t in targets:
+            if _top(m) and _top(t) and _top(t) != _top(m):
+                order.setdefault(_top(m), set()).add(_top(t))
+    try:
+        graphlib.TopologicalSorter(order).prepare()
+    except graphlib.CycleError as e:
+        raise AssertionError(f"package circle: {' -> '.join(e.args[1])}") from None
 
 
 def test_the_walk_sees_function_level_and_relative_imports(tmp_path):

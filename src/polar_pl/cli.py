@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("polar_pl.engine.cli", "serve the embedded engine (OpenAI-compatible, token ids)"),
     "gateway": ("polar_pl.gateway.cli", "run the gateway standalone"),
     "session": ("polar_pl.harness.session_cli", "register a gateway session for a harness"),
-    "traces": ("polar_pl.datamodule.traces_cli", "export trace records as trajectory rows"),
+    "traces": ("polar_pl.trajectory.traces_cli", "export trace records as trajectory rows"),
     "rollout": ("polar_pl.rollout.cli", "serve rollouts over HTTP for any trainer"),
     "harness": ("polar_pl.harness.cli", "install harness CLIs"),
     "sandbox": ("polar_pl.sandbox.cli", "sandbox utilities (build-image, cleanup, images, gc)"),

@@ -22,7 +22,7 @@ from typing import Any
 
 import lightning as L
 
-from polar_pl.datamodule.service import PartDown
+from polar_pl.rollout.service import PartDown
 
 log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGINT)

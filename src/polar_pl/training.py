@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
-from polar_pl.datamodule.progress import LiveProgress
+from polar_pl.monitor.progress import LiveProgress
 from polar_pl.engine.replicas import EngineReplicas
 from polar_pl.monitor.noise import quiet
 from polar_pl.preflight import preflight

@@ -6,9 +6,9 @@ queue of prepared groups; the engine only reports its policy version."""
 from __future__ import annotations
 
 from polar_pl.datamodule.datamodule import RolloutDataModule
-from polar_pl.datamodule.pools import OK, RolloutResult
-from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.datamodule.service import Group
+from polar_pl.rollout.pools import OK, RolloutResult
+from polar_pl.rollout.service import Group
+from polar_pl.trajectory.rows import TrajectoryRow
 
 
 class Version:
@@ -113,7 +113,7 @@ def test_merge_metrics_of_a_batch_come_from_summed_counts() -> None:
     sums (MergeStats.from_metrics, lost once in a merge: next_batch raised AttributeError)."""
     from dataclasses import replace
 
-    from polar_pl.datamodule.trajectory import MergeStats
+    from polar_pl.trajectory import MergeStats
 
     one = MergeStats(sessions=1, calls=4, rows=2, call_tokens=300, row_tokens=200, breaks={"side_call": 1})
     assert MergeStats.from_metrics(one.to_metrics()) == one

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from polar_pl.datamodule.collate import collate, pack_bins, unpack
-from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.trajectory.rows import TrajectoryRow
 
 
 def row(ids: list[int], *, group: str = "g", rollout: str = "r", reward: float = 0.0) -> TrajectoryRow:

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from polar_pl.datamodule.datamodule import RolloutDataModule
-from polar_pl.datamodule.pools import FAILED, HARNESS_ERROR, TIMEOUT
-from polar_pl.datamodule.trajectory import PrefixBuilder
 from polar_pl.engine.embedded import EmbeddedEngine
 from polar_pl.harness.mini import Mini
+from polar_pl.rollout.pools import FAILED, HARNESS_ERROR, TIMEOUT
 from polar_pl.sandbox.local import LocalSandbox
 from polar_pl.tasks.learnable import LearnableTaskSource
+from polar_pl.trajectory import PrefixBuilder
 
 
 class HangAfterCall(Mini):
@@ -272,8 +272,8 @@ def test_infra_failures_are_counted_by_kind_and_kept_out_of_the_reward(tiny_mode
     """A batch's metrics count infrastructure failures per kind; they do not drag reward_mean down."""
     from types import SimpleNamespace
 
-    from polar_pl.datamodule.pools import FAILED, INFRA_FAILURE, OK, RolloutResult
-    from polar_pl.datamodule.service import Group
+    from polar_pl.rollout.pools import FAILED, INFRA_FAILURE, OK, RolloutResult
+    from polar_pl.rollout.service import Group
 
     dm = make_dm(tiny_model_dir, tmp_path)  # not set up: only the metrics are exercised
     group = Group("g0", 0, "t", (

@@ -15,10 +15,10 @@ import pytest
 
 from polar_pl.datamodule.datamodule import RolloutDataModule
 from polar_pl.datamodule.failfast import FailFast, RolloutsFailing
-from polar_pl.datamodule.pools import FAILED, HARNESS_ERROR, INFRA_FAILURE, OK, TIMEOUT, RolloutResult
-from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.datamodule.service import Group
 from polar_pl.errors import RunFailed
+from polar_pl.rollout.pools import FAILED, HARNESS_ERROR, INFRA_FAILURE, OK, TIMEOUT, RolloutResult
+from polar_pl.rollout.service import Group
+from polar_pl.trajectory.rows import TrajectoryRow
 
 BWRAP = "RuntimeError: baseline commit failed: bwrap: Can't find source path /x/.cache/harness"
 

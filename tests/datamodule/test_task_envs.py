@@ -13,18 +13,19 @@ import docker
 import pytest
 import requests
 
-from polar_pl.datamodule.pools import INFRA_FAILURE, OK, PoolSizes
-from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
-from polar_pl.datamodule.service import RolloutService
-from polar_pl.datamodule.trajectory import PerRequestBuilder
 from polar_pl.gateway.handle import Gateway
 from polar_pl.harness.mini import Mini
+from polar_pl.rollout.pools import INFRA_FAILURE, OK, PoolSizes
+from polar_pl.rollout.service import RolloutService
+from polar_pl.rollout.stages import HarnessRolloutStages, RolloutOptions
 from polar_pl.sandbox.docker_factory import DockerSandboxes
 from polar_pl.sandbox.hosts import DockerHost, HostSpec
-from polar_pl.tasks.harbor import BUILTIN_DIR, HarborTaskSource, load_harbor_task
+from polar_pl.tasks.harbor import BUILTIN_DIR, load_harbor_task
+from polar_pl.tasks.sources import HarborTaskSource
 from polar_pl.testing.hosts import TcpForwarder
 from polar_pl.testing.sandbox import OWNER
 from polar_pl.testing.scripted import Reply, ToolCall, serve_scripted
+from polar_pl.trajectory import PerRequestBuilder
 from polar_pl.utils.serving import free_port
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polar_pl.datamodule.collate import collate, unpack
-from polar_pl.datamodule.rows import TrajectoryRow
 from polar_pl.datamodule.tree import attention_tail, leading_chain, parents, root_path, shared_prefix
+from polar_pl.trajectory.rows import TrajectoryRow
 
 
 def row(ids: list[int], sampled: list[int], *, group: str = "g", rollout: str = "r") -> TrajectoryRow:

@@ -245,7 +245,7 @@ def test_readme_gateway_in_front_of_the_embedded_engine(tiny_model_dir, tmp_path
     "token count failed: Not Found" (it asked the engine's /tokenize, which it did not serve)."""
     import anthropic
 
-    from polar_pl.datamodule.trajectory import PrefixBuilder
+    from polar_pl.trajectory import PrefixBuilder
     from polar_pl.engine.embedded import EmbeddedEngine
 
     engine = EmbeddedEngine(tiny_model_dir, served_model_name="tiny", num_threads=1).start()

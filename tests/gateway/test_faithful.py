@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from polar_pl.chat.render import render_chat
-from polar_pl.datamodule.trajectory import PrefixBuilder
+from polar_pl.trajectory import PrefixBuilder
 from polar_pl.gateway.call.capture import CallCapture
 from polar_pl.gateway.faithful.completion import CompletionToChat, completion_body
 from polar_pl.gateway.faithful.prompt import faithful_prompt

@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 
-from polar_pl.datamodule.trajectory import PrefixBuilder
+from polar_pl.trajectory import PrefixBuilder
 from polar_pl.engine.server import create_app
 from polar_pl.gateway.handle import Gateway
 from polar_pl.testing.scripted import Reply, ScriptedBackend, ToolCall

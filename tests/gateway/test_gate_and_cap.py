@@ -209,7 +209,7 @@ def test_cap_policy_end_turn_tells_the_harness_a_normal_stop_and_merges_exactly(
     Codex too ("Incomplete response ... max_output_tokens"); end_turn reports the cut as a normal
     end of turn while the record keeps finish_reason length, the harness's own smaller max_tokens
     still reports max_tokens, and the continued conversation prefix-merges into one row."""
-    from polar_pl.datamodule.trajectory import PrefixBuilder
+    from polar_pl.trajectory import PrefixBuilder
 
     slow_engine.backend.token_delay = 0.0
     with Gateway(

@@ -71,7 +71,7 @@ def test_a_writer_migrates_the_old_store_and_both_layouts_read_back(old_store) -
 
 def test_export_reads_an_old_store(old_store, tmp_path) -> None:
     from polar_pl.cli import main
-    from polar_pl.datamodule.traces_cli import read_rows
+    from polar_pl.trajectory.traces_cli import read_rows
 
     out = tmp_path / "rows.jsonl"
     assert main(["traces", "export", "--store", str(old_store), "--out", str(out)]) == 0

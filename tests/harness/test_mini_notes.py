@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from polar_pl.datamodule.trajectory import PrefixBuilder
+from polar_pl.trajectory import PrefixBuilder
 from polar_pl.gateway.handle import Gateway
 from polar_pl.harness import mini_agent
 from polar_pl.testing.scripted import Reply, serve_scripted

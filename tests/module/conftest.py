@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from module_rows import prompt_ids, sample_group
 
-from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.engine.embedded import EmbeddedEngine
 
 

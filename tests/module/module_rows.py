@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import torch
 
-from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.trajectory.rows import TrajectoryRow
 
 
 def sample_group(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.trajectory.rows import TrajectoryRow
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from small_model import VOCAB, small_model
 from synthetic import row
 
 from polar_pl.datamodule.collate import TrainBatch, collate
-from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.datamodule.tree import parents, root_path
 from polar_pl.module import losses
 from polar_pl.module.grpo import GRPOModule

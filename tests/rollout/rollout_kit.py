@@ -7,7 +7,7 @@ from functools import partial
 from pathlib import Path
 
 from polar_pl.datamodule.datamodule import RolloutDataModule
-from polar_pl.datamodule.trajectory import PrefixBuilder
+from polar_pl.trajectory import PrefixBuilder
 from polar_pl.harness.mini import Mini
 from polar_pl.harness.protocol import LaunchPlan
 from polar_pl.sandbox.local import LocalSandbox
@@ -87,8 +87,8 @@ class SleepStages:
         await asyncio.sleep(self.run_s)
 
     async def postrun(self, job):
-        from polar_pl.datamodule.pools import RolloutResult
-        from polar_pl.datamodule.rows import TrajectoryRow
+        from polar_pl.rollout.pools import RolloutResult
+        from polar_pl.trajectory.rows import TrajectoryRow
 
         row = TrajectoryRow([1, 2, 3], [0, 1, 1], [0.0, -0.1, -0.2], [-1, 0, 0], job.rollout_id,
                             job.rollout_id, job.group_id, reward=1.0)  # fmt: skip

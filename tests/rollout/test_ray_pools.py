@@ -10,7 +10,7 @@ import pytest
 import ray
 from rollout_kit import sleep_stages
 
-from polar_pl.datamodule.pools import INFRA_FAILURE, OK, PoolSizes
+from polar_pl.rollout.pools import INFRA_FAILURE, OK, PoolSizes
 from polar_pl.rollout.protocol import RolloutSetup
 from polar_pl.rollout.ray_backend import RayRollout
 

@@ -14,7 +14,7 @@ from omegaconf import open_dict
 from omegaconf.errors import MissingMandatoryValue
 from rollout_kit import SERVICE_TOKEN
 
-from polar_pl.datamodule.service import RolloutsStopped
+from polar_pl.rollout.service import RolloutsStopped
 from polar_pl.rollout.remote import RemoteRollout, RolloutServiceError
 from polar_pl.training import build_parts
 

@@ -8,8 +8,8 @@ import pickle
 import pytest
 from rollout_kit import SleepStages
 
-from polar_pl.datamodule.pools import PoolSizes
-from polar_pl.datamodule.service import RolloutService
+from polar_pl.rollout.pools import PoolSizes
+from polar_pl.rollout.service import RolloutService
 from polar_pl.rollout.tasks import TaskQueue
 
 

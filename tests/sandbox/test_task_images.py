@@ -93,7 +93,8 @@ def test_images_and_gc_commands(docker_engine, docker_image, capsys):
     """`sandbox images` makes a task set's images present (with sizes); `sandbox gc` would remove
     only per-task images that no given task set needs."""
     from polar_pl.cli import main
-    from polar_pl.tasks.harbor import BUILTIN_DIR, HarborTaskSource
+    from polar_pl.tasks.harbor import BUILTIN_DIR
+    from polar_pl.tasks.sources import HarborTaskSource
 
     host = ["--docker-host", docker_engine.url]
     assert main(["sandbox", "images", "--tasks", str(BUILTIN_DIR), *host]) == 0

@@ -8,8 +8,8 @@ from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
-from polar_pl.datamodule.pools import FAILED, OK, TIMEOUT, RolloutResult
-from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.rollout.pools import FAILED, OK, TIMEOUT, RolloutResult
+from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.sft.run import SFTOptions, resolved_config_yaml, verdict
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from polar_pl.datamodule.pools import PoolSizes, RolloutJob, RolloutResult
-from polar_pl.datamodule.service import RolloutService
+from polar_pl.rollout.pools import PoolSizes, RolloutJob, RolloutResult
+from polar_pl.rollout.service import RolloutService
 
 
 class Instant:

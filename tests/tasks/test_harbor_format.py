@@ -11,8 +11,9 @@ from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from polar_pl.tasks.harbor import BUILTIN_DIR, HarborTaskSource, load_harbor_task
+from polar_pl.tasks.harbor import BUILTIN_DIR, load_harbor_task
 from polar_pl.tasks.harbor_verifier import RewardFormatError, parse_reward
+from polar_pl.tasks.sources import HarborTaskSource
 from polar_pl.tasks.task import TaskFormatError, task_from_row
 
 

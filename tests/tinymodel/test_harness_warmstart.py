@@ -11,8 +11,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from polar_pl.chat.render import render_chat
 from polar_pl.tinymodel.harness_capture import HarnessPrompt
 from polar_pl.tinymodel.harness_conversations import examples, shell_tool
-from polar_pl.tinymodel.harness_data import Group, long_groups, render_tail, short_group, tail_tokens
-from polar_pl.tinymodel.harness_warmstart import compute_kvs, step_loss
+from polar_pl.tinymodel.harness_data import (
+    Group,
+    compute_kvs,
+    long_groups,
+    render_tail,
+    short_group,
+    tail_tokens,
+)
+from polar_pl.tinymodel.harness_warmstart import step_loss
 
 
 @pytest.fixture(scope="module")

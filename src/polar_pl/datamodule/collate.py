@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.datamodule.tree import Span, parents, root_path, tree_items
 
 MODES = ("pack", "pad", "tree")

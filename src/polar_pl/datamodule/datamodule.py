@@ -26,12 +26,12 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from polar_pl.datamodule.collate import TrainBatch, collate
 from polar_pl.datamodule.failfast import FailFast
-from polar_pl.datamodule.pools import INFRA_FAILURE, PoolSizes
-from polar_pl.datamodule.progress import waiting_line
-from polar_pl.datamodule.rollout import RolloutOptions
-from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.datamodule.service import Group, RolloutsStopped
-from polar_pl.datamodule.trajectory import MergeStats
+from polar_pl.rollout.pools import INFRA_FAILURE, PoolSizes
+from polar_pl.monitor.progress import waiting_line
+from polar_pl.rollout.stages import RolloutOptions
+from polar_pl.trajectory.rows import TrajectoryRow
+from polar_pl.rollout.service import Group, RolloutsStopped
+from polar_pl.trajectory import MergeStats
 from polar_pl.gateway.handle import Gateway
 from polar_pl.rollout.local import LocalRollout
 from polar_pl.rollout.protocol import HarnessStages, RolloutBackend, RolloutClient, RolloutSetup

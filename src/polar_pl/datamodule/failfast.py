@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from polar_pl.datamodule.outcome import INFRA
-from polar_pl.datamodule.pools import FAILED, HARNESS_ERROR, INFRA_FAILURE, RolloutResult
+from polar_pl.rollout.outcome import INFRA
+from polar_pl.rollout.pools import FAILED, HARNESS_ERROR, INFRA_FAILURE, RolloutResult
 from polar_pl.errors import RunFailed
 
 

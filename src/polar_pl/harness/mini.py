@@ -15,7 +15,7 @@ ANSWER_FILE = ".polar/answer.txt"  # relative to the workspace; .polar is exclud
 
 class Mini:
     name = "mini"
-    # exit codes that are the model's doing (datamodule/outcome.py): trained with reward 0
+    # exit codes that are the model's doing (rollout/outcome.py): trained with reward 0
     policy_exit_codes: ClassVar[dict[int, str]] = {3: "out of turns"}
 
     def __init__(

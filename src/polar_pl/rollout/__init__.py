@@ -9,5 +9,5 @@
 `remote.py`    `rollout=remote`: a trainer driving such a service (weights through a shared directory).
 
 Group semantics (G attempts, deadlines, work-ahead bound, resume cursor) live once, in
-`polar_pl.datamodule.service.RolloutService`; the backends only change what runs the jobs.
+`polar_pl.rollout.service.RolloutService`; the backends only change what runs the jobs.
 """

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from polar_pl.datamodule.service import Group, RolloutService
+from polar_pl.rollout.service import Group, RolloutService
 from polar_pl.gateway.handle import Gateway
 from polar_pl.rollout.protocol import RolloutSetup
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from polar_pl.datamodule.pools import PoolSizes, RolloutStages
-from polar_pl.datamodule.rollout import HarnessRolloutStages, RolloutOptions
-from polar_pl.datamodule.service import Group
+from polar_pl.rollout.pools import PoolSizes, RolloutStages
+from polar_pl.rollout.stages import HarnessRolloutStages, RolloutOptions
+from polar_pl.rollout.service import Group
 
 
 @dataclass(frozen=True, slots=True)

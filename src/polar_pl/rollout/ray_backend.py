@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from polar_pl.datamodule.service import Group
+from polar_pl.rollout.service import Group
 from polar_pl.rollout.protocol import RolloutSetup
 
 log = logging.getLogger(__name__)

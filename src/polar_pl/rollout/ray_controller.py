@@ -15,7 +15,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from polar_pl.datamodule.service import RolloutService
+from polar_pl.rollout.service import RolloutService
 from polar_pl.rollout.local import ServiceCalls
 from polar_pl.rollout.protocol import RolloutSetup
 from polar_pl.rollout.ray_pools import RayPools, WorkerSlot

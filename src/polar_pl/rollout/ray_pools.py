@@ -26,8 +26,8 @@ from typing import Any
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from polar_pl.datamodule.outcome import INFRA
-from polar_pl.datamodule.pools import INFRA_FAILURE, RolloutJob, RolloutResult
+from polar_pl.rollout.outcome import INFRA
+from polar_pl.rollout.pools import INFRA_FAILURE, RolloutJob, RolloutResult
 
 log = logging.getLogger(__name__)
 LINGER_S = 0.05

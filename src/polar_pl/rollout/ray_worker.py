@@ -17,7 +17,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from polar_pl.datamodule.pools import RolloutJob, RolloutResult, StagePools
+from polar_pl.rollout.pools import RolloutJob, RolloutResult, StagePools
 from polar_pl.rollout.protocol import RolloutSetup
 
 

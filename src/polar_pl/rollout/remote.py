@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from polar_pl.datamodule.service import Group, RolloutsStopped
+from polar_pl.rollout.service import Group, RolloutsStopped
 from polar_pl.engine.weights import save_state_dict
 from polar_pl.rollout.http.schema import GroupsResponse, VersionResponse, group_from_json
 from polar_pl.rollout.protocol import RolloutSetup

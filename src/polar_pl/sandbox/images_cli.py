@@ -41,8 +41,7 @@ def add_arguments(sub) -> None:
 
 def task_images(specs: list[str]) -> dict[str, str | None]:
     """{image: build context or None} over the task sets named by `specs`."""
-    from polar_pl.tasks.harbor import HarborTaskSource
-    from polar_pl.tasks.sources import SWEBenchTaskSource
+    from polar_pl.tasks.sources import HarborTaskSource, SWEBenchTaskSource
 
     out: dict[str, str | None] = {}
     for spec in specs:

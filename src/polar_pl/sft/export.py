@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from polar_pl.datamodule.pools import INFRA_FAILURE
+from polar_pl.rollout.pools import INFRA_FAILURE
 from polar_pl.sft.conversation import turn_counts
 from polar_pl.sft.log import RolloutLog, write_atomic
 

@@ -24,10 +24,10 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from polar_pl.datamodule.pools import OK, RolloutResult
-from polar_pl.datamodule.progress import LiveProgress
-from polar_pl.datamodule.rollout import HarnessRolloutStages
-from polar_pl.datamodule.service import Group, RolloutService
+from polar_pl.rollout.pools import OK, RolloutResult
+from polar_pl.monitor.progress import LiveProgress
+from polar_pl.rollout.stages import HarnessRolloutStages
+from polar_pl.rollout.service import Group, RolloutService
 from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.sft.conversation import conversation
 from polar_pl.sft.export import export

@@ -53,7 +53,7 @@ def _source(args: argparse.Namespace) -> TaskSource:
     if args.source == "builtin":
         return BuiltinTaskSource(**common, runner=args.runner)
     if args.source == "harbor":
-        from polar_pl.tasks.harbor import HarborTaskSource
+        from polar_pl.tasks.sources import HarborTaskSource
 
         return HarborTaskSource(args.path, **common)
     if args.source == "learnable":

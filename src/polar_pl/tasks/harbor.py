@@ -25,12 +25,11 @@ from __future__ import annotations
 import hashlib
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polar_pl.tasks.sources import EvaluatorPartial, _Source
 from polar_pl.tasks.task import DIFFICULTIES, Task, TaskFormatError
 
 BUILTIN_DIR = Path(__file__).with_name("harbor_builtin")
@@ -166,34 +165,3 @@ def find_task_dirs(path: str | Path) -> list[Path]:
     if not found:
         raise FileNotFoundError(f"task.path: no Harbor task (a folder with task.toml) under {root}")
     return found
-
-
-class HarborTaskSource(_Source):
-    """Harbor task folders under `path` (default: the built-in ones); scored by `HarborVerifier`."""
-
-    def __init__(
-        self,
-        path: str | None = None,
-        evaluator: EvaluatorPartial | None = None,
-        difficulty: Sequence[str] | str | None = None,
-        instance_ids: Sequence[str] | None = None,
-        limit: int | None = None,
-    ) -> None:
-        if evaluator is None:
-            import functools
-
-            from polar_pl.tasks.harbor_verifier import HarborVerifier
-
-            evaluator = functools.partial(HarborVerifier)
-        super().__init__(evaluator, difficulty, instance_ids, limit)
-        self.path = Path(path) if path else BUILTIN_DIR
-
-    def _load(self) -> list[Task]:
-        tasks, seen = [], set()
-        for d in find_task_dirs(self.path):
-            task = load_harbor_task(d)
-            if task.instance_id in seen:
-                raise TaskFormatError(task.instance_id, "task.name", "is duplicated", str(d))
-            seen.add(task.instance_id)
-            tasks.append(task)
-        return tasks

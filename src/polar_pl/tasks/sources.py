@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from polar_pl.tasks.evaluator import Evaluator, SandboxEvaluator, SandboxFactory
+from polar_pl.tasks.harbor import BUILTIN_DIR, find_task_dirs, load_harbor_task
+from polar_pl.tasks.harbor_verifier import HarborVerifier
 from polar_pl.tasks.task import TEST_RUNNERS, Task, TaskFormatError, task_from_row
 
 EvaluatorPartial = Callable[..., Evaluator]
@@ -179,3 +181,30 @@ class BuiltinTaskSource(_Source):
         from polar_pl.tasks.builtin import load_suite
 
         return load_suite(self.runner)
+
+
+class HarborTaskSource(_Source):
+    """Harbor task folders under `path` (default: the built-in ones); scored by `HarborVerifier`."""
+
+    def __init__(
+        self,
+        path: str | None = None,
+        evaluator: EvaluatorPartial | None = None,
+        difficulty: Sequence[str] | str | None = None,
+        instance_ids: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> None:
+        if evaluator is None:
+            evaluator = functools.partial(HarborVerifier)
+        super().__init__(evaluator, difficulty, instance_ids, limit)
+        self.path = Path(path) if path else BUILTIN_DIR
+
+    def _load(self) -> list[Task]:
+        tasks, seen = [], set()
+        for d in find_task_dirs(self.path):
+            task = load_harbor_task(d)
+            if task.instance_id in seen:
+                raise TaskFormatError(task.instance_id, "task.name", "is duplicated", str(d))
+            seen.add(task.instance_id)
+            tasks.append(task)
+        return tasks

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_pl.chat.toolparse import render_tool_call
-from polar_pl.datamodule.trajectory import MergeStats, PrefixBuilder
+from polar_pl.trajectory import MergeStats, PrefixBuilder
 from polar_pl.gateway.handle import Gateway
 from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.testing.scripted import Reply, ScriptedBackend, ScriptedServer, ToolCall

@@ -22,7 +22,7 @@ from typing import Any
 import openai
 
 from polar_pl.datamodule.collate import collate
-from polar_pl.datamodule.trajectory import PrefixBuilder
+from polar_pl.trajectory import PrefixBuilder
 from polar_pl.gateway.handle import Gateway
 from polar_pl.harness.mini_agent import run_notes
 from polar_pl.module.grpo import GRPOModule

@@ -15,7 +15,7 @@ import openai
 import torch
 
 from polar_pl.datamodule.collate import collate
-from polar_pl.datamodule.trajectory import PerRequestBuilder
+from polar_pl.trajectory import PerRequestBuilder
 from polar_pl.gateway.handle import Gateway
 from polar_pl.module.grpo import GRPOModule
 

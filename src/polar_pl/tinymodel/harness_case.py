@@ -27,8 +27,16 @@ from polar_pl.chat.render import render_chat
 from polar_pl.tasks.learnable import learnable_task
 from polar_pl.tinymodel.harness_capture import HarnessPrompt
 from polar_pl.tinymodel.harness_conversations import Example
-from polar_pl.tinymodel.harness_data import MAX_SEGMENT_PROMPT, Group, _segment, _workdir, lcp, per_task_group
-from polar_pl.tinymodel.harness_warmstart import Schedule, compute_kvs, step_loss
+from polar_pl.tinymodel.harness_data import (
+    MAX_SEGMENT_PROMPT,
+    Group,
+    _segment,
+    _workdir,
+    compute_kvs,
+    lcp,
+    per_task_group,
+)
+from polar_pl.tinymodel.harness_warmstart import Schedule, step_loss
 from polar_pl.tinymodel.multiturn_warmstart import WORDS
 from polar_pl.tinymodel.warmstart import set_lr
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import DynamicCache, PreTrainedModel
 
 from polar_pl.chat.render import render_chat
 from polar_pl.tinymodel.harness_capture import HarnessPrompt
@@ -185,3 +186,20 @@ def probe_contexts(tok, prompt: HarnessPrompt, seed: int) -> list[tuple[str, lis
     tasks = list(task_examples(prompt.harness, prompt.tools, seed, 2, 1))
     picked = [t for t in tasks if "answer.txt" in t][:2] + [t for t in tasks if "answer.txt" not in t][:2]
     return [(t, render_chat(tok, prompt.with_task(t, _workdir(rng)), prompt.tools)[1]) for t in picked]
+
+
+@torch.no_grad()
+def compute_kvs(model: PreTrainedModel, groups: list[Group], chunk: int = 4096) -> None:
+    """Each group's prefix KV with the current weights; what all prefixes share is computed once."""
+    shared = lcp([g.prefix + [0] for g in groups])  # +[0]: a prefix may be the shared part itself
+    base = _extend(model, DynamicCache(), groups[0].prefix[:shared], chunk)
+    base_kv = [(layer.keys, layer.values) for layer in base.layers] if shared else None
+    for g in groups:
+        cache = _extend(model, DynamicCache(ddp_cache_data=base_kv) if base_kv else DynamicCache(), g.prefix[shared:], chunk)
+        g.kv = [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _extend(model, cache: DynamicCache, ids: list[int], chunk: int) -> DynamicCache:
+    for start in range(0, len(ids), chunk):
+        model.model(input_ids=torch.tensor([ids[start : start + chunk]]), cache=cache, use_cache=True)
+    return cache

@@ -33,25 +33,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from polar_pl.tinymodel.harness_capture import HarnessPrompt
-from polar_pl.tinymodel.harness_data import IGNORE, Group, lcp, long_groups, short_group
+from polar_pl.tinymodel.harness_data import IGNORE, Group, compute_kvs, long_groups, short_group
 from polar_pl.tinymodel.warmstart import set_lr
-
-
-@torch.no_grad()
-def compute_kvs(model: PreTrainedModel, groups: list[Group], chunk: int = 4096) -> None:
-    """Each group's prefix KV with the current weights; what all prefixes share is computed once."""
-    shared = lcp([g.prefix + [0] for g in groups])  # +[0]: a prefix may be the shared part itself
-    base = _extend(model, DynamicCache(), groups[0].prefix[:shared], chunk)
-    base_kv = [(layer.keys, layer.values) for layer in base.layers] if shared else None
-    for g in groups:
-        cache = _extend(model, DynamicCache(ddp_cache_data=base_kv) if base_kv else DynamicCache(), g.prefix[shared:], chunk)
-        g.kv = [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def _extend(model, cache: DynamicCache, ids: list[int], chunk: int) -> DynamicCache:
-    for start in range(0, len(ids), chunk):
-        model.model(input_ids=torch.tensor([ids[start : start + chunk]]), cache=cache, use_cache=True)
-    return cache
 
 
 def _pad(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,7 @@
 """Chain breaks: why a call does not extend the token chain of an earlier call of its session.
 
 Two places ask that question and must answer it the same way: the trajectory builders, which
-classify every break when they merge a session's records (datamodule/trajectory/breaks.py), and
+classify every break when they merge a session's records (trajectory/breaks.py), and
 the gateway's incremental token-faithful prompts, which classify why a call had to be rendered in
 full instead of extending its session's chain (faithful/incremental.py). Both name the causes
 with `BreakKind` and share the message-level rule here.

@@ -1,7 +1,7 @@
 """Token ids and logprobs as packed arrays: little-endian int32 / float32, 4 bytes a token.
 
 The store keeps them as blobs in this layout (store/traces.py), the gateway keeps its sessions'
-chains in it (faithful/), and the merge compares them as arrays (datamodule/trajectory/): a long
+chains in it (faithful/), and the merge compares them as arrays (trajectory/): a long
 prompt is one buffer, never a list of Python ints.
 """
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from polar_pl.datamodule.pools import RolloutResult
-from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.datamodule.service import Group
+from polar_pl.rollout.pools import RolloutResult
+from polar_pl.trajectory.rows import TrajectoryRow
+from polar_pl.rollout.service import Group
 
 
 class ErrorBody(BaseModel):

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.gateway.store.chains import FIRST, BreakKind  # noqa: F401 (FIRST: re-exported for the builders)
 from polar_pl.gateway.store.packed import as_i32
 from polar_pl.gateway.store.records import TraceRecord

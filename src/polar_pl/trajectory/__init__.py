@@ -1,6 +1,6 @@
 """Trajectory builders: trace records of a session -> trainable rows (`merge/` config group)."""
 
-from polar_pl.datamodule.trajectory.base import (
+from polar_pl.trajectory.base import (
     FIRST,
     BreakKind,
     BuildResult,
@@ -8,8 +8,8 @@ from polar_pl.datamodule.trajectory.base import (
     TrajectoryBuilder,
     build_batch,
 )
-from polar_pl.datamodule.trajectory.per_request import PerRequestBuilder
-from polar_pl.datamodule.trajectory.prefix import PrefixBuilder
+from polar_pl.trajectory.per_request import PerRequestBuilder
+from polar_pl.trajectory.prefix import PrefixBuilder
 
 __all__ = [
     "FIRST",

@@ -6,7 +6,7 @@ import dataclasses
 
 from traj_tokens import rec
 
-from polar_pl.datamodule.outcome import INFRA, POLICY, classify
+from polar_pl.rollout.outcome import INFRA, POLICY, classify
 
 CLAUDE_CAP_ERROR = "API Error: Claude's response exceeded the 128000 output token maximum."
 

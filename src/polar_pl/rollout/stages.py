@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from polar_pl.datamodule.outcome import INFRA, classify
-from polar_pl.datamodule.pools import (
+from polar_pl.rollout.outcome import INFRA, classify
+from polar_pl.rollout.pools import (
     FAILED,
     HARNESS_ERROR,
     INFRA_FAILURE,
@@ -34,7 +34,7 @@ from polar_pl.datamodule.pools import (
     RolloutJob,
     RolloutResult,
 )
-from polar_pl.datamodule.trajectory.base import BuildResult, TrajectoryBuilder
+from polar_pl.trajectory.base import BuildResult, TrajectoryBuilder
 from polar_pl.gateway.handle import Gateway
 from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.harness.protocol import GatewaySession, Harness

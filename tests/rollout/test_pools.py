@@ -9,8 +9,8 @@ from collections import Counter
 
 import pytest
 
-from polar_pl.datamodule.pools import FAILED, OK, TIMEOUT, PoolSizes, RolloutJob, RolloutResult
-from polar_pl.datamodule.service import RolloutService
+from polar_pl.rollout.pools import FAILED, OK, TIMEOUT, PoolSizes, RolloutJob, RolloutResult
+from polar_pl.rollout.service import RolloutService
 
 
 class SimStages:
@@ -199,7 +199,7 @@ def test_empty_task_source_is_a_clear_error():
 
 
 def test_infrastructure_failures_are_their_own_status_and_counted_by_kind():
-    from polar_pl.datamodule.pools import INFRA_FAILURE
+    from polar_pl.rollout.pools import INFRA_FAILURE
     from polar_pl.sandbox.infra import InfraError
 
     class Infra(SimStages):

@@ -13,8 +13,8 @@ from traj_sessions import simulate
 from traj_tokens import GEN, NL, E, rec, system, user
 
 from polar_pl.cli import main
-from polar_pl.datamodule.traces_cli import plain_renders, read_rows
-from polar_pl.datamodule.trajectory import PerRequestBuilder, PrefixBuilder
+from polar_pl.trajectory.traces_cli import plain_renders, read_rows
+from polar_pl.trajectory import PerRequestBuilder, PrefixBuilder
 from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.gateway.store.traces import TraceStore
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from traj_tokens import GEN, NL, E, rec, system, tool_result, user
 
-from polar_pl.datamodule.trajectory import PerRequestBuilder, PrefixBuilder, TrajectoryBuilder, build_batch
+from polar_pl.trajectory import PerRequestBuilder, PrefixBuilder, TrajectoryBuilder, build_batch
 
 P1 = system(100) + user(101, 102) + GEN
 R1 = [200, 201, E]

@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar_pl.datamodule.pools import OK, PoolSizes, RolloutJob, RolloutResult, RolloutStages, StagePools
+from polar_pl.rollout.pools import OK, PoolSizes, RolloutJob, RolloutResult, RolloutStages, StagePools
 from polar_pl.errors import RunFailed
 
 log = logging.getLogger(__name__)

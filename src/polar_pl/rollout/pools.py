@@ -17,11 +17,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from polar_pl.datamodule.rows import TrajectoryRow
+from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.sandbox.infra import InfraError
 
 OK, TIMEOUT, FAILED = "ok", "timeout", "failed"
-HARNESS_ERROR = "harness_error"  # the CLI exited non-zero or got an API error (datamodule/outcome.py)
+HARNESS_ERROR = "harness_error"  # the CLI exited non-zero or got an API error (rollout/outcome.py)
 # The infrastructure failed (sandbox start, image, exec, copy, host; a lost rollout worker or node
 # with its retries spent), not the policy: never trained.
 INFRA_FAILURE = "infra_failure"

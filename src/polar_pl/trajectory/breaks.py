@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from polar_pl.datamodule.trajectory.base import BreakKind, Call
+from polar_pl.trajectory.base import BreakKind, Call
 from polar_pl.gateway.store.chains import classify_messages, failure_kind
 
 

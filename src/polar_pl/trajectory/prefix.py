@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.datamodule.trajectory.base import (
+from polar_pl.trajectory.rows import TrajectoryRow
+from polar_pl.trajectory.base import (
     FIRST,
     BreakKind,
     BuildResult,
@@ -41,7 +41,7 @@ from polar_pl.datamodule.trajectory.base import (
     prepare,
     spliced,
 )
-from polar_pl.datamodule.trajectory.breaks import chain_lcp, classify_break
+from polar_pl.trajectory.breaks import chain_lcp, classify_break
 from polar_pl.gateway.store.records import TraceRecord
 
 

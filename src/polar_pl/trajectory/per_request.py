@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.datamodule.trajectory.base import (
+from polar_pl.trajectory.rows import TrajectoryRow
+from polar_pl.trajectory.base import (
     BuildResult,
     MergeStats,
     SideCallOptions,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from traj_tokens import rec
 
-from polar_pl.datamodule.trajectory import PrefixBuilder
+from polar_pl.trajectory import PrefixBuilder
 from polar_pl.gateway.store.records import TraceRecord
 
 TOOLS = [

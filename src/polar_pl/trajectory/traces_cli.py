@@ -24,8 +24,8 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from polar_pl.datamodule.rows import TrajectoryRow
-from polar_pl.datamodule.trajectory import BreakKind, MergeStats, TrajectoryBuilder
+from polar_pl.trajectory.rows import TrajectoryRow
+from polar_pl.trajectory import BreakKind, MergeStats, TrajectoryBuilder
 from polar_pl.gateway.store.records import TraceRecord
 
 CONF_MERGE = resources.files("polar_pl.conf") / "merge"

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from traj_sessions import clean_sessions, sessions
 
 from polar_pl.datamodule.collate import collate, unpack
-from polar_pl.datamodule.trajectory import FIRST, PerRequestBuilder, PrefixBuilder
+from polar_pl.trajectory import FIRST, PerRequestBuilder, PrefixBuilder
 from polar_pl.gateway.store.records import TraceRecord
 
 
