@@ -1,9 +1,9 @@
 """Training entry point (Hydra): `python train.py [group=option ...]`, sweeps with `-m`.
 
-    python train.py                                   # CPU default: tiny model, mini harness
-    python train.py harness=claude_code merge=prefix
-    python train.py -m harness=claude_code,codex,qwen_code,pi
-    python train.py experiment=sanity                 # the learning-sanity run
+python train.py                                   # CPU default: tiny model, mini harness
+python train.py harness=claude_code merge=prefix
+python train.py -m harness=claude_code,codex,qwen_code,pi
+python train.py experiment=sanity                 # the learning-sanity run
 """
 
 from __future__ import annotations

@@ -33,7 +33,9 @@ from polar_pl.testing.learning import CONTROL_OVERRIDES, start_and_lead
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(experiment: str, harness: str, out: Path, steps: int, *extra: str) -> tuple[list[dict[str, str]], float]:
+def run(
+    experiment: str, harness: str, out: Path, steps: int, *extra: str
+) -> tuple[list[dict[str, str]], float]:
     env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
     argv = [sys.executable, "train.py", f"experiment={experiment}", f"harness={harness}", f"steps={steps}",
             f"hydra.run.dir={out}", *extra]  # fmt: skip
@@ -64,7 +66,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--control-steps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0, help="train.py's seed (sampling, task order)")
-    ap.add_argument("--experiment", default="cli_sanity", help="e.g. cli_sanity_claude_code (Claude Code's lean request)")
+    ap.add_argument(
+        "--experiment", default="cli_sanity", help="e.g. cli_sanity_claude_code (Claude Code's lean request)"
+    )
     ap.add_argument("--out", default=None, help="run folder (default: a temporary one)")
     ap.add_argument("overrides", nargs="*", help="train.py overrides for both runs, e.g. module.lr=2e-3")
     args = ap.parse_args()
@@ -72,12 +76,17 @@ def main() -> None:
     print(f"{'harness':12} {'run':8} {'wall s':>7} {'infra':>6} {'policy':>6}  reward by step")
     for harness in args.harness.split(","):
         curves = {}
-        for name, steps, extra in (("push", args.steps, ()), ("no push", args.control_steps, CONTROL_OVERRIDES)):
+        for name, steps, extra in (
+            ("push", args.steps, ()),
+            ("no push", args.control_steps, CONTROL_OVERRIDES),
+        ):
             rows, wall = run(args.experiment, harness, root / harness / name.replace(" ", "_"), steps,
                              f"seed={args.seed}", *args.overrides, *extra)  # fmt: skip
             rewards, infra, policy = summary(rows)
             curves[name] = rewards
-            print(f"{harness:12} {name:8} {wall:7.0f} {infra:6.0f} {policy:6.0f}  {[round(x, 3) for x in rewards]}")
+            print(
+                f"{harness:12} {name:8} {wall:7.0f} {infra:6.0f} {policy:6.0f}  {[round(x, 3) for x in rewards]}"
+            )
             if name == "push":
                 for check in ("uppercase_fraction", "lowercase_fraction"):
                     values = [round(float(r[f"rollout/reward_by_check/{check}"]), 3) for r in rows]

@@ -283,7 +283,7 @@ class Target:
 
 
 def start(cmd: list[str], env: dict | None = None, log: Path | None = None) -> subprocess.Popen:
-    out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - lives as long as the process
+    out = open(log, "wb") if log else subprocess.DEVNULL
     return subprocess.Popen(
         cmd, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
     )
@@ -612,7 +612,7 @@ def main() -> int:
             wait_http(f"{mock_url}/health")
             plan = [(Target("direct", f"{mock_url}/v1/chat/completions", None, ["x"]), levels)]
             plan += start_targets(args, mock_url, levels, Path(tmp), procs, profiles)
-            for k in range(args.rounds):  # interleaved: a shift in the machine's load hits every target
+            for _ in range(args.rounds):  # interleaved: a shift in the machine's load hits every target
                 for target, target_levels in plan:
                     for n in target_levels:
                         results.append(asyncio.run(run_level(target, n, args.seconds)))

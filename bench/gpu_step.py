@@ -40,11 +40,11 @@ from rich.console import Console
 from rich.table import Table
 
 from polar_pl.datamodule.collate import TrainBatch, collate
-from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.engine.weights import save_state_dict
 from polar_pl.module.grpo import GRPOModule, enable_checkpointing
 from polar_pl.module.offpolicy import tis_token
 from polar_pl.module.weight_sync import DiskSync, hf_state_dict
+from polar_pl.trajectory.rows import TrajectoryRow
 
 QWEN3 = {"head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True, "rope_theta": 1e6,
          "max_position_embeddings": 40960, "rms_norm_eps": 1e-6}  # fmt: skip
@@ -220,7 +220,7 @@ def run_shape(shape: str, args, device: torch.device, dtype: torch.dtype, deadli
         else:
             try:
                 push = vllm_push(model, python, device, dtype, timeout=left)
-            except Exception as e:  # noqa: BLE001 -- the table reports it; the other shapes still run
+            except Exception as e:
                 push = f"failed: {type(e).__name__}: {str(e)[:80]}"
     result = Result(
         shape=f"{shape} ({attn})", params=sum(p.numel() for p in model.parameters()) / 1e9, rows=len(rows),

@@ -64,13 +64,28 @@ def main() -> None:
     p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--tokens", type=int, default=64)
     args = p.parse_args()
-    rows = {name: run(args.model, args.prompt, args.sessions, args.tokens, mb) for name, mb in (("off", 0), ("on", 512))}
+    rows = {
+        name: run(args.model, args.prompt, args.sessions, args.tokens, mb)
+        for name, mb in (("off", 0), ("on", 512))
+    }
     table = Table(title=f"{args.sessions} sessions, {args.prompt}-token prompts, {args.tokens} tokens each")
     for col in ("prefix cache", "first TTFT s", "last TTFT s", "decode ms/token", "wall s"):
         table.add_column(col)
     for name, r in rows.items():
-        table.add_row(name, f"{r['ttft_first']:.1f}", f"{r['ttft_last']:.1f}", f"{r['decode_ms']:.0f}", f"{r['wall']:.1f}")
-    table.add_row("on / off", "", f"{rows['on']['ttft_last'] / rows['off']['ttft_last']:.2f}", "", f"{rows['on']['wall'] / rows['off']['wall']:.2f}")
+        table.add_row(
+            name,
+            f"{r['ttft_first']:.1f}",
+            f"{r['ttft_last']:.1f}",
+            f"{r['decode_ms']:.0f}",
+            f"{r['wall']:.1f}",
+        )
+    table.add_row(
+        "on / off",
+        "",
+        f"{rows['on']['ttft_last'] / rows['off']['ttft_last']:.2f}",
+        "",
+        f"{rows['on']['wall'] / rows['off']['wall']:.2f}",
+    )
     Console().print(table)
 
 

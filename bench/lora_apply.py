@@ -82,7 +82,9 @@ def main() -> None:
         times["merge_ms"].append(decode_ms(merged, args.batch, args.steps))
         times["layers_ms"].append(decode_ms(layered, args.batch, args.steps))
     med = {k: statistics.median(v) for k, v in times.items()}
-    table = Table(title=f"LoRA rank {args.rank} on {args.model.name}: apply a push, then decode ({args.batch} seqs)")
+    table = Table(
+        title=f"LoRA rank {args.rank} on {args.model.name}: apply a push, then decode ({args.batch} seqs)"
+    )
     for col in ("how", "apply per push (s)", "decode step (ms)"):
         table.add_column(col)
     table.add_row("merged into the weights", f"{med['merge_s']:.3f}", f"{med['merge_ms']:.1f}")

@@ -51,10 +51,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from polar_pl.rollout.stages import read_and_merge
-from polar_pl.trajectory import BreakKind, MergeStats, PerRequestBuilder, PrefixBuilder
 from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.gateway.store.traces import TraceStore
+from polar_pl.rollout.stages import read_and_merge
+from polar_pl.trajectory import BreakKind, MergeStats, PerRequestBuilder, PrefixBuilder
 
 IM_START, IM_END, NL = 1, 2, 3
 TARGET = 100e6

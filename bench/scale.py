@@ -30,9 +30,9 @@ from rich.console import Console
 from rich.table import Table
 
 from polar_pl.rollout.pools import PoolSizes, RolloutJob, RolloutResult
-from polar_pl.trajectory.rows import TrajectoryRow
-from polar_pl.rollout.service import RolloutService
 from polar_pl.rollout.protocol import RolloutSetup
+from polar_pl.rollout.service import RolloutService
+from polar_pl.trajectory.rows import TrajectoryRow
 
 
 class SimStages:

@@ -31,8 +31,8 @@ from rich.console import Console
 from rich.table import Table
 
 from polar_pl.datamodule.collate import collate
-from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.module.grpo import GRPOModule
+from polar_pl.trajectory.rows import TrajectoryRow
 
 ROOT = Path(__file__).resolve().parents[1]
 

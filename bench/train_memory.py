@@ -42,8 +42,8 @@ def child(length: int, mode: str, model_dir: str) -> dict:
     import torch
 
     from polar_pl.datamodule.collate import collate
-    from polar_pl.trajectory.rows import TrajectoryRow
     from polar_pl.module.grpo import GRPOModule
+    from polar_pl.trajectory.rows import TrajectoryRow
 
     torch.manual_seed(0)
     module = GRPOModule(model_dir, lr=1e-4, **MODES[mode])

@@ -38,7 +38,7 @@ for step in range(a.steps):
         if len(attempts) < 2 or reward.std() == 0:
             continue  # no signal in this group
         advantage = (reward - reward.mean()) / (reward.std() + 1e-6)
-        for adv, attempt in zip(advantage, attempts):
+        for adv, attempt in zip(advantage, attempts, strict=True):
             for row in attempt["rows"]:
                 ids = torch.tensor([row["input_ids"]])
                 sampled = torch.tensor(row["loss_mask"][1:], dtype=torch.float32)  # predicts token t+1
@@ -50,7 +50,12 @@ for step in range(a.steps):
         (torch.stack(terms).sum() / max(tokens, 1.0)).backward()
         opt.step()
     with tempfile.TemporaryDirectory() as tmp:  # the service reads it before the call returns
-        save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, f"{tmp}/model.safetensors")
+        save_file(
+            {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
+            f"{tmp}/model.safetensors",
+        )
         version = api.post("/v1/weights", json={"path": tmp}).raise_for_status().json()["policy_version"]
     mean = sum(rewards) / max(len(rewards), 1)
-    print(f"step {step + 1}: {len(groups)} groups, reward {mean:.3f}, trained {len(terms)} rows, policy_version {version}")
+    print(
+        f"step {step + 1}: {len(groups)} groups, reward {mean:.3f}, trained {len(terms)} rows, policy_version {version}"
+    )

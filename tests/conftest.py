@@ -19,6 +19,11 @@ from scheduling import (  # noqa: F401
     pytest_xdist_make_scheduler,
 )
 
+# The real Docker engine and the offline base image, shared by the sandbox, harness and task tests;
+# a second (TLS, TCP) engine as the remote host, a local registry, per-task images built here.
+from polar_pl.testing.hosts import dep_images, registry, remote_docker_engine  # noqa: F401
+from polar_pl.testing.sandbox import docker_engine, docker_image, no_sandbox_leftovers  # noqa: F401
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
@@ -47,12 +52,6 @@ def multiturn_model_dir(tiny_model_dir) -> Path:
     from polar_pl.tinymodel.build import build_multiturn_model
 
     return build_multiturn_model(MULTITURN_MODEL, tiny_model_dir, if_missing=True)
-
-
-# The real Docker engine and the offline base image, shared by the sandbox, harness and task tests;
-# a second (TLS, TCP) engine as the remote host, a local registry, per-task images built here.
-from polar_pl.testing.hosts import dep_images, registry, remote_docker_engine  # noqa: F401
-from polar_pl.testing.sandbox import docker_engine, docker_image, no_sandbox_leftovers  # noqa: F401
 
 
 @pytest.fixture(scope="session")

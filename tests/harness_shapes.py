@@ -30,5 +30,7 @@ def prompt(after_task: str = "") -> HarnessPrompt:
         {"role": "user", "content": f"<reminder>context</reminder>\n\n{MARKER}"},
     ]
     if after_task:
-        messages.append({"role": "system", "content": after_task + " Primary working directory: /tmp/w1/workspace"})
+        messages.append(
+            {"role": "system", "content": after_task + " Primary working directory: /tmp/w1/workspace"}
+        )
     return HarnessPrompt("pi", "0", messages, TOOLS, "/tmp/w1/workspace")

@@ -37,7 +37,9 @@ UNITS_ENV = "POLAR_XDIST_UNITS"  # the file where workers publish nodeid -> unit
 UNKNOWN_S = 0.5
 # Session fixtures that cost nothing per worker: paths to models and CLIs `make test` built, the
 # per-process leftover check.
-PER_WORKER = frozenset({"tiny_model_dir", "multiturn_model_dir", "harness_prefix", "tool_case", "no_sandbox_leftovers"})
+PER_WORKER = frozenset(
+    {"tiny_model_dir", "multiturn_model_dir", "harness_prefix", "tool_case", "no_sandbox_leftovers"}
+)
 
 
 def shared_keys(item: pytest.Item, root: Path) -> set[str]:

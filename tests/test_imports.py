@@ -14,11 +14,33 @@ import polar_pl
 SRC = Path(polar_pl.__file__).parent
 
 # package -> packages it must never import (the values are top-level packages of polar_pl).
-PARTS = {"chat", "datamodule", "engine", "gateway", "harness", "module", "rollout", "sandbox", "sft", "tasks",
-         "testing", "trajectory"}
+PARTS = {
+    "chat",
+    "datamodule",
+    "engine",
+    "gateway",
+    "harness",
+    "module",
+    "rollout",
+    "sandbox",
+    "sft",
+    "tasks",
+    "testing",
+    "trajectory",
+}
 FORBIDDEN: dict[str, set[str]] = {
-    "gateway": {"datamodule", "engine", "harness", "module", "rollout", "sandbox", "sft", "tasks", "testing",
-                "trajectory"},
+    "gateway": {
+        "datamodule",
+        "engine",
+        "harness",
+        "module",
+        "rollout",
+        "sandbox",
+        "sft",
+        "tasks",
+        "testing",
+        "trajectory",
+    },
     # where sessions run knows nothing of the training math, nor of the DataModule that consumes it
     "rollout": {"module", "datamodule"},
     "trajectory": {"datamodule", "rollout", "module", "engine", "harness", "sandbox", "tasks"},
@@ -55,7 +77,11 @@ def _top(module: str) -> str | None:
 
 
 def _graph() -> dict[str, set[str]]:
-    return {_module_name(p): _imports(p, _module_name(p)) for p in sorted(SRC.rglob("*.py")) if "builtin/repos" not in str(p)}
+    return {
+        _module_name(p): _imports(p, _module_name(p))
+        for p in sorted(SRC.rglob("*.py"))
+        if "builtin/repos" not in str(p)
+    }
 
 
 def test_no_product_module_imports_the_testing_package():
@@ -89,7 +115,9 @@ def _is_entry_point(module: str) -> bool:
 def test_no_module_imports_itself_back():
     graph = _graph()
     try:
-        graphlib.TopologicalSorter({m: {t for t in ts if t in graph and t != m} for m, ts in graph.items()}).prepare()
+        graphlib.TopologicalSorter(
+            {m: {t for t in ts if t in graph and t != m} for m, ts in graph.items()}
+        ).prepare()
     except graphlib.CycleError as e:
         raise AssertionError(f"import circle: {' -> '.join(e.args[1])}") from None
 
@@ -113,7 +141,9 @@ def test_the_walk_sees_function_level_and_relative_imports(tmp_path):
     """The checks above are only as good as the walk: a deferred import inside a function and a
     relative import must both be seen."""
     probe = tmp_path / "probe.py"
-    probe.write_text("def f():\n    from polar_pl.sandbox.local import LocalSandbox\n    from ..engine import x\n")
+    probe.write_text(
+        "def f():\n    from polar_pl.sandbox.local import LocalSandbox\n    from ..engine import x\n"
+    )
     found = _imports(probe, "polar_pl.gateway.call.probe")
     assert "polar_pl.sandbox.local" in found
     assert "polar_pl.gateway.engine.x" in found

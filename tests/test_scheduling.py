@@ -66,7 +66,9 @@ def suite(pytester, monkeypatch):
     pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = session\n")
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(**SUITE)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.dirname(scheduling.__file__), str(pytester.path)]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([os.path.dirname(scheduling.__file__), str(pytester.path)])
+    )
     monkeypatch.setenv("WHERE", str(pytester.path / "where.txt"))
     return pytester
 

@@ -32,7 +32,7 @@ from polar_pl.testing.sandbox import leftovers
 
 def start(run: Path, owner: str, *overrides: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true", "POLAR_SANDBOX_OWNER": owner}
-    log = open(f"{run}.log", "w")  # noqa: SIM115 — the child writes it until it exits
+    log = open(f"{run}.log", "w")
     return subprocess.Popen(
         [sys.executable, "train.py", "debug=fast", "steps=50", f"hydra.run.dir={run}", *overrides],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,

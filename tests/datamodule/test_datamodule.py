@@ -194,8 +194,13 @@ def test_crashing_harness_is_recorded_and_the_pools_go_on(tiny_model_dir, tmp_pa
 def test_crashing_evaluator_fails_the_attempt_with_its_reason(tiny_model_dir, tmp_path):
     # the harness answers without a call: a random model's out-of-turns run is a harness error and
     # never reaches the evaluator
-    dm = make_dm(tiny_model_dir, tmp_path, harness=AnswerWithoutCall(max_tokens=8),
-                 evaluator_wrap=CrashingEvaluator, groups_per_step=1)
+    dm = make_dm(
+        tiny_model_dir,
+        tmp_path,
+        harness=AnswerWithoutCall(max_tokens=8),
+        evaluator_wrap=CrashingEvaluator,
+        groups_per_step=1,
+    )
     dm.setup()
     try:
         dm._start_service()

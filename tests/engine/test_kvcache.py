@@ -93,7 +93,10 @@ def test_prefix_cache_is_cleared_by_new_weights(backends):
 def test_prefix_cache_budget_and_covered_entries():
     """The byte budget evicts least recently used entries; an entry that is a prefix of a new one
     is dropped (the new one covers it)."""
-    kv = lambda t: [(torch.zeros(1, 1, t, 2), torch.zeros(1, 1, t, 2))]  # 16 bytes per token
+
+    def kv(t):  # 16 bytes per token
+        return [(torch.zeros(1, 1, t, 2), torch.zeros(1, 1, t, 2))]
+
     cache = PrefixCache(max_bytes=16 * 24)
     cache.insert([1, 2, 3], kv(3))
     cache.insert([1, 2, 3, 4, 5], kv(5))

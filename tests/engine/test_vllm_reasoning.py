@@ -15,9 +15,7 @@ from polar_pl.engine.vllm_engine import VLLMEngine, vllm_installed, vllm_python
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not vllm_installed(), reason=f"vLLM CPU build not installed at {vllm_python()}"
-    ),
+    pytest.mark.skipif(not vllm_installed(), reason=f"vLLM CPU build not installed at {vllm_python()}"),
 ]
 
 

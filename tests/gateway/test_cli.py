@@ -245,8 +245,8 @@ def test_readme_gateway_in_front_of_the_embedded_engine(tiny_model_dir, tmp_path
     "token count failed: Not Found" (it asked the engine's /tokenize, which it did not serve)."""
     import anthropic
 
-    from polar_pl.trajectory import PrefixBuilder
     from polar_pl.engine.embedded import EmbeddedEngine
+    from polar_pl.trajectory import PrefixBuilder
 
     engine = EmbeddedEngine(tiny_model_dir, served_model_name="tiny", num_threads=1).start()
     port, store = free_port(), tmp_path / "traces.db"
@@ -256,7 +256,9 @@ def test_readme_gateway_in_front_of_the_embedded_engine(tiny_model_dir, tmp_path
     try:
         assert f"token-faithful on (tokenizer {tiny_model_dir}" in first
         url = f"http://127.0.0.1:{port}"
-        token = httpx.post(f"{url}/admin/sessions", json={}, headers={"authorization": "Bearer adm"}).json()["token"]
+        token = httpx.post(f"{url}/admin/sessions", json={}, headers={"authorization": "Bearer adm"}).json()[
+            "token"
+        ]
         claude = anthropic.Anthropic(base_url=f"{url}/s/{token}", api_key=token, max_retries=0)
         count = claude.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "hi"}])
         assert count.input_tokens > 0
@@ -281,7 +283,9 @@ def test_gateway_without_a_tokenizer_says_how_to_get_one(engine, tmp_path):
     silently token-unfaithful and names the two flags."""
     port = free_port()
     cmd = [sys.executable, "-m", "polar_pl.cli", "gateway", "--upstream", engine.url, "--port", str(port)]
-    r = subprocess.run([*cmd, "--store", str(tmp_path / "t.db")], check=False, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [*cmd, "--store", str(tmp_path / "t.db")], check=False, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2 and "--tokenizer-dir" in r.stderr and "--no-token-faithful" in r.stderr
 
 

@@ -9,12 +9,12 @@ import orjson
 import pytest
 
 from polar_pl.chat.render import render_chat
-from polar_pl.trajectory import PrefixBuilder
 from polar_pl.gateway.call.capture import CallCapture
 from polar_pl.gateway.faithful.completion import CompletionToChat, completion_body
 from polar_pl.gateway.faithful.prompt import faithful_prompt
 from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.testing.scripted import Reply, ToolCall
+from polar_pl.trajectory import PrefixBuilder
 
 TOOLS = [
     {
@@ -203,7 +203,10 @@ def test_token_in_path_matches_the_engine_chat_path(engine, script, tok, reply: 
     assert via_tokens.finish_reason == via_chat.finish_reason
     a, b = via_tokens.completion()["choices"][0]["message"], via_chat.completion()["choices"][0]["message"]
     assert a["content"] == b["content"]
-    strip = lambda calls: [c["function"] for c in calls or []]
+
+    def strip(calls):
+        return [c["function"] for c in calls or []]
+
     assert strip(a.get("tool_calls")) == strip(b.get("tool_calls"))
     assert via_tokens.usage == via_chat.usage
 

@@ -10,10 +10,10 @@ import anthropic
 import openai
 import pytest
 
-from polar_pl.trajectory import PrefixBuilder
 from polar_pl.engine.server import create_app
 from polar_pl.gateway.handle import Gateway
 from polar_pl.testing.scripted import Reply, ScriptedBackend, ToolCall
+from polar_pl.trajectory import PrefixBuilder
 from polar_pl.utils.serving import ServerThread, free_port
 
 OPENAI_TOOLS = [

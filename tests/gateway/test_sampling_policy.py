@@ -57,7 +57,9 @@ def test_pinned_at_a_run_chosen_temperature(engine, tmp_path, tiny_model_dir) ->
     """The run, not each CLI, picks what the policy samples from (a real model rambles at 1.0)."""
     sent, recorded, notes = calls(engine, tmp_path, tiny_model_dir, "pinned", True, pinned_temperature=0.6)
     assert sent == recorded == [(0.6, 1.0, -1)] * 3
-    assert "sampling pinned: temperature 0.7 -> 0.6" in notes[0] and "sampling pinned: temperature 1.0" not in str(notes)
+    assert "sampling pinned: temperature 0.7 -> 0.6" in notes[
+        0
+    ] and "sampling pinned: temperature 1.0" not in str(notes)
     with pytest.raises(ValueError, match="pinned_temperature"):
         Gateway([engine.url], tmp_path / "t.db", pinned_temperature=0)
 

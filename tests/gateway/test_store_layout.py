@@ -99,7 +99,7 @@ def test_sessions_registered_while_records_are_read_from_other_threads(tmp_path)
                 store.append(dataclasses.replace(rec, session_id=f"s{k}-{i}", call_index=0))
                 store.records(f"s{k}-{i}")
                 store.records(f"s{k}-{i - 1}")
-        except BaseException as exc:  # noqa: BLE001 — reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(16)]

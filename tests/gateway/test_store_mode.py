@@ -20,7 +20,9 @@ def test_a_new_store_and_its_wal_files_are_0600(engine, tmp_path):
             client = openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="unused", max_retries=0)
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
             modes = {
-                p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir() if p.name.startswith("traces")
+                p.name: stat.S_IMODE(p.stat().st_mode)
+                for p in tmp_path.iterdir()
+                if p.name.startswith("traces")
             }
     finally:
         os.umask(old)

@@ -50,7 +50,12 @@ def test_stream_holds_calls_and_passes_only_valid_ones_renumbered():
     ]
     calls, finish = _forwarded(guard, chunks)
     assert calls == [
-        {"index": 0, "id": "b", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+        {
+            "index": 0,
+            "id": "b",
+            "type": "function",
+            "function": {"name": "bash", "arguments": '{"command": "ls"}'},
+        }
     ]
     assert finish == ["tool_calls"]
     assert len(guard.notes) == 2 and all(n.startswith("malformed tool call dropped: ") for n in guard.notes)
@@ -59,10 +64,16 @@ def test_stream_holds_calls_and_passes_only_valid_ones_renumbered():
 
 def test_all_calls_dropped_ends_as_a_plain_stop():
     guard = ToolCallGuard(TOOLS)
-    calls, finish = _forwarded(guard, [_call(0, name="Bash", id_="a", args="{}"), _chunk(finish="tool_calls")])
+    calls, finish = _forwarded(
+        guard, [_call(0, name="Bash", id_="a", args="{}"), _chunk(finish="tool_calls")]
+    )
     assert calls == [] and finish == ["stop"]
     msg = ToolCallGuard(None).filter_message(
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "a", "function": {"name": "bash", "arguments": "{}"}}]}
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "a", "function": {"name": "bash", "arguments": "{}"}}],
+        }
     )
     assert "tool_calls" not in msg  # a request without tools gets no calls at all
 

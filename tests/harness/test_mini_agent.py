@@ -73,7 +73,9 @@ def test_agent_speaks_plain_http_retries_5xx_and_imports_no_sdk(tmp_path):
                 self.send_response(503)
                 self.end_headers()
                 return
-            answer = {"choices": [{"message": {"role": "assistant", "content": "DONE"}, "finish_reason": "stop"}]}
+            answer = {
+                "choices": [{"message": {"role": "assistant", "content": "DONE"}, "finish_reason": "stop"}]
+            }
             data = json.dumps(answer).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -92,7 +94,11 @@ def test_agent_speaks_plain_http_retries_5xx_and_imports_no_sdk(tmp_path):
         "except SystemExit as e:\n    code = e.code\n"
         "print('SDK', 'openai' in sys.modules, file=sys.stderr); sys.exit(code)"
     )
-    env = {"OPENAI_BASE_URL": f"http://127.0.0.1:{server.server_port}/v1", "OPENAI_API_KEY": "tok", "PATH": "/usr/bin:/bin"}
+    env = {
+        "OPENAI_BASE_URL": f"http://127.0.0.1:{server.server_port}/v1",
+        "OPENAI_API_KEY": "tok",
+        "PATH": "/usr/bin:/bin",
+    }
     try:
         res = subprocess.run(
             [sys.executable, "-c", probe, mini_agent.__file__, "--model", "m", "--answer-file",

@@ -7,10 +7,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from polar_pl.trajectory import PrefixBuilder
 from polar_pl.gateway.handle import Gateway
 from polar_pl.harness import mini_agent
 from polar_pl.testing.scripted import Reply, serve_scripted
+from polar_pl.trajectory import PrefixBuilder
 
 
 def test_notes_loop_is_one_merged_row_and_a_side_row(tiny_model_dir, tmp_path) -> None:

@@ -68,7 +68,9 @@ def test_debug_fast_composes_with_every_harness(name):
     """`debug=fast` set the mini agent's max_turns / max_tokens and crashed every CLI harness
     (`unexpected keyword argument 'max_turns'`)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"harness={name}", "debug=fast"], return_hydra_config=True)
+        cfg = compose(
+            config_name="config", overrides=[f"harness={name}", "debug=fast"], return_hydra_config=True
+        )
     assert instantiate(cfg.harness).name == name
     assert cfg.datamodule.gateway_options.max_tokens_cap == 8 and cfg.steps == 2
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from module_rows import prompt_ids, sample_group
 
-from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.engine.embedded import EmbeddedEngine
+from polar_pl.trajectory.rows import TrajectoryRow
 
 
 @pytest.fixture(scope="module")

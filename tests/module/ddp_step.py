@@ -36,7 +36,9 @@ class Record(L.Callback):
         self.out, self.devices = out, devices
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        grads = {n: p.grad.detach().clone() for n, p in pl_module.model.named_parameters() if p.grad is not None}
+        grads = {
+            n: p.grad.detach().clone() for n, p in pl_module.model.named_parameters() if p.grad is not None
+        }
         torch.save(grads, self.out / f"grads-{self.devices}-rank{trainer.global_rank}.pt")
 
     def on_train_end(self, trainer, pl_module) -> None:

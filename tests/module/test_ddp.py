@@ -34,7 +34,9 @@ def one_process(model: Path) -> tuple[dict[str, torch.Tensor], dict]:
     grads: dict[str, torch.Tensor] = {}
 
     def keep(*_):
-        grads.update({n: p.grad.detach().clone() for n, p in module.model.named_parameters() if p.grad is not None})
+        grads.update(
+            {n: p.grad.detach().clone() for n, p in module.model.named_parameters() if p.grad is not None}
+        )
 
     opt.register_step_pre_hook(keep)
     loss = module.update(fixed_batch(), opt)["train/loss"]

@@ -194,7 +194,9 @@ def test_resume_restores_counters_and_pushes_trained_weights(
 
 
 @pytest.mark.parametrize("micro_batch_size", [None, 1])
-def test_single_step_batch_takes_pi_old_from_its_own_forward(tiny_model_dir, rows, monkeypatch, micro_batch_size) -> None:
+def test_single_step_batch_takes_pi_old_from_its_own_forward(
+    tiny_model_dir, rows, monkeypatch, micro_batch_size
+) -> None:
     """One optimiser step per batch: pi_old is the model before the step, so the update's own
     forward gives its logprobs and no separate pass runs; the step (weights after it) and the
     metrics are those of the two-pass path, with TIS and KL on."""

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from polar_pl.datamodule.collate import collate
-from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.module.metrics import batch_metrics, harness_metrics, numeric, unit_metrics
 from polar_pl.module.rollouts import Rollouts
+from polar_pl.trajectory.rows import TrajectoryRow
 
 L = math.log
 

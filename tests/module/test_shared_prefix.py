@@ -16,11 +16,11 @@ from small_model import VOCAB, small_model
 from synthetic import row
 
 from polar_pl.datamodule.collate import TrainBatch, collate
-from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.datamodule.tree import parents, root_path
 from polar_pl.module import losses
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.logprobs import forward_inputs, token_logprobs
+from polar_pl.trajectory.rows import TrajectoryRow
 
 REL = 1e-5
 SAMPLING = [{}, {"temperature": 0.7}, {"temperature": 1.3, "top_k": 6}, {"temperature": 0.8, "top_p": 0.7}]

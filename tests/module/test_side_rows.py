@@ -9,9 +9,9 @@ import torch
 from small_model import small_model
 
 from polar_pl.datamodule.collate import collate
-from polar_pl.trajectory import PerRequestBuilder, PrefixBuilder
 from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.module.grpo import GRPOModule
+from polar_pl.trajectory import PerRequestBuilder, PrefixBuilder
 
 REWARDS = [1.0, 0.0, 0.5, 0.0]
 

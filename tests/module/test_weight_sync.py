@@ -130,5 +130,3 @@ def test_unbound_or_unavailable_sync_errors(tiny_model_dir, engine) -> None:
         VLLMWeightTransferSync(backend="rdma")
     with pytest.raises(ValueError, match="dtype"):
         DiskSync(dtype="float33")
-
-

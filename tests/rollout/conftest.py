@@ -62,10 +62,16 @@ def service(tmp_path_factory, tiny_model_dir):
     """A real `polar-pl rollout serve` (mini harness, embedded engine, learnable tasks, groups of
     two), shared by test_http.py and test_remote.py: (an authorized httpx client, its run dir)."""
     port, run_dir = free_port(), tmp_path_factory.mktemp("rollout-serve")
-    log = open(run_dir / "serve.log", "w+")  # noqa: SIM115 — read back on failure
+    log = open(run_dir / "serve.log", "w+")
     cmd = [sys.executable, "-m", "polar_pl.cli", "rollout", "serve", "--port", str(port),
            "--run-dir", str(run_dir), "debug=fast", "datamodule.progress=false"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", "POLAR_ROLLOUT_TOKEN": SERVICE_TOKEN})
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "POLAR_ROLLOUT_TOKEN": SERVICE_TOKEN},
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
@@ -76,9 +82,14 @@ def service(tmp_path_factory, tiny_model_dir):
             except httpx.TransportError:
                 pass
             log.seek(0)
-            assert proc.poll() is None and time.monotonic() < deadline, f"service did not start:\n{log.read()[-4000:]}"
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                f"service did not start:\n{log.read()[-4000:]}"
+            )
             time.sleep(0.5)
-        yield httpx.Client(base_url=url, headers={"Authorization": f"Bearer {SERVICE_TOKEN}"}, timeout=120), run_dir
+        yield (
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {SERVICE_TOKEN}"}, timeout=120),
+            run_dir,
+        )
     finally:
         proc.send_signal(signal.SIGINT)  # teardown: sessions, sandboxes, gateway, engine
         try:

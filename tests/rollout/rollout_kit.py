@@ -7,12 +7,12 @@ from functools import partial
 from pathlib import Path
 
 from polar_pl.datamodule.datamodule import RolloutDataModule
-from polar_pl.trajectory import PrefixBuilder
 from polar_pl.harness.mini import Mini
 from polar_pl.harness.protocol import LaunchPlan
 from polar_pl.sandbox.local import LocalSandbox
 from polar_pl.tasks.learnable import LearnableTaskSource
 from polar_pl.testing.scripted import Reply
+from polar_pl.trajectory import PrefixBuilder
 
 # Faster node-death detection than Ray's 3 s x 5: dead after 8 missed checks of 1 s (3 of 0.5 s
 # declared a live node dead on a loaded machine).

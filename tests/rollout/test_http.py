@@ -25,7 +25,9 @@ def test_plain_pytorch_example_trains_through_http(service, tiny_model_dir):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("step ")]
     print("\n".join(lines))
-    assert len(lines) == 2 and lines[-1].endswith(f"policy_version {before + 2}")  # both pushes reached the engine
+    assert len(lines) == 2 and lines[-1].endswith(
+        f"policy_version {before + 2}"
+    )  # both pushes reached the engine
     stats = api.get("/v1/stats").raise_for_status().json()
     sessions = {k: v for k, v in stats.items() if k.startswith("pool/sessions_")}
     print(f"service sessions: {sessions}, gateway calls {stats.get('gateway/calls')}")
@@ -42,16 +44,29 @@ def test_bad_requests_get_4xx_with_a_message(service):
         return resp.json()["error"]["message"]
 
     assert "bearer token" in error(httpx.get(f"{api.base_url}/v1/stats"), 401)
-    assert "bearer token" in error(httpx.get(f"{api.base_url}/v1/stats", headers={"Authorization": "Bearer x"}), 401)
+    assert "bearer token" in error(
+        httpx.get(f"{api.base_url}/v1/stats", headers={"Authorization": "Bearer x"}), 401
+    )
     assert "n:" in error(api.get("/v1/groups", params={"n": 0}), 422)
     assert "timeout:" in error(api.get("/v1/groups", params={"timeout": -1}), 422)
     assert "instance_id" in error(api.post("/v1/tasks", json={"tasks": [{"problem_statement": "x"}]}), 422)
     assert "tasks" in error(api.post("/v1/tasks", json={"tasks": []}), 422)
-    row = {"instance_id": "t1", "problem_statement": "Say HELLO.", "answer_check": {"kind": "uppercase_fraction"}}
+    row = {
+        "instance_id": "t1",
+        "problem_statement": "Say HELLO.",
+        "answer_check": {"kind": "uppercase_fraction"},
+    }
     assert "--feed queue" in error(api.post("/v1/tasks", json={"tasks": [row]}), 409)
     assert "not a directory" in error(api.post("/v1/weights", json={"path": "/nonexistent/weights"}), 400)
     assert "path" in error(api.post("/v1/weights", json={}), 422)
     assert "seqs" in error(api.post("/v1/groups/consumed", json={"seqs": []}), 422)
     assert "version" in error(api.post("/v1/policy_version", json={"version": -2}), 422)
     paths = api.get("/openapi.json").json()["paths"]
-    assert {"/v1/tasks", "/v1/groups", "/v1/groups/stream", "/v1/weights", "/v1/policy_version", "/v1/stats"} <= set(paths)
+    assert {
+        "/v1/tasks",
+        "/v1/groups",
+        "/v1/groups/stream",
+        "/v1/weights",
+        "/v1/policy_version",
+        "/v1/stats",
+    } <= set(paths)

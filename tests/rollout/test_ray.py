@@ -17,8 +17,8 @@ import pytest
 import ray
 from rollout_kit import NODE, scripted_dm
 
-from polar_pl.rollout.pools import INFRA_FAILURE, OK
 from polar_pl.gateway.store.traces import TraceStore
+from polar_pl.rollout.pools import INFRA_FAILURE, OK
 from polar_pl.rollout.ray_backend import RayRollout
 
 pytestmark = pytest.mark.slow

@@ -14,8 +14,8 @@ from omegaconf import open_dict
 from omegaconf.errors import MissingMandatoryValue
 from rollout_kit import SERVICE_TOKEN
 
-from polar_pl.rollout.service import RolloutsStopped
 from polar_pl.rollout.remote import RemoteRollout, RolloutServiceError
+from polar_pl.rollout.service import RolloutsStopped
 from polar_pl.training import build_parts
 
 
@@ -53,7 +53,9 @@ def test_bad_token_gets_the_services_message(service, tmp_path):
     api, _ = service
     bad = tmp_path / "token"
     bad.write_text("not-the-token\n")
-    with pytest.raises(RolloutServiceError, match=rf"{api.base_url}: GET /v1/policy_version -> 401: .*bearer token"):
+    with pytest.raises(
+        RolloutServiceError, match=rf"{api.base_url}: GET /v1/policy_version -> 401: .*bearer token"
+    ):
         RemoteRollout(str(api.base_url), token_file=str(bad)).engine().start()
 
 

@@ -15,7 +15,9 @@ from polar_pl.rollout.tasks import TaskQueue
 
 def test_each_submitted_task_is_one_group_in_order():
     queue = TaskQueue(["a"])
-    svc = RolloutService(SleepStages(0.01), queue, group_size=2, sizes=PoolSizes(), max_groups_in_flight=4).start()
+    svc = RolloutService(
+        SleepStages(0.01), queue, group_size=2, sizes=PoolSizes(), max_groups_in_flight=4
+    ).start()
     try:
         (first,) = svc.next_groups(1, timeout=30)
         assert (first.seq, first.task, len(first.results)) == (0, "a", 2)

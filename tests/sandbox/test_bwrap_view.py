@@ -99,6 +99,10 @@ def test_pwd_names_the_working_folder(tmp_path):
 
     with LocalSandbox(base_dir=str(tmp_path), owner=OWNER) as sb:
         res = sb.exec(["sh", "-c", 'echo "$PWD"; pwd'])
-        sub = sb.exec(["sh", "-c", 'echo "$PWD"'], workdir="sub") if sb.exec("mkdir sub").exit_code == 0 else None
+        sub = (
+            sb.exec(["sh", "-c", 'echo "$PWD"'], workdir="sub")
+            if sb.exec("mkdir sub").exit_code == 0
+            else None
+        )
         assert res.stdout.split() == [sb.workdir, sb.workdir]
         assert sub is not None and sub.stdout.strip() == f"{sb.workdir}/sub"

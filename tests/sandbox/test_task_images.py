@@ -79,7 +79,7 @@ def test_registry_pull_with_docker_config_credentials(docker_engine, dep_images,
     sandboxes = [factory(image=a), factory(image=a), factory(image=b)]
     try:
         _start_all(sandboxes)
-        assert [_value(sb, m) for sb, m in zip(sandboxes, ("polar_dep_a", "polar_dep_a", "polar_dep_b"))] == [
+        assert [_value(sb, m) for sb, m in zip(sandboxes, ("polar_dep_a", "polar_dep_a", "polar_dep_b"), strict=True)] == [
             "a", "a", "b"]  # fmt: skip
         assert dict(factory.pool.hosts[0].images.counts) == {"pull": 2}
     finally:

@@ -174,7 +174,9 @@ def test_token_form_is_what_the_trace_store_recorded(full_run):
 def content(ds: datasets.Dataset, key: str) -> list[tuple[str, str]]:
     """What an example holds, without its run-specific ids (tool call ids are random per call)."""
     text = (json.dumps(r[key]) for r in ds)
-    return sorted((r["task_id"], re.sub(r"chatcmpl-tool-[0-9a-f]+", "<id>", t)) for r, t in zip(ds, text))
+    return sorted(
+        (r["task_id"], re.sub(r"chatcmpl-tool-[0-9a-f]+", "<id>", t)) for r, t in zip(ds, text, strict=True)
+    )
 
 
 class Interrupt(RuntimeError):

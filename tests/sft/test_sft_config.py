@@ -9,8 +9,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 
 from polar_pl.rollout.pools import FAILED, OK, TIMEOUT, RolloutResult
-from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.sft.run import SFTOptions, resolved_config_yaml, verdict
+from polar_pl.trajectory.rows import TrajectoryRow
 
 
 def test_sft_config_reuses_the_training_groups(tiny_model_dir, monkeypatch):

@@ -44,9 +44,9 @@ def guarded(tmp_path):
     (tmp_path / "tests" / "test_x.py").write_text("")
     guard = Guard(str(tmp_path), ["tests/test_x.py"])
     ns: dict = {}
-    exec(compile(CODE_UNDER_TEST, str(tmp_path / "calc" / "mod.py"), "exec"), ns)  # noqa: S102
+    exec(compile(CODE_UNDER_TEST, str(tmp_path / "calc" / "mod.py"), "exec"), ns)
     trusted: dict = {}
-    exec(compile("def call(fn):\n    return fn()\n", str(tmp_path / "tests" / "test_x.py"), "exec"), trusted)  # noqa: S102
+    exec(compile("def call(fn):\n    return fn()\n", str(tmp_path / "tests" / "test_x.py"), "exec"), trusted)
     return guard, ns, trusted
 
 
@@ -80,14 +80,14 @@ def test_culprit_is_the_innermost_untrusted_frame(guarded):
     from_test = trusted["call"](lambda: here(1))
     assert guard.culprit(from_test) is None
     synthetic: dict = {}
-    exec(compile("def f(g):\n    return g()\n", "<string>", "exec"), synthetic)  # noqa: S102
+    exec(compile("def f(g):\n    return g()\n", "<string>", "exec"), synthetic)
     assert guard.culprit(synthetic["f"](lambda: here(1))) == "<string>"
 
 
 def test_fingerprints_see_swapped_code_and_new_class_attributes():
     module = type(sys)("polar_fake_mod")
     source = "class Case:\n    def run(self):\n        return 1\n\ndef helper(x=1):\n    return x\n"
-    exec(source, module.__dict__)  # noqa: S102
+    exec(source, module.__dict__)
     module.Case.__module__ = module.helper.__module__ = "polar_fake_mod"
     sys.modules["polar_fake_mod"] = module
     try:

@@ -99,12 +99,23 @@ def test_a_share_outside_zero_one_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(ValueError, match="case must be in"):
         build_harness_model(tmp_path / "m", "pi", tmp_path / "no-base", tmp_path / "no-prefix", case=1.5)
     with pytest.raises(ValueError, match="case_steps must be positive"):
-        build_harness_model(tmp_path / "m", "pi", tmp_path / "no-base", tmp_path / "no-prefix", case=0.7, case_steps=0)
+        build_harness_model(
+            tmp_path / "m", "pi", tmp_path / "no-base", tmp_path / "no-prefix", case=0.7, case_steps=0
+        )
     assert not (tmp_path / "m").exists()
 
 
 def test_cli_refuses_a_share_outside_zero_one_without_a_traceback(tmp_path):
-    cmd = [sys.executable, "-m", "polar_pl.cli", "tiny-model", "--out", str(tmp_path / "m"), "--harness", "pi"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "polar_pl.cli",
+        "tiny-model",
+        "--out",
+        str(tmp_path / "m"),
+        "--harness",
+        "pi",
+    ]
     args = ["--base", str(tmp_path), "--harness-prefix", str(tmp_path), "--case", "1.5"]
     proc = subprocess.run([*cmd, *args], check=False, capture_output=True, text=True)
     assert proc.returncode == 1 and "case must be in [0, 1]" in proc.stderr and "Traceback" not in proc.stderr
@@ -118,7 +129,9 @@ def test_a_model_built_inside_another_request_is_refused(tmp_path):
     model.mkdir()
     (model / "config.json").write_text("{}")
     (model / "tinymodel.json").write_text(json.dumps({"harness_extra_args": ["--tools", "Bash"]}))
-    same = ensure_harness_model(model, "claude_code", tmp_path, tmp_path, case=0.7, extra_args=["--tools", "Bash"])
+    same = ensure_harness_model(
+        model, "claude_code", tmp_path, tmp_path, case=0.7, extra_args=["--tools", "Bash"]
+    )
     assert same == model
     with pytest.raises(ValueError, match=r"extra_args \['--tools', 'Bash'\], not \[\]"):
         ensure_harness_model(model, "claude_code", tmp_path, tmp_path, case=0.7)

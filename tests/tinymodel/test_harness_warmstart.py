@@ -29,7 +29,11 @@ def tok(tiny_model_dir):
 
 def test_shell_tool_and_its_required_arguments_come_from_the_schemas():
     tool = shell_tool(TOOLS)
-    assert (tool.name, tool.command_arg, tool.extra) == ("bash", "command", {"description": "Write the answer file"})
+    assert (tool.name, tool.command_arg, tool.extra) == (
+        "bash",
+        "command",
+        {"description": "Write the answer file"},
+    )
     with pytest.raises(ValueError, match="no shell tool"):
         shell_tool(TOOLS[1:])
 
@@ -86,5 +90,7 @@ def test_loss_behind_a_no_grad_prefix_equals_the_full_forward(tiny_model_dir, to
             full = torch.tensor([g.prefix + ids + [0] * (6 - len(ids)) for ids, _ in rows])
             labels = torch.tensor([[-100] * len(g.prefix) + lab + [-100] * (6 - len(lab)) for _, lab in rows])
             logits = model(input_ids=full).logits[:, :-1]
-            ref = torch.nn.functional.cross_entropy(logits[labels[:, 1:] != -100], labels[:, 1:][labels[:, 1:] != -100])
+            ref = torch.nn.functional.cross_entropy(
+                logits[labels[:, 1:] != -100], labels[:, 1:][labels[:, 1:] != -100]
+            )
             assert float(fast) == pytest.approx(float(ref), abs=1e-5)

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from traj_sessions import clean_sessions, sessions
 
 from polar_pl.datamodule.collate import collate, unpack
-from polar_pl.trajectory import FIRST, PerRequestBuilder, PrefixBuilder
 from polar_pl.gateway.store.records import TraceRecord
+from polar_pl.trajectory import FIRST, PerRequestBuilder, PrefixBuilder
 
 
 def _sampled(records: list[TraceRecord]) -> list[TraceRecord]:

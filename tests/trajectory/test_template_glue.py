@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from traj_tokens import rec
 
-from polar_pl.trajectory import PrefixBuilder
 from polar_pl.gateway.store.records import TraceRecord
+from polar_pl.trajectory import PrefixBuilder
 
 TOOLS = [
     {

@@ -13,10 +13,10 @@ from traj_sessions import simulate
 from traj_tokens import GEN, NL, E, rec, system, user
 
 from polar_pl.cli import main
-from polar_pl.trajectory.traces_cli import plain_renders, read_rows
-from polar_pl.trajectory import PerRequestBuilder, PrefixBuilder
 from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.gateway.store.traces import TraceStore
+from polar_pl.trajectory import PerRequestBuilder, PrefixBuilder
+from polar_pl.trajectory.traces_cli import plain_renders, read_rows
 
 P1 = system(100) + user(101) + GEN
 P2 = P1 + [200, E, NL] + user(102) + GEN

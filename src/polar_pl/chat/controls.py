@@ -30,7 +30,10 @@ def _controls(tokenizer: Any) -> tuple[re.Pattern | None, frozenset[int]]:
         pass
     added = tokenizer.get_added_vocab()
     strings = sorted(added, key=len, reverse=True)
-    found = (re.compile("|".join(re.escape(s) for s in strings)) if strings else None, frozenset(added.values()))
+    found = (
+        re.compile("|".join(re.escape(s) for s in strings)) if strings else None,
+        frozenset(added.values()),
+    )
     try:
         _PATTERNS[tokenizer] = found
     except TypeError:  # not weak-referenceable: no cache

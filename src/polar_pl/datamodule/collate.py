@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.datamodule.tree import Span, parents, root_path, tree_items
+from polar_pl.trajectory.rows import TrajectoryRow
 
 MODES = ("pack", "pad", "tree")
 _META_FIELDS = ("session_id", "rollout_id", "group_id", "reward", "call_indices", "harness", "status", "meta")

@@ -26,15 +26,15 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from polar_pl.datamodule.collate import TrainBatch, collate
 from polar_pl.datamodule.failfast import FailFast
-from polar_pl.rollout.pools import INFRA_FAILURE, PoolSizes
-from polar_pl.monitor.progress import waiting_line
-from polar_pl.rollout.stages import RolloutOptions
-from polar_pl.trajectory.rows import TrajectoryRow
-from polar_pl.rollout.service import Group, RolloutsStopped
-from polar_pl.trajectory import MergeStats
 from polar_pl.gateway.handle import Gateway
+from polar_pl.monitor.progress import waiting_line
 from polar_pl.rollout.local import LocalRollout
+from polar_pl.rollout.pools import INFRA_FAILURE, PoolSizes
 from polar_pl.rollout.protocol import HarnessStages, RolloutBackend, RolloutClient, RolloutSetup
+from polar_pl.rollout.service import Group, RolloutsStopped
+from polar_pl.rollout.stages import RolloutOptions
+from polar_pl.trajectory import MergeStats
+from polar_pl.trajectory.rows import TrajectoryRow
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,9 @@ class RolloutDataModule(L.LightningDataModule):
             if self.gateway is not None:
                 log.info("gateway ready: %s, traces in %s", self.gateway.url, setup.store_path)
             else:
-                log.info("rollouts ready: %s, traces next to %s", type(self.service).__name__, setup.store_path)
+                log.info(
+                    "rollouts ready: %s, traces next to %s", type(self.service).__name__, setup.store_path
+                )
         except BaseException:
             self.teardown()
             raise
@@ -315,7 +317,9 @@ class RolloutDataModule(L.LightningDataModule):
         rows = rows or flat
         wait_s = time.monotonic() - t0
         self.wait_total_s += wait_s
-        longest = None if self.collate_mode == "tree" else max(len(r.input_ids) for r in rows)  # tree: the longest tree
+        longest = (
+            None if self.collate_mode == "tree" else max(len(r.input_ids) for r in rows)
+        )  # tree: the longest tree
         budget = self.token_budget or longest
         batch = collate(
             rows, mode=self.collate_mode, token_budget=budget, pad_id=getattr(self.engine, "pad_token_id", 0)
@@ -411,7 +415,7 @@ class RolloutDataModule(L.LightningDataModule):
         """A rollout is stale when its oldest sampled token is past max_staleness."""
         if self.max_staleness is None:
             return False
-        versions = [v for row in rows for v, m in zip(row.policy_version, row.loss_mask) if m]
+        versions = [v for row in rows for v, m in zip(row.policy_version, row.loss_mask, strict=True) if m]
         return bool(versions) and current - min(versions) > self.max_staleness
 
     def _metrics(self, groups: list[Group], rows: list[TrajectoryRow], batch: TrainBatch, wait_s: float):
@@ -440,7 +444,8 @@ class RolloutDataModule(L.LightningDataModule):
             "rollout/wait_s": wait_s,
             "rollout/padding_waste": batch.padding_waste,
             # collate_mode tree: row tokens laid out once for several rows (a group's shared prompt)
-            "rollout/shared_token_frac": batch.shared_tokens / max(batch.shared_tokens + batch.total_tokens, 1),
+            "rollout/shared_token_frac": batch.shared_tokens
+            / max(batch.shared_tokens + batch.total_tokens, 1),
         }
         for stage in ("init", "running", "postrun"):  # per session, mean over the batch
             spent = [r.timings[stage] for r in results if stage in r.timings]

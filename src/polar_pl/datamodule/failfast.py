@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from polar_pl.errors import RunFailed
 from polar_pl.rollout.outcome import INFRA
 from polar_pl.rollout.pools import FAILED, HARNESS_ERROR, INFRA_FAILURE, RolloutResult
-from polar_pl.errors import RunFailed
 
 
 class RolloutsFailing(RunFailed):

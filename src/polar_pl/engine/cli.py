@@ -27,7 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--reasoning-parser", default=None, choices=["qwen3"], help="split <think> output into `reasoning`"
     )
     parser.add_argument(
-        "--prefix-cache-mb", type=int, default=512, help="KV of recent prompts reused by prompts that extend them (0: off)"
+        "--prefix-cache-mb",
+        type=int,
+        default=512,
+        help="KV of recent prompts reused by prompts that extend them (0: off)",
     )
     tokens.add_arguments(
         parser,

@@ -81,9 +81,7 @@ class ChatCompletionRequest(_SamplingFields):
         if isinstance(v, str) and v not in ("none", "auto", "required"):
             raise ValueError("tool_choice must be 'none', 'auto', 'required' or a named function")
         if isinstance(v, dict) and not isinstance((v.get("function") or {}).get("name"), str):
-            raise ValueError(  # noqa: TRY004 -- pydantic reports ValueError as a 400 field error
-                "a named tool_choice must be {'type': 'function', 'function': {'name': ...}}"
-            )
+            raise ValueError("a named tool_choice must be {'type': 'function', 'function': {'name': ...}}")
         return v
 
     def effective_tool_choice(self) -> str | dict[str, Any]:

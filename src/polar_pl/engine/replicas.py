@@ -108,7 +108,7 @@ class EngineReplicas:
         def one(e: Any) -> int | BaseException:
             try:
                 return int(update(e))
-            except Exception as exc:  # noqa: BLE001 — reported per replica, below
+            except Exception as exc:
                 return exc
 
         results = self._each(one, self._live_or_raise())

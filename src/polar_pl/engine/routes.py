@@ -80,7 +80,7 @@ async def _guarded(lines: AsyncIterator[str], gen: AsyncIterator) -> AsyncIterat
     except EngineError as exc:
         yield serving.sse(error_body(exc))
         yield "data: [DONE]\n\n"
-    except Exception as exc:  # noqa: BLE001 -- the status is already sent: only an event is left
+    except Exception as exc:
         yield serving.sse(error_body(EngineError(f"{type(exc).__name__}: {exc}", 500)))
         yield "data: [DONE]\n\n"
     finally:

@@ -151,13 +151,13 @@ class Scheduler:
                 for req in admit:
                     try:
                         self._admit(req)
-                    except Exception as exc:  # noqa: BLE001 -- a prompt that fails (OOM) fails alone
+                    except Exception as exc:
                         req.closed = True
                         req.sink(exc)
                 try:
                     if self._seqs:
                         self._decode_step()
-                except Exception as exc:  # noqa: BLE001 -- a failed step fails its requests, not the engine
+                except Exception as exc:
                     self._fail_all(exc)
             self._retire()
         self._fail_all(RuntimeError("engine stopped"))
@@ -381,5 +381,5 @@ def _left_pad(x: torch.Tensor, t: int) -> torch.Tensor:
 def _call(fn: Callable[[], object]) -> object:
     try:
         return fn()
-    except Exception as exc:  # noqa: BLE001 -- handed back to the caller's thread and raised there
+    except Exception as exc:
         return exc

@@ -13,10 +13,10 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from polar_pl.rollout.pools import PoolSizes
-from polar_pl.rollout.stages import RolloutOptions
 from polar_pl.eval.report import EvalReport, compare, load_report
 from polar_pl.eval.run import EvalParts, EvalSpec, run_eval
+from polar_pl.rollout.pools import PoolSizes
+from polar_pl.rollout.stages import RolloutOptions
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from polar_pl.datamodule.failfast import FailFast, infra_failure
-from polar_pl.rollout.pools import PoolSizes, RolloutResult
-from polar_pl.rollout.stages import HarnessRolloutStages, RolloutOptions
-from polar_pl.rollout.service import Group, RolloutService
 from polar_pl.eval.report import EvalReport, build_report
 from polar_pl.gateway.handle import Gateway
+from polar_pl.rollout.pools import PoolSizes, RolloutResult
+from polar_pl.rollout.service import Group, RolloutService
+from polar_pl.rollout.stages import HarnessRolloutStages, RolloutOptions
 from polar_pl.sft.log import RolloutLog
 
 log = logging.getLogger(__name__)

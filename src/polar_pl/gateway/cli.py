@@ -190,8 +190,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a bad option value, named
         print(f"polar-pl gateway: {exc}", file=sys.stderr)
         return 2
-    faithful = f"token-faithful on (tokenizer {args.tokenizer_dir})" if args.token_faithful else "token-faithful off"
-    print(f"polar-pl gateway on {public} -> {', '.join(args.upstream)} (store {args.store}; {faithful})", flush=True)
+    faithful = (
+        f"token-faithful on (tokenizer {args.tokenizer_dir})" if args.token_faithful else "token-faithful off"
+    )
+    print(
+        f"polar-pl gateway on {public} -> {', '.join(args.upstream)} (store {args.store}; {faithful})",
+        flush=True,
+    )
     if path is not None:
         print(f"admin token in {path}", flush=True)
     _tune_gc()

@@ -85,7 +85,15 @@ class NpmHarness:
             shutil.copyfile(lock, target / "package-lock.json")
             cmd = [npm, "install", "--prefix", str(target), *quiet]
         else:
-            cmd = [npm, "install", "--prefix", str(target), "--save-exact", *quiet, f"{self.package}@{self.version}"]
+            cmd = [
+                npm,
+                "install",
+                "--prefix",
+                str(target),
+                "--save-exact",
+                *quiet,
+                f"{self.package}@{self.version}",
+            ]
         subprocess.run(cmd, check=True)
         self.post_install(prefix)
         if not self.is_installed(prefix):

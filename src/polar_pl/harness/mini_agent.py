@@ -305,10 +305,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             code, answer = run(
-                args.task, args.model, args.max_turns, args.bash_timeout, args.temperature, args.max_tokens,
+                args.task,
+                args.model,
+                args.max_turns,
+                args.bash_timeout,
+                args.temperature,
+                args.max_tokens,
                 tools=not args.no_tools,
             )
-    except Exception as e:  # noqa: BLE001  (API errors: reported like a CLI does, no traceback)
+    except Exception as e:
         print(f"mini: model API error: {type(e).__name__}: {e}", file=sys.stderr)
         return 4
     path = Path(args.answer_file)

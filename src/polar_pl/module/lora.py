@@ -42,7 +42,7 @@ class LoraSpec:
         if cfg is None or isinstance(cfg, LoraSpec):
             return cfg
         if not isinstance(cfg, Mapping):
-            raise ValueError(f"module.lora={cfg!r}: a mapping with keys {', '.join(KEYS)}, or null")  # noqa: TRY004
+            raise ValueError(f"module.lora={cfg!r}: a mapping with keys {', '.join(KEYS)}, or null")
         cfg = dict(cfg)
         if unknown := sorted(set(cfg) - set(KEYS)):
             raise ValueError(f"module.lora.{unknown[0]}: unknown key; allowed: {', '.join(KEYS)}")
@@ -63,7 +63,7 @@ class LoraSpec:
         if lr is not None and (isinstance(lr, bool) or not isinstance(lr, int | float) or lr <= 0):
             raise ValueError(f"module.lora.lr={lr!r}: a positive number, or null for module.lr")
         if not isinstance(spec.get("export_merged", False), bool):
-            raise ValueError(f"module.lora.export_merged={spec['export_merged']!r}: true or false")  # noqa: TRY004
+            raise ValueError(f"module.lora.export_merged={spec['export_merged']!r}: true or false")
         return cls(**{**spec, "alpha": float(alpha), "dropout": float(dropout)})
 
     def to_dict(self) -> dict[str, Any]:

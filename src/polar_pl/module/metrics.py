@@ -56,7 +56,7 @@ def batch_metrics(
         out["train/logprob_gap_mean"] = float(diff.abs().mean())
         # numpy: torch.quantile refuses inputs past 2**24 elements.
         q = np.quantile(diff.exp().cpu().numpy(), list(QUANTILES.values()))
-        out.update({f"train/ratio_{k}": float(v) for k, v in zip(QUANTILES, q)})
+        out.update({f"train/ratio_{k}": float(v) for k, v in zip(QUANTILES, q, strict=True)})
         stale = (current_version - token_versions[sel]).double()
         out["train/staleness_mean"] = float(stale.mean())
         out["train/staleness_max"] = float(stale.max())

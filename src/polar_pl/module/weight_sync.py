@@ -95,7 +95,7 @@ def _dtype(name: str | None) -> torch.dtype | None:
         return None
     dt = getattr(torch, name, None)
     if not isinstance(dt, torch.dtype):
-        raise ValueError(f"module.weight_sync.dtype={name!r}: not a torch dtype (e.g. bfloat16, float32)")  # noqa: TRY004
+        raise ValueError(f"module.weight_sync.dtype={name!r}: not a torch dtype (e.g. bfloat16, float32)")
     return dt
 
 

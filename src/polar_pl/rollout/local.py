@@ -6,14 +6,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from polar_pl.rollout.service import Group, RolloutService
 from polar_pl.gateway.handle import Gateway
 from polar_pl.rollout.protocol import RolloutSetup
+from polar_pl.rollout.service import Group, RolloutService
 
 
 def submit_to(feed: Any, tasks: Sequence[Any]) -> list[int]:
     if not hasattr(feed, "put"):
-        raise TypeError("this rollout feed is a fixed task source; tasks can be submitted to a TaskQueue feed")
+        raise TypeError(
+            "this rollout feed is a fixed task source; tasks can be submitted to a TaskQueue feed"
+        )
     return feed.put(tasks)
 
 

@@ -17,8 +17,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.sandbox.infra import InfraError
+from polar_pl.trajectory.rows import TrajectoryRow
 
 OK, TIMEOUT, FAILED = "ok", "timeout", "failed"
 HARNESS_ERROR = "harness_error"  # the CLI exited non-zero or got an API error (rollout/outcome.py)
@@ -198,7 +198,7 @@ class StagePools:
             with _busy(self.busy["init"]), _timed(job, "init"):
                 try:
                     await self.stages.init(job)
-                except Exception as exc:  # noqa: BLE001 — any stage failure is recorded, pools go on
+                except Exception as exc:
                     job.fail("init", exc)
             if job.status in (FAILED, INFRA_FAILURE):
                 await self._finish_failed(job)
@@ -216,7 +216,7 @@ class StagePools:
                     await asyncio.wait_for(self.stages.run(job), limit + self.sizes.cancel_grace_s)
                 except TimeoutError:
                     job.status, job.error = TIMEOUT, f"RUNNING exceeded {limit:.0f}s"
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     job.fail("running", exc)
             await self.post_q.put(job)  # timeouts and failures still go through POSTRUN
 
@@ -226,7 +226,7 @@ class StagePools:
             with _busy(self.busy["postrun"]), _timed(job, "postrun"):
                 try:
                     result = await self.stages.postrun(job)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     job.fail(job.failed_stage or "postrun", exc)
                     result = _failed_result(job)
                 finally:
@@ -243,7 +243,7 @@ class StagePools:
             return  # already cleaned
         try:
             await self.stages.cleanup(job)
-        except Exception as exc:  # noqa: BLE001 — a failed cleanup must not stop the pools
+        except Exception as exc:
             self.failures["cleanup"] += 1
             if job.error is None:
                 job.error = f"cleanup: {type(exc).__name__}: {exc}"

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from polar_pl.rollout.pools import PoolSizes, RolloutStages
-from polar_pl.rollout.stages import HarnessRolloutStages, RolloutOptions
 from polar_pl.rollout.service import Group
+from polar_pl.rollout.stages import HarnessRolloutStages, RolloutOptions
 
 
 @dataclass(frozen=True, slots=True)

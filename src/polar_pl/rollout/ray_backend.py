@@ -12,8 +12,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from polar_pl.rollout.service import Group
 from polar_pl.rollout.protocol import RolloutSetup
+from polar_pl.rollout.service import Group
 
 log = logging.getLogger(__name__)
 HEAD = "node:__internal_head__"  # the resource Ray gives the head node only
@@ -62,8 +62,11 @@ class RayRollout:
                     max_restarts=0,
                 )
                 .remote(
-                    setup, workers_per_node=self.workers_per_node, max_workers=self.max_workers,
-                    max_retries=self.max_retries, poll_s=self.poll_s,
+                    setup,
+                    workers_per_node=self.workers_per_node,
+                    max_workers=self.max_workers,
+                    max_retries=self.max_retries,
+                    poll_s=self.poll_s,
                 )
             )
             workers = ray.get(controller.workers.remote())  # raises if a worker failed to start

@@ -15,11 +15,11 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from polar_pl.rollout.service import RolloutService
 from polar_pl.rollout.local import ServiceCalls
 from polar_pl.rollout.protocol import RolloutSetup
 from polar_pl.rollout.ray_pools import RayPools, WorkerSlot
 from polar_pl.rollout.ray_worker import RolloutWorker
+from polar_pl.rollout.service import RolloutService
 
 log = logging.getLogger(__name__)
 SANDBOX = "sandbox"  # the custom resource a node advertises per rollout worker it can host
@@ -31,7 +31,9 @@ def sandbox_nodes() -> list[dict[str, Any]]:
     return sorted(nodes, key=lambda n: n["NodeID"])
 
 
-def start_workers(setup: RolloutSetup, workers_per_node: int, max_workers: int | None = None) -> list[WorkerSlot]:
+def start_workers(
+    setup: RolloutSetup, workers_per_node: int, max_workers: int | None = None
+) -> list[WorkerSlot]:
     """One worker actor per `sandbox` unit, at most `workers_per_node` per node and `max_workers`
     in all (taken round-robin over the nodes); each started (gateway up, pools running) before
     this returns."""

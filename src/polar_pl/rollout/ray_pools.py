@@ -98,7 +98,9 @@ class RayPools:
         self._enqueue(await self._place(), job, attempt=0)
 
     def metrics(self) -> dict[str, float]:
-        m = merge_metrics([self._worker_metrics[w.index] for w in self.workers if w.index in self._worker_metrics])
+        m = merge_metrics(
+            [self._worker_metrics[w.index] for w in self.workers if w.index in self._worker_metrics]
+        )
         for status, n in self.statuses.items():
             m[f"pool/sessions_{status}"] = float(n)  # counted here: a dead worker's counts live on
         alive = [w for w in self.workers if w.alive]

@@ -27,10 +27,10 @@ from typing import Any
 
 import httpx
 
-from polar_pl.rollout.service import Group, RolloutsStopped
 from polar_pl.engine.weights import save_state_dict
 from polar_pl.rollout.http.schema import GroupsResponse, VersionResponse, group_from_json
 from polar_pl.rollout.protocol import RolloutSetup
+from polar_pl.rollout.service import Group, RolloutsStopped
 
 
 class RolloutServiceError(RuntimeError):
@@ -81,7 +81,9 @@ def _token(token_file: str | None, token_env: str) -> str:
         return token
     token = os.environ.get(token_env, "").strip()
     if not token:
-        raise ValueError(f"rollout=remote needs the service's bearer token: set rollout.token_file or ${token_env}")
+        raise ValueError(
+            f"rollout=remote needs the service's bearer token: set rollout.token_file or ${token_env}"
+        )
     return token
 
 
@@ -101,7 +103,12 @@ class RemoteRollout:
         if not str(url).startswith(("http://", "https://")):
             raise ValueError(f"rollout.url={url!r}: expected http://host:port of `polar-pl rollout serve`")
         self.url, self.token = str(url), _token(token_file, token_env)
-        self.weights_dir, self.timeout_s, self.poll_s, self.push_timeout_s = weights_dir, timeout_s, poll_s, push_timeout_s
+        self.weights_dir, self.timeout_s, self.poll_s, self.push_timeout_s = (
+            weights_dir,
+            timeout_s,
+            poll_s,
+            push_timeout_s,
+        )
 
     def _api(self) -> _Api:
         return _Api(self.url, self.token, self.timeout_s)
@@ -190,7 +197,9 @@ class RemoteClient:
             wait = self.poll_s if left is None else max(0.1, min(self.poll_s, left))
             params = {"n": n, "timeout": wait, "consume": consume}
             try:
-                resp = self.api.call("GET", "/v1/groups", params=params, timeout=wait + self.api.http.timeout.read)
+                resp = self.api.call(
+                    "GET", "/v1/groups", params=params, timeout=wait + self.api.http.timeout.read
+                )
             except RolloutServiceError as exc:
                 if exc.status == 408:  # not ready within this poll
                     continue

@@ -20,8 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar_pl.rollout.pools import OK, PoolSizes, RolloutJob, RolloutResult, RolloutStages, StagePools
 from polar_pl.errors import RunFailed
+from polar_pl.rollout.pools import OK, PoolSizes, RolloutJob, RolloutResult, RolloutStages, StagePools
 
 log = logging.getLogger(__name__)
 
@@ -318,4 +318,3 @@ def _log_first(result: RolloutResult) -> None:
         "first rollout: %s, reward %.3f (%s)%s", result.status, result.reward, stages,
         f": {result.error}" if result.error else "",
     )  # fmt: skip
-

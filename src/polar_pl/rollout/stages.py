@@ -24,6 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from polar_pl.gateway.handle import Gateway
+from polar_pl.gateway.store.records import TraceRecord
+from polar_pl.harness.protocol import GatewaySession, Harness
+from polar_pl.harness.run import run_harness
 from polar_pl.rollout.outcome import INFRA, classify
 from polar_pl.rollout.pools import (
     FAILED,
@@ -34,15 +38,11 @@ from polar_pl.rollout.pools import (
     RolloutJob,
     RolloutResult,
 )
-from polar_pl.trajectory.base import BuildResult, TrajectoryBuilder
-from polar_pl.gateway.handle import Gateway
-from polar_pl.gateway.store.records import TraceRecord
-from polar_pl.harness.protocol import GatewaySession, Harness
-from polar_pl.harness.run import run_harness
 from polar_pl.sandbox.infra import InfraError
 from polar_pl.sandbox.protocol import Sandbox
 from polar_pl.tasks.evaluator import Evaluator
 from polar_pl.tasks.workspace import new_sandbox, prepare_workspace
+from polar_pl.trajectory.base import BuildResult, TrajectoryBuilder
 
 TIMEOUT_POLICIES = ("train_zero", "mask")
 
@@ -213,7 +213,7 @@ def read_and_merge(
 def _collect(errors: list[str], fn: Callable[..., Any], *args: Any) -> None:
     try:
         fn(*args)
-    except Exception as exc:  # noqa: BLE001 — every resource gets its chance to be released
+    except Exception as exc:
         errors.append(f"{getattr(fn, '__qualname__', fn)}: {type(exc).__name__}: {exc}")
 
 

@@ -17,7 +17,7 @@ _TAG = re.compile(r"^(\d+)-(\d+)$")
 
 def _start_ticks(pid: int) -> str | None:
     try:
-        stat = open(f"/proc/{pid}/stat", "rb").read().decode()  # noqa: SIM115 — one read
+        stat = open(f"/proc/{pid}/stat", "rb").read().decode()
     except OSError:
         return None
     return stat.rsplit(")", 1)[1].split()[19]  # field 22; comm (field 2) may hold spaces

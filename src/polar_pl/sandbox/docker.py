@@ -236,7 +236,7 @@ class DockerSandbox(ContainerFiles):
         if self.container is not None:
             try:
                 self.container.remove(force=True, v=True)
-            except Exception as exc:  # noqa: BLE001 — the host may be gone; the sweep removes it later
+            except Exception as exc:
                 log.debug("removing a half-started container failed: %s", exc)
         self.container = None
         self.container_id = None

@@ -133,7 +133,7 @@ class DockerDaemon:
             ok = client.ping()
             client.close()
             return bool(ok)
-        except Exception:  # noqa: BLE001  (not up yet: connection refused, 500 while initializing, ...
+        except Exception:
             return False
 
     def _log_tail(self, n: int = 800) -> str:

@@ -80,7 +80,9 @@ class LocalSandbox:
             self.limits = cgroups.Limits()
         self.owner = owner
         self.base_dir = base_dir
-        self.harness_prefix = mounted_harness_prefix(harness_prefix)  # absolute (execs run elsewhere); None if absent
+        self.harness_prefix = mounted_harness_prefix(
+            harness_prefix
+        )  # absolute (execs run elsewhere); None if absent
         self.default_timeout = default_timeout
         self._runtime = bwrap.runtime(tuple(python_packages)) if isolation == "bwrap" else None
         # As root the sandbox user is host nobody, which must own the writable part of the sandbox.

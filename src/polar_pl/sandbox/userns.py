@@ -117,7 +117,7 @@ def _helper() -> None:
                 f.write("0\n")
             os.write(ready_w, b"x")
             os.read(mapped_r, 1)  # stay alive until the parent has opened ns2
-        except BaseException as exc:  # noqa: BLE001 -- reported on stderr, the parent sees EOF
+        except BaseException as exc:
             print(f"ns2: {exc!r}", file=sys.stderr, flush=True)
             os._exit(1)
         os._exit(0)

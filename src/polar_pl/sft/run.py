@@ -24,11 +24,11 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from polar_pl.rollout.pools import OK, RolloutResult
-from polar_pl.monitor.progress import LiveProgress
-from polar_pl.rollout.stages import HarnessRolloutStages
-from polar_pl.rollout.service import Group, RolloutService
 from polar_pl.gateway.store.records import TraceRecord
+from polar_pl.monitor.progress import LiveProgress
+from polar_pl.rollout.pools import OK, RolloutResult
+from polar_pl.rollout.service import Group, RolloutService
+from polar_pl.rollout.stages import HarnessRolloutStages
 from polar_pl.sft.conversation import conversation
 from polar_pl.sft.export import export
 from polar_pl.sft.log import RolloutLog
@@ -161,7 +161,7 @@ def resolved_config_yaml(cfg: DictConfig) -> str:
     cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     try:
         return OmegaConf.to_yaml(cfg, resolve=True)
-    except Exception:  # noqa: BLE001 — outside a Hydra run some interpolations cannot resolve
+    except Exception:
         return OmegaConf.to_yaml(cfg)
 
 

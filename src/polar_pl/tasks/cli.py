@@ -36,8 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--repos-dir", help="directory of owner__name checkouts for --source swebench")
         p.add_argument("--ids", nargs="+", help="only these instance ids")
         p.add_argument("--difficulty", nargs="+", choices=("easy", "medium", "hard"))
-        p.add_argument("--runner", choices=("unittest", "pytest"), default="unittest",
-                       help="test runner for the built-in suite (the same tests either way)")
+        p.add_argument(
+            "--runner",
+            choices=("unittest", "pytest"),
+            default="unittest",
+            help="test runner for the built-in suite (the same tests either way)",
+        )
         if name == "check":
             p.add_argument("--sandbox", choices=("local", "docker"), default="local")
             p.add_argument("--docker-host", help="Docker engine URL (default: DOCKER_HOST)")

@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 
 SandboxFactory = Callable[[], Sandbox]
 # Compiled files and caches the patch may have planted next to the sources or the tests.
-_CLEAN_CACHES = "find . -path ./.git -prune -o \\( -name __pycache__ -o -name '*.pyc' \\) -prune -exec rm -rf {} +"
+_CLEAN_CACHES = (
+    "find . -path ./.git -prune -o \\( -name __pycache__ -o -name '*.pyc' \\) -prune -exec rm -rf {} +"
+)
 
 
 @dataclass(slots=True)
@@ -152,13 +154,13 @@ class SandboxEvaluator:
             return _fail(task, "timeout", "evaluation sandbox was not ready in time", t0)
         except InfraError as exc:
             return _infra(task, f"preparing the evaluation sandbox failed: {exc}", exc, t0)
-        except Exception as exc:  # noqa: BLE001  (any preparation failure is recorded, never raised)
+        except Exception as exc:
             return _fail(task, "error", f"preparing the evaluation sandbox failed: {exc}", t0)
         try:
             return self._score_in(sandbox, task, patch, trusted, prewarm_s, t0)
         except InfraError as exc:
             return _infra(task, f"evaluation failed: {exc}", exc, t0, prewarm_s)
-        except Exception as exc:  # noqa: BLE001  (a broken backend must not take the trainer down)
+        except Exception as exc:
             return _fail(task, "error", f"evaluation failed: {type(exc).__name__}: {exc}", t0)
         finally:
             _stop_quietly(sandbox)
@@ -203,7 +205,12 @@ def _fail(
     task: Task, status: EvalStatus, reason: str, t0: float, prewarm_s: float = 0.0, tampering: tuple = ()
 ) -> EvalResult:
     return EvalResult(
-        task.instance_id, 0.0, status, reason, prewarm_s=prewarm_s, duration_s=time.monotonic() - t0,
+        task.instance_id,
+        0.0,
+        status,
+        reason,
+        prewarm_s=prewarm_s,
+        duration_s=time.monotonic() - t0,
         tampering=tampering,
     )
 

@@ -9,7 +9,14 @@ from typing import Literal
 # (reward 0, trained on). The others say why the tests did not run (reward 0; "error" is masked).
 # infra_failure: the evaluation sandbox could not be had or used (see polar_pl.sandbox.infra); masked.
 EvalStatus = Literal[
-    "resolved", "unresolved", "tampering", "empty_patch", "no_answer", "patch_failed", "timeout", "error",
+    "resolved",
+    "unresolved",
+    "tampering",
+    "empty_patch",
+    "no_answer",
+    "patch_failed",
+    "timeout",
+    "error",
     "infra_failure",
 ]
 TestKind = Literal["FAIL_TO_PASS", "PASS_TO_PASS"]

@@ -103,7 +103,9 @@ def _test_list(raw: Any, instance_id: str, name: str, origin: str) -> tuple[str,
         try:
             raw = json.loads(raw) if raw.strip() else []
         except json.JSONDecodeError as exc:
-            raise TaskFormatError(instance_id, name, f"is not a JSON list of test ids ({exc})", origin)
+            raise TaskFormatError(
+                instance_id, name, f"is not a JSON list of test ids ({exc})", origin
+            ) from None
     if not isinstance(raw, list | tuple) or not all(isinstance(t, str) and t for t in raw):
         raise TaskFormatError(instance_id, name, "must be a list of non-empty test id strings", origin)
     return tuple(raw)

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from polar_pl.chat.toolparse import render_tool_call
-from polar_pl.trajectory import MergeStats, PrefixBuilder
 from polar_pl.gateway.handle import Gateway
 from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.testing.scripted import Reply, ScriptedBackend, ScriptedServer, ToolCall
 from polar_pl.testing.smoke import SHELL_TOOL
+from polar_pl.trajectory import MergeStats, PrefixBuilder
 
 PROMPT = "Write 'part1' into result.txt, then append 'part2' to it, one shell command each."
 RESULT_FILE = "result.txt"

@@ -124,7 +124,7 @@ class LocalRegistry:
         Path(self.docker_config).parent.mkdir(parents=True, exist_ok=True)
         token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
         Path(self.docker_config).write_text(json.dumps({"auths": {self.address: {"auth": token}}}))
-        log = open(self.root / "registry.log", "ab")  # noqa: SIM115 — lives as long as the process
+        log = open(self.root / "registry.log", "ab")
         self.proc = subprocess.Popen([binary, "serve", str(self.root / "config.yml")], stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         deadline = time.monotonic() + timeout

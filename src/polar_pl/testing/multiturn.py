@@ -22,11 +22,11 @@ from typing import Any
 import openai
 
 from polar_pl.datamodule.collate import collate
-from polar_pl.trajectory import PrefixBuilder
 from polar_pl.gateway.handle import Gateway
 from polar_pl.harness.mini_agent import run_notes
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.tasks.answer import score_answer
+from polar_pl.trajectory import PrefixBuilder
 
 
 @dataclass

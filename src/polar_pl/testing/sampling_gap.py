@@ -15,9 +15,9 @@ import openai
 import torch
 
 from polar_pl.datamodule.collate import collate
-from polar_pl.trajectory import PerRequestBuilder
 from polar_pl.gateway.handle import Gateway
 from polar_pl.module.grpo import GRPOModule
+from polar_pl.trajectory import PerRequestBuilder
 
 PROMPTS = ("Tell me about rivers.", "Write a word in CAPITALS.", "Count to five.", "Name a colour.")
 

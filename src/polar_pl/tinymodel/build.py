@@ -157,7 +157,8 @@ def _build_harness_into(
         "base": str(base),
         "harness_extra_args": list(extra_args),
         ("harness_warm_start" if case is None else "harness_case_warm_start"): {
-            **report, "capture_seconds": round(capture_s, 1)
+            **report,
+            "capture_seconds": round(capture_s, 1),
         },
         "build_seconds": round(time.monotonic() - started, 1),
     }
@@ -200,7 +201,10 @@ def ensure_harness_model(
         )
     if case is not None:
         base = build_tiny_model(case_base or Path(cache_dir) / "tiny-model", if_missing=True)
-        print(f"polar-pl: warm-starting the {harness} learning check's model at {out} (once, ~2 CPU min)", flush=True)
+        print(
+            f"polar-pl: warm-starting the {harness} learning check's model at {out} (once, ~2 CPU min)",
+            flush=True,
+        )
         return build_harness_model(
             out, harness, base, harness_prefix, case=case, extra_args=extra_args, case_steps=case_steps,
             if_missing=True,
@@ -209,7 +213,10 @@ def ensure_harness_model(
     if not (base / "config.json").exists():
         print(f"polar-pl: building the warm-started tiny model at {base} (once, ~3 CPU minutes)", flush=True)
         build_tiny_model(base, warm_start=True, if_missing=True)
-    print(f"polar-pl: warm-starting the tiny model for {harness} at {out} (once, ~{minutes:g} CPU minutes)", flush=True)
+    print(
+        f"polar-pl: warm-starting the tiny model for {harness} at {out} (once, ~{minutes:g} CPU minutes)",
+        flush=True,
+    )
     return build_harness_model(
         out, harness, base, harness_prefix, minutes=minutes, extra_args=extra_args, if_missing=True
     )

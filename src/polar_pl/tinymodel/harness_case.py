@@ -134,7 +134,9 @@ def warm_start_case(
     }
 
 
-def evaluate_case(model: PreTrainedModel, tok, prompt: HarnessPrompt, samples: int = 8, seed: int = 0) -> dict[str, Any]:
+def evaluate_case(
+    model: PreTrainedModel, tok, prompt: HarnessPrompt, samples: int = 8, seed: int = 0
+) -> dict[str, Any]:
     """Sampled (temperature 1) answers to the check's first capitals and lowercase tasks behind
     the whole request: their mean reward (the task's own check), and how often the turn ends."""
     from polar_pl.tasks.answer import score_answer
@@ -154,7 +156,9 @@ def evaluate_case(model: PreTrainedModel, tok, prompt: HarnessPrompt, samples: i
             text = tok.decode(ids, skip_special_tokens=True)
             shares.append(score_answer(task, text))
             texts.append(text[:60])
-        out["capitals" if upper else "lowercase"] = {"reward": round(sum(shares) / samples, 3), "examples": texts[:3]}
+        out["capitals" if upper else "lowercase"] = {
+            "reward": round(sum(shares) / samples, 3),
+            "examples": texts[:3],
+        }
     out["ended_turn"] = round(out["ended_turn"], 3)
     return out
-

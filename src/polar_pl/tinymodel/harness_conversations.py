@@ -100,7 +100,9 @@ def echo_example(rng: random.Random) -> Example:
     return Example(task, (("assistant", {"role": "assistant", "content": answer}),))
 
 
-def file_example(rng: random.Random, harness: str, tool: ShellTool, index: int, word: str | None = None) -> Example:
+def file_example(
+    rng: random.Random, harness: str, tool: ShellTool, index: int, word: str | None = None
+) -> Example:
     word = word or rng.choice(_ECHO_WORDS).upper()
     written = rng.choice([word, word, word.lower(), word.title(), rng.choice(_ECHO_WORDS).upper()])
     command = f"echo {shlex.quote(written)} > {ANSWER_FILE}"
@@ -139,7 +141,12 @@ def examples(harness: str, tools: list[dict[str, Any]], seed: int, count: int) -
 
 
 def task_examples(
-    harness: str, tools: list[dict[str, Any]], seed: int, n_upper: int, per_task: int, n_file: int = len(_ECHO_WORDS)
+    harness: str,
+    tools: list[dict[str, Any]],
+    seed: int,
+    n_upper: int,
+    per_task: int,
+    n_file: int = len(_ECHO_WORDS),
 ) -> dict[str, list[Example]]:
     """Examples for the learnable tasks RL will use, by prompt: the `file` tasks of the first
     `n_file` words and the first `n_upper` `uppercase` tasks of `seed` (the task source's own prompts)."""

@@ -89,7 +89,9 @@ def tail_tokens(tok, tail: str, spans: list[tuple[int, int]]) -> tuple[list[int]
     enc = tok(tail, add_special_tokens=False, return_offsets_mapping=True)
     ids = enc["input_ids"]
     offsets = enc["offset_mapping"]
-    labels = [t if any(a <= s < b for a, b in spans) else IGNORE for t, (s, _) in zip(ids, offsets, strict=True)]
+    labels = [
+        t if any(a <= s < b for a, b in spans) else IGNORE for t, (s, _) in zip(ids, offsets, strict=True)
+    ]
     return ids, labels
 
 
@@ -109,7 +111,9 @@ def _workdir(rng: random.Random) -> str:
 PER_TASK_FILE_WORDS, PER_TASK_UPPER = 4, 2  # per-task KV costs ~3k tokens of prefill each (Claude Code)
 
 
-def long_groups(tok, prompt: HarnessPrompt, seed: int, n_upper: int, per_task: int, shared_rows: int) -> list[Group]:
+def long_groups(
+    tok, prompt: HarnessPrompt, seed: int, n_upper: int, per_task: int, shared_rows: int
+) -> list[Group]:
     """Groups inside the real request: one shared-mode group if every task's request differs from
     the others only near its end, else one per-task group for each of a few learnable tasks."""
     rng = random.Random(seed)
@@ -152,7 +156,9 @@ def short_group(tok, prompt: HarnessPrompt, seed: int, count: int) -> Group:
     return group
 
 
-def per_task_group(family: str, tok, request: list[int], exs: list[Example], memo: dict[str, str], task: str) -> Group:
+def per_task_group(
+    family: str, tok, request: list[int], exs: list[Example], memo: dict[str, str], task: str
+) -> Group:
     """Rows behind one task's whole request. The request's last token opens each segment: a
     segment's first token is predicted from the position before it, so with the whole request in
     the prefix the answer's first token would never be trained (measured: Claude Code's warm
@@ -195,7 +201,12 @@ def compute_kvs(model: PreTrainedModel, groups: list[Group], chunk: int = 4096) 
     base = _extend(model, DynamicCache(), groups[0].prefix[:shared], chunk)
     base_kv = [(layer.keys, layer.values) for layer in base.layers] if shared else None
     for g in groups:
-        cache = _extend(model, DynamicCache(ddp_cache_data=base_kv) if base_kv else DynamicCache(), g.prefix[shared:], chunk)
+        cache = _extend(
+            model,
+            DynamicCache(ddp_cache_data=base_kv) if base_kv else DynamicCache(),
+            g.prefix[shared:],
+            chunk,
+        )
         g.kv = [(layer.keys, layer.values) for layer in cache.layers]
 
 

@@ -64,12 +64,20 @@ def step_loss(
         picked = torch.randperm(far, generator=gen)[: int(far * keep_frac)].sort().values
         idx = torch.cat([picked, torch.arange(far, p)])
         kv = [(k.index_select(2, idx), v.index_select(2, idx)) for k, v in kv]
-    cache = DynamicCache(ddp_cache_data=[(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in kv]) if p else None
+    cache = (
+        DynamicCache(ddp_cache_data=[(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in kv])
+        if p
+        else None
+    )
     positions = torch.arange(p, p + t).expand(b, -1)
-    hidden = model.model(input_ids=input_ids, position_ids=positions, cache=cache, use_cache=cache is not None)
+    hidden = model.model(
+        input_ids=input_ids, position_ids=positions, cache=cache, use_cache=cache is not None
+    )
     targets = labels[:, 1:]
     keep = targets != IGNORE
-    return torch.nn.functional.cross_entropy(model.lm_head(hidden.last_hidden_state[:, :-1][keep]), targets[keep])
+    return torch.nn.functional.cross_entropy(
+        model.lm_head(hidden.last_hidden_state[:, :-1][keep]), targets[keep]
+    )
 
 
 @dataclass(slots=True)

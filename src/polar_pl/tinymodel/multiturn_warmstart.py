@@ -62,7 +62,9 @@ def warm_start_multiturn(
     """Fine-tune `model` in place on `count` generated sessions for exactly `steps` steps of 8
     (build.build_multiturn_model checks `share` before any of this starts)."""
     rng = random.Random(seed)
-    examples = [labelled(tok.encode(render_chat(case_session(rng, share, work_turns))).ids, tok) for _ in range(count)]
+    examples = [
+        labelled(tok.encode(render_chat(case_session(rng, share, work_turns))).ids, tok) for _ in range(count)
+    ]
     pad_id = tok.token_to_id(ENDOFTEXT)
     report = train(model, examples, 0.0, seed, pad_id, batch_size=8, peak_lr=3e-3, steps=steps)
     return {"share": share, "work_turns": work_turns, "examples": len(examples), **report}

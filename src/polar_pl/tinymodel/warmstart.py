@@ -93,13 +93,15 @@ def assistant_loss(
     return torch.nn.functional.cross_entropy(model.lm_head(hidden[keep]), targets[keep])
 
 
-
-def set_lr(optimizer: torch.optim.Optimizer, peak: float, step: int, progress: float, warmup: int = 10) -> None:
+def set_lr(
+    optimizer: torch.optim.Optimizer, peak: float, step: int, progress: float, warmup: int = 10
+) -> None:
     """The warm starts' schedule: linear warmup over `warmup` steps, then cosine on `progress`
     (the fraction of the budget or of the steps used) down to 10% of `peak`."""
     lr = peak * min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
     for group in optimizer.param_groups:
         group["lr"] = lr
+
 
 def train(
     model: PreTrainedModel,

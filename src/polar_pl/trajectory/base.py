@@ -13,10 +13,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.gateway.store.chains import FIRST, BreakKind  # noqa: F401 (FIRST: re-exported for the builders)
 from polar_pl.gateway.store.packed import as_i32
 from polar_pl.gateway.store.records import TraceRecord
+from polar_pl.trajectory.rows import TrajectoryRow
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from polar_pl.trajectory.base import BreakKind, Call
 from polar_pl.gateway.store.chains import classify_messages, failure_kind
+from polar_pl.trajectory.base import BreakKind, Call
 
 
 def lcp(a: np.ndarray, b: np.ndarray) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from polar_pl.trajectory.rows import TrajectoryRow
+from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.trajectory.base import (
     BuildResult,
     MergeStats,
@@ -17,7 +17,7 @@ from polar_pl.trajectory.base import (
     prepare,
     spliced,
 )
-from polar_pl.gateway.store.records import TraceRecord
+from polar_pl.trajectory.rows import TrajectoryRow
 
 
 class PerRequestBuilder(SideCallOptions):

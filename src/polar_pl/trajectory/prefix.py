@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from polar_pl.trajectory.rows import TrajectoryRow
+from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.trajectory.base import (
     FIRST,
     BreakKind,
@@ -42,7 +42,7 @@ from polar_pl.trajectory.base import (
     spliced,
 )
 from polar_pl.trajectory.breaks import chain_lcp, classify_break
-from polar_pl.gateway.store.records import TraceRecord
+from polar_pl.trajectory.rows import TrajectoryRow
 
 
 class _Chain:

@@ -24,9 +24,9 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from polar_pl.trajectory.rows import TrajectoryRow
-from polar_pl.trajectory import BreakKind, MergeStats, TrajectoryBuilder
 from polar_pl.gateway.store.records import TraceRecord
+from polar_pl.trajectory import BreakKind, MergeStats, TrajectoryBuilder
+from polar_pl.trajectory.rows import TrajectoryRow
 
 CONF_MERGE = resources.files("polar_pl.conf") / "merge"
 FORMATS = (".jsonl", ".parquet")
@@ -157,7 +157,7 @@ class RowWriter:
     def __init__(self, out: Path, batch: int = 1024) -> None:
         self.out, self.batch = out, batch
         self._pending: list[TrajectoryRow] = []
-        self._file = open(out, "wb") if out.suffix == ".jsonl" else None  # noqa: SIM115
+        self._file = open(out, "wb") if out.suffix == ".jsonl" else None
         self._parquet = None
 
     def __enter__(self) -> Self:

@@ -13,11 +13,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from polar_pl.trajectory import PrefixBuilder
 from polar_pl.gateway.store.records import SessionInfo, TraceRecord
 from polar_pl.gateway.store.traces import read_records, read_sessions
 from polar_pl.monitor.rollouts import FILE as ROLLOUTS
 from polar_pl.monitor.rollouts import read_rollouts
+from polar_pl.trajectory import PrefixBuilder
 
 
 @dataclass(slots=True)

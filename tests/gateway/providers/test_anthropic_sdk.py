@@ -214,9 +214,7 @@ def test_recorded_cli_request_replays_through_the_gateway(gateway, script, recor
     assert message["content"][0]["type"] == "text" and message["content"][0]["text"].strip() == "ok"
     if body.get("tools"):
         assert message["stop_reason"] == "tool_use"
-        assert message["content"][1]["name"] == tool and message["content"][1]["input"] == {
-            "command": "true"
-        }
+        assert message["content"][1]["name"] == tool and message["content"][1]["input"] == {"command": "true"}
     (trace,) = gateway.records(s.session_id)
     assert trace.status == "ok" and message["usage"]["input_tokens"] == len(trace.prompt_ids)
     n_system = sum(1 for m in body["messages"] if m["role"] == "system")

@@ -67,7 +67,10 @@ def test_capture_keeps_every_message_call_output_and_system_part(path: Path):
 
     fn_tools = [t for t in body.get("tools", []) if t["type"] == "function"]
     assert [t["function"]["name"] for t in req.chat.get("tools", [])] == [t["name"] for t in fn_tools]
-    assert all(t["function"]["parameters"] == s["parameters"] for t, s in zip(req.chat["tools"], fn_tools))
+    assert all(
+        t["function"]["parameters"] == s["parameters"]
+        for t, s in zip(req.chat["tools"], fn_tools, strict=True)
+    )
     others = [t for t in body.get("tools", []) if t["type"] != "function"]
     dropped = [n for n in req.notes if n.startswith("dropped non-function tools")]
     assert bool(dropped) == bool(others)

@@ -234,7 +234,7 @@ class Proxy:
         )
         try:
             return await self._call(call, query)
-        except Exception as exc:  # noqa: BLE001 — a gateway bug: _bug logs it
+        except Exception as exc:
             return await self._bug(call, exc)
         except BaseException:  # cancelled (the gateway is stopping): give back, keep a record
             self._release(call)
@@ -380,7 +380,7 @@ class Proxy:
     async def _collect_safely(self, call: CallInFlight, stream: ChatStream) -> Response:
         try:
             return await self._collect(call, stream)
-        except Exception as exc:  # noqa: BLE001 — a gateway bug: _bug logs it
+        except Exception as exc:
             return await self._bug(call, exc)
 
     async def _collect(self, call: CallInFlight, stream: ChatStream) -> Response:
@@ -456,7 +456,7 @@ class Proxy:
                     self._append(call, call.record(cap, b"".join(sent).decode(), "error", message))
             try:
                 tail = translator.error(500, f"internal gateway error: {type(exc).__name__}")
-            except Exception:  # noqa: BLE001 — a translator that cannot even say so: the stream is cut
+            except Exception:
                 raise exc from None
             yield tail
         finally:

@@ -19,9 +19,9 @@ class ToolCallGuard:
     """Per call (one choice). `filter` each engine chunk; `finish_reason` maps the final reason."""
 
     def __init__(self, tools: list[dict[str, Any]] | None) -> None:
-        self.allowed = {
-            (t.get("function") or {}).get("name") for t in tools or () if isinstance(t, dict)
-        } - {None}
+        self.allowed = {(t.get("function") or {}).get("name") for t in tools or () if isinstance(t, dict)} - {
+            None
+        }
         self.calls: dict[int, dict[str, Any]] = {}  # engine index -> {id, name, arguments}
         self.notes: list[str] = []
         self.passed = 0
@@ -50,7 +50,9 @@ class ToolCallGuard:
         out = []
         if flush:
             base = {k: v for k, v in chunk.items() if k not in ("choices", "usage")}
-            out.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": flush}, "finish_reason": None}]})
+            out.append(
+                {**base, "choices": [{"index": 0, "delta": {"tool_calls": flush}, "finish_reason": None}]}
+            )
         out.append({**chunk, "choices": out_choices})
         return out
 
@@ -64,7 +66,11 @@ class ToolCallGuard:
         """A non-streaming assistant message with only the valid calls."""
         for i, call in enumerate(message.get("tool_calls") or ()):
             fn = call.get("function") or {}
-            self.calls[i] = {"id": call.get("id"), "name": fn.get("name"), "arguments": fn.get("arguments") or ""}
+            self.calls[i] = {
+                "id": call.get("id"),
+                "name": fn.get("name"),
+                "arguments": fn.get("arguments") or "",
+            }
         kept = self._release()
         message = {k: v for k, v in message.items() if k != "tool_calls"}
         if kept:

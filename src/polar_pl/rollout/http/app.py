@@ -78,7 +78,9 @@ def create_app(server: Any, *, token: str) -> FastAPI:
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.post("/v1/tasks", dependencies=v1, response_model=TasksResponse, responses={409: {"model": ErrorResponse}})
+    @app.post(
+        "/v1/tasks", dependencies=v1, response_model=TasksResponse, responses={409: {"model": ErrorResponse}}
+    )
     def submit(req: TasksRequest) -> TasksResponse:
         try:
             tasks = server.tasks_from_rows(req.tasks)
@@ -89,7 +91,12 @@ def create_app(server: Any, *, token: str) -> FastAPI:
         except TypeError as exc:
             raise ApiError(409, f"{exc} (start the service with --feed queue)", "conflict") from None
 
-    @app.get("/v1/groups", dependencies=v1, response_model=GroupsResponse, responses={408: {"model": ErrorResponse}})
+    @app.get(
+        "/v1/groups",
+        dependencies=v1,
+        response_model=GroupsResponse,
+        responses={408: {"model": ErrorResponse}},
+    )
     def groups(
         n: int = Query(1, ge=1, le=1024, description="groups to wait for"),
         timeout: float = Query(60.0, gt=0, le=3600, description="seconds to wait for them"),
@@ -99,7 +106,10 @@ def create_app(server: Any, *, token: str) -> FastAPI:
             got = server.client.next_groups(n, timeout, consume=consume)
         except TimeoutError as exc:
             raise ApiError(408, f"{exc}; ask again", "timeout") from None
-        return Response(orjson.dumps({"groups": [group_json(g) for g in got]}, option=_NUMPY), media_type="application/json")
+        return Response(
+            orjson.dumps({"groups": [group_json(g) for g in got]}, option=_NUMPY),
+            media_type="application/json",
+        )
 
     @app.get("/v1/groups/stream", dependencies=v1, responses={200: {"content": {"application/x-ndjson": {}}}})
     def stream(limit: int | None = Query(None, ge=1, description="stop after this many groups")) -> Response:
@@ -124,7 +134,7 @@ def create_app(server: Any, *, token: str) -> FastAPI:
             return VersionResponse(policy_version=server.push_from_disk(req.path))
         except FileNotFoundError as exc:
             raise ApiError(400, f"path: {exc}") from None
-        except Exception as exc:  # noqa: BLE001 — the engine refused the weights: the caller's error to see
+        except Exception as exc:
             raise ApiError(502, f"weight push failed: {type(exc).__name__}: {exc}", "engine_error") from None
 
     @app.post("/v1/policy_version", dependencies=v1, response_model=VersionResponse)

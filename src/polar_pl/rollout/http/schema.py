@@ -8,8 +8,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from polar_pl.rollout.pools import RolloutResult
-from polar_pl.trajectory.rows import TrajectoryRow
 from polar_pl.rollout.service import Group
+from polar_pl.trajectory.rows import TrajectoryRow
 
 
 class ErrorBody(BaseModel):
@@ -83,7 +83,9 @@ class ConsumedRequest(BaseModel):
 
 
 class WeightsRequest(BaseModel):
-    path: str = Field(description="a directory of *.safetensors with HF parameter names, readable by the service")
+    path: str = Field(
+        description="a directory of *.safetensors with HF parameter names, readable by the service"
+    )
 
 
 class VersionRequest(BaseModel):

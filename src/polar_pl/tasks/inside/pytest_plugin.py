@@ -172,6 +172,6 @@ def _outcome(report):
 def _detail(report):
     try:
         text = report.longreprtext
-    except Exception:  # noqa: BLE001
+    except Exception:
         text = str(report.longrepr or "")
     return (text or "")[-4000:]

@@ -107,7 +107,7 @@ def run_child(spec, kit, ids, python):
     kit = dict(kit, ids=ids)
     r_ctl, w_ctl = os.pipe()
     r_res, w_res = os.pipe()
-    log = tempfile.TemporaryFile()  # noqa: SIM115  (closed by _tail)
+    log = tempfile.TemporaryFile()
     child = subprocess.Popen(
         [python, "-I", "-B", "-c", BOOT, str(r_ctl), str(w_res)],
         pass_fds=(r_ctl, w_res), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
