@@ -16,6 +16,10 @@ Two rules keep that safe and short:
   counts as `UNKNOWN_S`. The 10-minute CLI learning checks then start at once instead of
   finishing last on one worker while the other idles.
 
+`--fast` (`make check`, the lane to run before a commit) leaves out the tests marked `slow` and every
+unit that took longer than `FAST_UNIT_S` in the run `durations.json` was measured on (a unit goes
+whole: its tests share one expensive fixture).
+
 The workers compute the plan (they hold the fixtures) and publish the unit of each test to a file
 that the controller's scheduler reads: xdist's own `loadgroup` rewrites node ids, which pytest 9.2
 no longer allows (the groups silently vanish), so `SharedFixtureScheduling` replaces it.
@@ -35,6 +39,7 @@ from xdist.scheduler import LoadScopeScheduling
 DURATIONS = "tests/durations.json"  # below the rootdir
 UNITS_ENV = "POLAR_XDIST_UNITS"  # the file where workers publish nodeid -> unit
 UNKNOWN_S = 0.5
+FAST_UNIT_S = 5.0
 # Session fixtures that cost nothing per worker: paths to models and CLIs `make test` built, the
 # per-process leftover check.
 PER_WORKER = frozenset(
@@ -81,9 +86,10 @@ def groups(items: list[pytest.Item], root: Path) -> dict[str, str]:
     return {nodeid: name[find(ks[0])] for nodeid, ks in keys.items() if ks}
 
 
-def plan(items: list[pytest.Item], root: Path) -> dict[str, str]:
+def plan(items: list[pytest.Item], root: Path, fast: bool = False) -> tuple[dict[str, str], list[pytest.Item]]:
     """Reorder `items` so units run longest first (order within a unit kept: pytest already
-    ordered it for its fixtures); returns nodeid -> unit for every grouped item."""
+    ordered it for its fixtures); fast: without the units measured over `FAST_UNIT_S` or marked
+    slow. Returns nodeid -> unit for every grouped item, and the items left out."""
     durations = root / DURATIONS
     seconds = json.loads(durations.read_text()) if durations.exists() else {}
     group_of = groups(items, root)
@@ -91,8 +97,13 @@ def plan(items: list[pytest.Item], root: Path) -> dict[str, str]:
     for item in items:
         units.setdefault(group_of.get(item.nodeid, item.nodeid), []).append(item)
     cost = {u: sum(seconds.get(i.nodeid, UNKNOWN_S) for i in members) for u, members in units.items()}
+    out = []
+    if fast:
+        slow = {u for u, members in units.items()
+                if cost[u] > FAST_UNIT_S or any(i.get_closest_marker("slow") for i in members)}  # fmt: skip
+        out = [i for u in slow for i in units.pop(u)]
     items[:] = [i for u in sorted(units, key=lambda u: -cost[u]) for i in units[u]]
-    return group_of
+    return group_of, out
 
 
 def publish(group_of: dict[str, str], path: Path) -> None:
@@ -134,6 +145,10 @@ def pytest_addoption(parser):
         "--store-durations", action="store_true",
         help=f"merge this run's test durations into {DURATIONS} (xdist's longest-first order)",
     )  # fmt: skip
+    parser.addoption(
+        "--fast", action="store_true",
+        help=f"the fast lane: leave out slow-marked tests and units measured over {FAST_UNIT_S:.0f} s",
+    )  # fmt: skip
 
 
 def pytest_configure(config):
@@ -152,8 +167,14 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(trylast=True)  # after pytest ordered the items for their fixtures, and -k / -m
 def pytest_collection_modifyitems(config, items):
-    if hasattr(config, "workerinput"):  # an xdist worker
-        publish(plan(items, config.rootpath), Path(os.environ[UNITS_ENV]))
+    worker, fast = hasattr(config, "workerinput"), config.getoption("fast")
+    if not (worker or fast):
+        return
+    group_of, left_out = plan(items, config.rootpath, fast=fast)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+    if worker:  # an xdist worker
+        publish(group_of, Path(os.environ[UNITS_ENV]))
 
 
 _durations: dict[str, float] = {}

@@ -108,13 +108,26 @@ def test_units_run_longest_first_and_stay_whole(items, suite):
     slow = next(i.nodeid for i in items if i.name == "test_slow")
     (suite.path / "tests").mkdir()
     (suite.path / scheduling.DURATIONS).write_text(json.dumps({slow: 100.0}))
-    units = scheduling.plan(items, suite.path)
+    units, left_out = scheduling.plan(items, suite.path)
+    assert left_out == []
     order = [i.name for i in items]
     assert order[0] == "test_slow"
     first = min(order.index(n) for n in ("test_uses_server", "test_registry", "test_server_again"))
     assert sorted(order[first : first + 3]) == ["test_registry", "test_server_again", "test_uses_server"]
     unit = {i.name: units.get(i.nodeid) for i in items}
     assert unit["test_uses_server"] == unit["test_registry"] is not None and unit["test_plain"] is None
+
+
+def test_the_fast_lane_leaves_out_whole_units_measured_slow(items, suite):
+    """One test of the server's unit measured slow takes its unit out (they share the server);
+    a lone test under the limit stays."""
+    registry = next(i.nodeid for i in items if i.name == "test_registry")
+    plain = next(i.nodeid for i in items if i.name == "test_plain")
+    (suite.path / "tests").mkdir()
+    (suite.path / scheduling.DURATIONS).write_text(json.dumps({registry: 60.0, plain: 1.0}))
+    _, left_out = scheduling.plan(items, suite.path, fast=True)
+    assert sorted(i.name for i in left_out) == ["test_registry", "test_server_again", "test_uses_server"]
+    assert {"test_plain", "test_tok_one"} <= {i.name for i in items}
 
 
 def test_two_workers_keep_each_unit_on_one_worker(suite):

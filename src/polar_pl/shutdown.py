@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from polar_pl.rollout.service import PartDown
 
@@ -98,7 +99,9 @@ class GracefulShutdown(L.Callback):
         if self.signum is None:
             return
         ckpt = trainer.checkpoint_callback
-        if getattr(ckpt, "save_last", False):  # it writes last.ckpt right after this hook
+        if (
+            isinstance(ckpt, ModelCheckpoint) and ckpt.save_last and ckpt.dirpath
+        ):  # writes last.ckpt after this hook
             self.saved = Path(ckpt.dirpath) / "last.ckpt"
             log.warning("shutdown checkpoint: %s (resume with ckpt_path=...)", self.saved)
         else:

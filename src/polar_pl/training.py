@@ -22,6 +22,7 @@ from polar_pl.engine.replicas import EngineReplicas
 from polar_pl.monitor.noise import quiet
 from polar_pl.monitor.progress import LiveProgress
 from polar_pl.preflight import preflight
+from polar_pl.rollout.local import LocalRollout
 from polar_pl.shutdown import GracefulShutdown
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ def build_parts(cfg: DictConfig) -> dict[str, Any]:
     the harness prefix is checked first, and a missing pretrained or warm-started model built
     before the engine."""
     preflight(cfg)
-    rollout = instantiate(cfg.rollout) if cfg.get("rollout") else None
+    rollout = instantiate(cfg.rollout) if cfg.get("rollout") else LocalRollout()
     harness = instantiate(cfg.harness)
     if cfg.get("pretrained"):
         ensure_pretrained_model(cfg)
@@ -44,7 +45,7 @@ def build_parts(cfg: DictConfig) -> dict[str, Any]:
     evaluator = source.make_evaluator(sandbox)
     builder = instantiate(cfg.merge)
     # rollout=remote: the service runs the engine; the trainer holds a handle that pushes to it
-    engine = rollout.engine() if hasattr(rollout, "engine") else build_engine(cfg.engine)
+    engine = rollout.engine() or build_engine(cfg.engine)
     datamodule: RolloutDataModule = instantiate(cfg.datamodule)(
         engine=engine,
         sandbox=sandbox,

@@ -85,7 +85,7 @@ def _tool_call_for_template(call: Any, where: str) -> dict[str, Any]:
     return {**call, "function": {**function, "arguments": args}}
 
 
-def conversation_for_template(messages: list[Any]) -> list[dict[str, Any]]:
+def conversation_for_template(messages: list[Any] | None) -> list[dict[str, Any]]:
     """The message dicts handed to the chat template."""
     if not isinstance(messages, list) or not messages:
         raise RenderError("messages must be a non-empty list")
@@ -145,7 +145,7 @@ def tools_for_template(tools: list[Any] | None) -> list[dict[str, Any]] | None:
 
 def render_chat(
     tokenizer,
-    messages: list[Any],
+    messages: list[Any] | None,
     tools: list[Any] | None = None,
     *,
     add_generation_prompt: bool = True,
@@ -178,7 +178,7 @@ def _protect(shield: Shield, message: dict[str, Any]) -> dict[str, Any]:
 
 def render_marked(
     tokenizer,
-    messages: list[Any],
+    messages: list[Any] | None,
     tools: list[Any] | None = None,
     *,
     add_generation_prompt: bool = True,

@@ -12,7 +12,6 @@ cursor and the policy version across a resume.
 from __future__ import annotations
 
 import logging
-import resource
 import tempfile
 import threading
 import time
@@ -26,14 +25,22 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from polar_pl.datamodule.collate import TrainBatch, collate
 from polar_pl.datamodule.failfast import FailFast
+from polar_pl.engine.pausing import PauseMode, PausingEngine
+from polar_pl.engine.protocol import Engine
+from polar_pl.engine.replicas import EngineReplicas
 from polar_pl.gateway.handle import Gateway
+from polar_pl.harness.protocol import Harness
+from polar_pl.monitor.batch import BusyFractions, batch_metrics
 from polar_pl.monitor.progress import waiting_line
 from polar_pl.rollout.local import LocalRollout
-from polar_pl.rollout.pools import INFRA_FAILURE, PoolSizes
+from polar_pl.rollout.pools import PoolSizes
 from polar_pl.rollout.protocol import HarnessStages, RolloutBackend, RolloutClient, RolloutSetup
 from polar_pl.rollout.service import Group, RolloutsStopped
 from polar_pl.rollout.stages import RolloutOptions
-from polar_pl.trajectory import MergeStats
+from polar_pl.sandbox.protocol import Sandbox
+from polar_pl.tasks.evaluator import Evaluator
+from polar_pl.tasks.task import Task
+from polar_pl.trajectory.base import TrajectoryBuilder
 from polar_pl.trajectory.rows import TrajectoryRow
 
 log = logging.getLogger(__name__)
@@ -71,12 +78,12 @@ class RolloutDataModule(L.LightningDataModule):
     def __init__(
         self,
         *,
-        engine: Any,
-        sandbox: Callable[[], Any],
-        harness: Any,
-        tasks: Sequence[Any],
-        evaluator: Any,
-        builder: Any,
+        engine: Engine,
+        sandbox: Callable[[], Sandbox],
+        harness: Harness,
+        tasks: Sequence[Task],
+        evaluator: Evaluator,
+        builder: TrajectoryBuilder,
         steps: int,
         group_size: int = 4,
         groups_per_step: int = 2,
@@ -93,7 +100,7 @@ class RolloutDataModule(L.LightningDataModule):
         store_path: str | None = None,
         gateway_options: dict[str, Any] | None = None,
         progress: bool = True,
-        pause_on_push: str | None = "keep",
+        pause_on_push: PauseMode | None = "keep",
         rollout: RolloutBackend | None = None,
         engine_down_s: float = 15.0,
         fail_fast_after: int | None = None,
@@ -123,15 +130,14 @@ class RolloutDataModule(L.LightningDataModule):
         self.gateway: Gateway | None = None  # rollout=local: the in-process gateway
         self.service: RolloutClient | None = None
         self._started = False
-        if hasattr(engine, "on_take_out"):  # engine replicas: one that failed a push leaves every gateway
+        if isinstance(engine, EngineReplicas):  # a replica that failed a push leaves every gateway
             engine.on_take_out.append(self._take_out_engine)
         self._resume: dict[str, Any] = {}
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.counters: Counter[str] = Counter()
         self._issued: deque[list[int]] = deque()
         self.batches_done = 0  # batches a training step consumed (survives resume)
-        self._busy_mark = (0.0, 0.0)
-        self._stage_mark: tuple[float | None, dict[str, float]] = (None, {})
+        self._busy = BusyFractions()
         self._batch_metrics: deque[dict[str, float]] = deque()
         self._batch_groups: deque[list[Group]] = deque()
         self.wait_total_s = 0.0  # trainer time spent blocked on rollouts, over the run
@@ -156,7 +162,7 @@ class RolloutDataModule(L.LightningDataModule):
                      time.monotonic() - t0)  # fmt: skip
             setup = self.rollout_setup()
             self.service = self.rollout.connect(setup)
-            self.gateway = getattr(self.service, "gateway", None)
+            self.gateway = self.service.gateway
             if self.gateway is not None:
                 log.info("gateway ready: %s, traces in %s", self.gateway.url, setup.store_path)
             else:
@@ -179,9 +185,8 @@ class RolloutDataModule(L.LightningDataModule):
     def rollout_setup(self) -> RolloutSetup:
         """What this run's rollouts need (the held-out evaluation runs its attempts with the same)."""
         options = dict(self.gateway_options)
-        model_dir = getattr(self.engine, "model_dir", None)
-        if model_dir is not None:
-            options.setdefault("tokenizer_dir", str(model_dir))
+        if self.engine.model_dir is not None:
+            options.setdefault("tokenizer_dir", str(self.engine.model_dir))
         return RolloutSetup(
             stages=HarnessStages(self.sandbox, self.harness, self.evaluator, self.builder, self.options),
             tasks=self.tasks,
@@ -189,7 +194,7 @@ class RolloutDataModule(L.LightningDataModule):
             sizes=self.sizes,
             max_groups_in_flight=self.max_groups_in_flight,
             group_deadline_s=self.group_deadline_s,
-            engine_urls=tuple(getattr(self.engine, "urls", None) or [self.engine.url]),
+            engine_urls=tuple(self.engine.urls),
             store_path=self.store_path or self._tmp_store(),
             gateway_options=options,
         )
@@ -204,11 +209,10 @@ class RolloutDataModule(L.LightningDataModule):
             raise RolloutsStopped("the run is shutting down: no new rollouts")
         assert self.service is not None, "setup() first"
         if not self._started:
-            if hasattr(self.service, "health"):  # rollout=local: its service checks while it waits
-                self.service.health = self._health
+            self.service.health = self._health
             self.service.start_groups(self._resume.get("service", {}))
             self._started = True
-            self._stage_mark = (time.monotonic(), {})
+            self._busy.start()
         return self.service
 
     def teardown(self, stage: str | None = None) -> None:
@@ -321,9 +325,7 @@ class RolloutDataModule(L.LightningDataModule):
             None if self.collate_mode == "tree" else max(len(r.input_ids) for r in rows)
         )  # tree: the longest tree
         budget = self.token_budget or longest
-        batch = collate(
-            rows, mode=self.collate_mode, token_budget=budget, pad_id=getattr(self.engine, "pad_token_id", 0)
-        )
+        batch = collate(rows, mode=self.collate_mode, token_budget=budget)
         self._issued.append(seqs)
         metrics = self._metrics(groups, rows, batch, wait_s)
         metrics["rollout/groups_drawn"] = float(len(groups))
@@ -361,15 +363,17 @@ class RolloutDataModule(L.LightningDataModule):
         if world == 1:
             return self.next_batch()
         box: Any = None
+        trainer = self.trainer
+        assert trainer is not None  # a world of several ranks comes from a trainer
         if rank == 0:
             try:
                 box = self.next_batch()
             except BaseException as exc:
                 stopped = isinstance(exc, RolloutsStopped)  # an interrupt ends every rank's epoch alike
                 why = exc if stopped else RuntimeError(f"rank 0 made no batch: {exc!r}")
-                self.trainer.strategy.broadcast(why, src=0)
+                trainer.strategy.broadcast(why, src=0)
                 raise
-        box = self.trainer.strategy.broadcast(box, src=0)
+        box = trainer.strategy.broadcast(box, src=0)
         if isinstance(box, BaseException):
             raise box
         if rank != 0:
@@ -418,78 +422,19 @@ class RolloutDataModule(L.LightningDataModule):
         versions = [v for row in rows for v, m in zip(row.policy_version, row.loss_mask, strict=True) if m]
         return bool(versions) and current - min(versions) > self.max_staleness
 
-    def _metrics(self, groups: list[Group], rows: list[TrajectoryRow], batch: TrainBatch, wait_s: float):
-        every = [r for g in groups for r in g.results]
-        # infrastructure failures say nothing about the policy: out of the reward statistics
-        results = [r for r in every if _infra_kind(r) is None]
-        rewards = [r.reward for r in results]
-        infra = Counter(k for r in every if (k := _infra_kind(r)) is not None)
-        m: dict[str, float] = {
-            "rollout/infra_failures": float(sum(infra.values())),
-            **{f"rollout/infra_failures/{kind}": float(n) for kind, n in infra.items()},
-            "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
-            "rollout/pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
-            # this process (trainer; in thread mode also the engine and the gateway), in MiB
-            "sys/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            # share of attempts the evaluator caught reaching for the evaluation itself (reward 0)
-            "rollout/tampering": sum(r.info.get("eval_status") == "tampering" for r in results) / len(results)
-            if results
-            else 0.0,
-            "rollout/sessions": len(every),
-            "rollout/masked": sum(bool(r.info.get("masked")) for r in every),
-            "rollout/harness_error_policy": sum(r.info.get("harness_error") == "policy" for r in every),
-            "rollout/harness_error_infra": sum(r.info.get("harness_error") == "infra" for r in every),
-            "rollout/rows": len(rows),
-            "rollout/trainable_tokens": sum(r.num_trainable for r in rows),
-            "rollout/wait_s": wait_s,
-            "rollout/padding_waste": batch.padding_waste,
-            # collate_mode tree: row tokens laid out once for several rows (a group's shared prompt)
-            "rollout/shared_token_frac": batch.shared_tokens
-            / max(batch.shared_tokens + batch.total_tokens, 1),
-        }
-        for stage in ("init", "running", "postrun"):  # per session, mean over the batch
-            spent = [r.timings[stage] for r in results if stage in r.timings]
-            if spent:
-                m[f"time/session_{stage}_s"] = sum(spent) / len(spent)
-        by_check: dict[str, list[float]] = {}
-        for g in groups:  # per answer check: a task family that mixes kinds shows each one
-            check = getattr(getattr(g.task, "answer_check", None), "kind", None)
-            if check:
-                by_check.setdefault(check, []).extend(r.reward for r in g.results)
-        m.update({f"rollout/reward_by_check/{k}": sum(v) / len(v) for k, v in by_check.items() if v})
-        if len(rewards) > 1:
-            mean = m["rollout/reward_mean"]
-            m["rollout/reward_std"] = (sum((x - mean) ** 2 for x in rewards) / (len(rewards) - 1)) ** 0.5
-        # Counts add up over sessions; ratios are recomputed from the sums (a sum of per-session
-        # ratios logged 8.0 for eight sessions whose true compression ratio was 1.0).
-        stats = [MergeStats.from_metrics(r.info["merge"]) for r in results if "merge" in r.info]
-        if stats:
-            m.update({k: float(v) for k, v in sum(stats, MergeStats()).to_metrics("merge").items()})
-        m.update({f"datamodule/{k}": float(v) for k, v in self.counters.items()})
+    def _metrics(
+        self, groups: list[Group], rows: list[TrajectoryRow], batch: TrainBatch, wait_s: float
+    ) -> dict[str, float]:
+        m = batch_metrics(groups, rows, batch, wait_s, self.counters)
         if self.service is not None:
-            svc = self.service.metrics()  # pool/*, gateway/*, rollout/* of the backend
-            m.update(svc)
-            m.update(self._stage_busy(m))
-            busy_s, up_s = svc.get("gateway/engine_busy_s", 0.0), svc.get("gateway/uptime_s", 0.0)
-            last_busy, last_up = self._busy_mark
-            if up_s > last_up:
-                m["rollout/engine_busy"] = (busy_s - last_busy) / (up_s - last_up)  # since the last batch
-            self._busy_mark = (busy_s, up_s)
+            client = self.service.metrics()  # pool/*, gateway/*, rollout/* of the backend
+            m.update(client)
+            m.update(self._busy.since_last(client))
         return m
 
-    def _stage_busy(self, m: dict[str, float]) -> dict[str, float]:
-        """rollout/busy_<stage>: each stage pool's busy fraction since the last batch."""
-        now = time.monotonic()
-        busy = {s: m.get(f"pool/{s}_busy_s", 0.0) for s in ("init", "running", "postrun")}
-        last_t, last = self._stage_mark
-        self._stage_mark = (now, busy)
-        if last_t is None or now <= last_t:
-            return {}
-        return {f"rollout/busy_{s}": (busy[s] - last.get(s, 0.0)) / (now - last_t) for s in busy}
-
     def push_target(self) -> PausingEngine:
-        """What the weight sync should push to: the engine, with the gateway paused meanwhile."""
-        return PausingEngine(self)
+        """What the weight sync should push to: the engine, with the gateways paused meanwhile."""
+        return PausingEngine(self.engine, lambda: self.service, self.pause_on_push)
 
     def commit_batch(self) -> None:
         """Called after a training step used the oldest issued batch (see `CommitBatches`)."""
@@ -532,16 +477,6 @@ def _has_signal(rows: Sequence[TrajectoryRow]) -> bool:
     return len(rewards) > 1 and max(rewards.values()) - min(rewards.values()) > 1e-8
 
 
-def _infra_kind(result) -> str | None:
-    """The infrastructure failure of an attempt: a sandbox one (its kind), a harness error the
-    records blame on the engine or gateway ("harness"), or None (the policy's own attempt)."""
-    if result.status == INFRA_FAILURE:
-        return result.info.get("infra_kind", "unknown")
-    if result.info.get("harness_error") == "infra":
-        return "harness"
-    return None
-
-
 class _Batches(IterableDataset):
     """One batch per training step until `steps` batches were trained over the whole run (a resumed
     run yields only the rest). The run length is counted in batches, not optimiser steps: GRPO skips
@@ -557,49 +492,6 @@ class _Batches(IterableDataset):
             except RolloutsStopped:  # interrupted: the epoch (and, with should_stop, the run) ends
                 return
             yield batch
-
-
-class PausingEngine:
-    """The datamodule's engine with `update_weights_*` wrapped in a pause of every gateway (the
-    rollout client's), so no engine call starts while weights change (mode "drain" also lets the
-    calls in flight finish first)."""
-
-    def __init__(self, dm: RolloutDataModule) -> None:
-        object.__setattr__(self, "_dm", dm)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._dm.engine, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._dm.engine, name, value)
-
-    def _paused(self, update: Callable[..., int], *args: Any) -> int:
-        gateway, mode = self._dm.service, self._dm.pause_on_push
-        if gateway is None:
-            return update(*args)
-        if mode is None:
-            version = update(*args)
-            gateway.set_policy_version(version)
-            return version
-        try:  # a drain that times out leaves the gateway paused: resume it all the same
-            gateway.pause(mode)
-            version = update(*args)
-            gateway.set_policy_version(version)
-            return version
-        finally:
-            gateway.resume()
-
-    def update_weights_from_state_dict(self, state_dict: Any) -> int:
-        return self._paused(self._dm.engine.update_weights_from_state_dict, state_dict)
-
-    def update_weights_from_disk(self, path: str) -> int:
-        return self._paused(self._dm.engine.update_weights_from_disk, path)
-
-    def update_adapter(self, tensors: Any, config: Any) -> int:
-        return self._paused(self._dm.engine.update_adapter, tensors, config)
-
-    def update_adapter_from_disk(self, path: str) -> int:
-        return self._paused(self._dm.engine.update_adapter_from_disk, path)
 
 
 class CommitBatches(L.Callback):

@@ -29,7 +29,7 @@ from torch import nn
 PREFIX = "base_model.model."
 PARTS = (".lora_A.weight", ".lora_B.weight")
 # adapter_config.json settings this merge does not implement, with the value it supports
-UNSUPPORTED = {"use_dora": False, "fan_in_fan_out": False, "lora_bias": False, "modules_to_save": None,
+UNSUPPORTED: dict[str, Any] = {"use_dora": False, "fan_in_fan_out": False, "lora_bias": False, "modules_to_save": None,
                "rank_pattern": {}, "alpha_pattern": {}, "layer_replication": None}  # fmt: skip
 
 

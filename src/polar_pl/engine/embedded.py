@@ -22,7 +22,7 @@ import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, Self
+from typing import TYPE_CHECKING, Literal, Self
 
 import httpx
 import torch
@@ -32,6 +32,9 @@ from polar_pl.engine.weights import save_adapter, save_state_dict
 from polar_pl.utils import tokens
 from polar_pl.utils.adapters import adapter_model_name
 from polar_pl.utils.serving import ServerThread, free_port
+
+if TYPE_CHECKING:
+    from polar_pl.engine.transformers_backend import TransformersBackend
 
 # transformers builds a model under a process-global meta-device context: two replicas loading on
 # two threads at once broke with "Cannot copy out of meta tensor".
@@ -74,7 +77,7 @@ class EmbeddedEngine:
         self.startup_timeout = startup_timeout
         self.prefix_cache_mb = prefix_cache_mb
         self.admin_token = tokens.new_token()
-        self.backend = None  # TransformersBackend, thread mode only
+        self.backend: TransformersBackend | None = None  # thread mode only
         self._thread: ServerThread | None = None
         self._proc: ServerProcess | None = None
         self._adapter_version: int | None = None  # subprocess mode: learnt from the adapter route
@@ -86,6 +89,10 @@ class EmbeddedEngine:
     @property
     def base_url(self) -> str:
         return f"{self.url}/v1"
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.url]
 
     @property
     def model(self) -> str:

@@ -73,6 +73,12 @@ def batch_cache(layers: KV) -> DynamicCache:
     return cache
 
 
+def cache_kv(cache: DynamicCache) -> KV:
+    """The per-layer keys, values of a filled cache of dynamic layers (the inverse of batch_cache)."""
+    # transformers types a layer as any kind (linear attention has no keys) and its keys as Optional
+    return [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[union-attr, misc]
+
+
 class PrefixCache:
     """Most-recently-used prompt KVs, bounded by `max_bytes` (0 disables it)."""
 

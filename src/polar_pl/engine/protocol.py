@@ -15,6 +15,7 @@ the adapter, and the engine serves it as `<served>-lora-v<version>` (utils/adapt
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -35,6 +36,15 @@ class Engine(Protocol):
     @property
     def model(self) -> str:
         """The model name requests must carry."""
+
+    @property
+    def urls(self) -> list[str]:
+        """Every root URL a gateway may route to: one engine's own, or each replica's in rotation."""
+
+    @property
+    def model_dir(self) -> Path | None:
+        """The HF folder served (gateways render token-faithful prompts with its tokenizer); None
+        when not known here (an engine reached by URL)."""
 
     def start(self) -> Engine:
         """Called once by the owner (train.py, a test) before any request; blocks until healthy."""

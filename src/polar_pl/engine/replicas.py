@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Self
 
 import torch
@@ -52,6 +53,10 @@ class EngineReplicas:
     @property
     def model(self) -> str:
         return self._first().model
+
+    @property
+    def model_dir(self) -> Path | None:
+        return self.engines[0].model_dir
 
     def __getattr__(self, name: str) -> Any:
         # model_dir, pad_token_id, ...: what the replicas share, from the first one

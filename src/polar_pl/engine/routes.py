@@ -23,7 +23,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 from http import HTTPStatus
 
@@ -71,7 +71,7 @@ async def _prepend(first, rest: AsyncIterator):
         yield item
 
 
-async def _guarded(lines: AsyncIterator[str], gen: AsyncIterator) -> AsyncIterator[str]:
+async def _guarded(lines: AsyncIterator[str], gen: AsyncGenerator) -> AsyncIterator[str]:
     """Stream lines; a failure mid-stream becomes an error event, as vLLM sends it; a client that
     goes away aborts the backend request."""
     try:

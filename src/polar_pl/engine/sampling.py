@@ -118,12 +118,12 @@ def sample_batch(
             if generators[i] is not None:
                 u[j] = torch.rand(u.shape[1], generator=generators[i], device=u.device)
         tokens[idx] = torch.argmax(probs / -torch.log(u), dim=-1)
-    tokens = tokens.tolist()
+    ids: list[int] = tokens.tolist()
     k_max = max((p.logprobs or 0 for p in params if p.logprobs is not None), default=-1)
     if k_max < 0:
-        return tokens, [None] * len(tokens)
+        return ids, [None] * len(ids)
     top_v, top_i = torch.topk(logprobs, max(k_max, 1), dim=-1) if k_max > 0 else (None, None)
-    chosen = logprobs.gather(1, torch.tensor(tokens, device=logits.device).unsqueeze(1)).squeeze(1)
+    chosen = logprobs.gather(1, torch.tensor(ids, device=logits.device).unsqueeze(1)).squeeze(1)
     chosen_l = chosen.tolist()
     top_vl = top_v.tolist() if top_v is not None else None
     top_il = top_i.tolist() if top_i is not None else None
@@ -133,6 +133,6 @@ def sample_batch(
             out.append(None)
             continue
         k = p.logprobs
-        top = tuple(zip(top_il[row][:k], top_vl[row][:k], strict=True)) if k and top_il else ()
-        out.append(TokenLogprob(tokens[row], chosen_l[row], top))
-    return tokens, out
+        top = tuple(zip(top_il[row][:k], top_vl[row][:k], strict=True)) if k and top_il and top_vl else ()
+        out.append(TokenLogprob(ids[row], chosen_l[row], top))
+    return ids, out

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from transformers import DynamicCache
@@ -26,10 +27,11 @@ from transformers import DynamicCache
 from polar_pl.engine.backend import BackendStats, GenerationRequest, SeqDelta
 from polar_pl.engine.constrain import ConstraintState
 from polar_pl.engine.detok import SequenceOutput
-from polar_pl.engine.kvcache import PrefixCache, batch_cache
+from polar_pl.engine.kvcache import PrefixCache, batch_cache, cache_kv
 from polar_pl.engine.sampling import make_generator, sample_batch
 
-Sink = Callable[[list[SeqDelta] | BaseException | None], None]
+Sink = Callable[[list[SeqDelta] | BaseException | None], object]
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -109,14 +111,19 @@ class Scheduler:
                     req.aborted = True
             self._cond.notify_all()
 
-    def run_exclusive(self, fn: Callable[[], object]) -> object:
+    def run_exclusive(self, fn: Callable[[], T]) -> T:
         """Run fn on the scheduler thread between two steps (weight updates); returns its result."""
         if not self._thread.is_alive():
             return fn()
         slot: list = []
         done = threading.Event()
+
+        def run() -> None:
+            slot.append(_call(fn))
+            done.set()
+
         with self._cond:
-            self._exclusive.append((lambda: slot.append(_call(fn)) or done.set(), slot))
+            self._exclusive.append((run, slot))
             self._cond.notify_all()
         done.wait()
         result = slot[0]
@@ -189,14 +196,14 @@ class Scheduler:
             s.last_token = tok
             s.out.append(tok, lp)
             if s.constraint is not None:
+                assert self._token_texts is not None  # _constrain built it for this row
                 s.constraint.update(self._token_texts[tok])
         req.seqs = seqs
         self._emit(req)
         live = [s for s in seqs if not s.out.finished]
         if live:
             kv = [
-                (layer.keys.expand(len(live), -1, -1, -1), layer.values.expand(len(live), -1, -1, -1))
-                for layer in cache.layers
+                (k.expand(len(live), -1, -1, -1), v.expand(len(live), -1, -1, -1)) for k, v in cache_kv(cache)
             ]
             self._merge(req, live, kv, len(prompt))
 
@@ -213,7 +220,7 @@ class Scheduler:
                 return cache, None
             chunk = torch.tensor([prompt[start : start + self.prefill_chunk]], device=self.device)
             logits = self.model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-        self.prefix_cache.insert(prompt, [(layer.keys, layer.values) for layer in cache.layers])
+        self.prefix_cache.insert(prompt, cache_kv(cache))
         self.stats.extra.update(self.prefix_cache.stats())
         return cache, logits
 
@@ -227,14 +234,15 @@ class Scheduler:
             layers = [(k.contiguous(), v.contiguous()) for k, v in kv]
             mask = new_mask
         else:
+            assert self._mask is not None  # set together with _cache
             t_old = self._mask.shape[1]
             t = max(t_old, t_new)
             layers = []
-            for layer, (k_new, v_new) in zip(self._cache.layers, kv, strict=True):
+            for (k_old, v_old), (k_new, v_new) in zip(cache_kv(self._cache), kv, strict=True):
                 layers.append(
                     (
-                        torch.cat([_left_pad(layer.keys, t), _left_pad(k_new, t)], dim=0),
-                        torch.cat([_left_pad(layer.values, t), _left_pad(v_new, t)], dim=0),
+                        torch.cat([_left_pad(k_old, t), _left_pad(k_new, t)], dim=0),
+                        torch.cat([_left_pad(v_old, t), _left_pad(v_new, t)], dim=0),
                     )
                 )
             mask = torch.cat([_left_pad(self._mask, t), _left_pad(new_mask, t)], dim=0)
@@ -244,6 +252,7 @@ class Scheduler:
 
     def _decode_step(self) -> None:
         rows = self._seqs
+        assert self._mask is not None  # rows in the batch
         b = len(rows)
         input_ids = torch.tensor([[s.last_token] for _, s in rows], device=self.device)  # (B, 1)
         positions = torch.tensor([[s.length - 1] for _, s in rows], device=self.device)  # (B, 1)
@@ -275,6 +284,7 @@ class Scheduler:
                 s.length += 1
                 s.out.append(tok, lp)
                 if s.constraint is not None:
+                    assert self._token_texts is not None  # _constrain built it for this row
                     s.constraint.update(self._token_texts[tok])
             touched[id(req)] = req
         for req in touched.values():
@@ -296,6 +306,7 @@ class Scheduler:
         logits = logits.clone()
         for j in constrained:
             req, s = rows[j]
+            assert s.constraint is not None  # a constrained row
             stops = set(self.eos_token_ids) | set(req.request.params.stop_token_ids)
             allowed = s.constraint.mask(self._token_texts, stops, vocab).to(logits.device)
             if bool(allowed.any()):
@@ -330,15 +341,13 @@ class Scheduler:
         if not keep:
             self._seqs, self._cache, self._mask = [], None, None
             return
+        assert self._cache is not None and self._mask is not None  # rows in the batch
         idx = torch.tensor(keep, device=self.device)
         mask = self._mask.index_select(0, idx)
         first_real = int((mask.cumsum(dim=1) == 0).sum(dim=1).min())  # padding shared by all rows
         layers = [
-            (
-                layer.keys.index_select(0, idx)[:, :, first_real:],
-                layer.values.index_select(0, idx)[:, :, first_real:],
-            )
-            for layer in self._cache.layers
+            (k.index_select(0, idx)[:, :, first_real:], v.index_select(0, idx)[:, :, first_real:])
+            for k, v in cache_kv(self._cache)
         ]
         self._cache = batch_cache(layers)
         self._mask = mask[:, first_real:]

@@ -61,8 +61,9 @@ def create_app(
     app.state.model_name = served_model_name or backend.model_name
     app.state.reasoning_parser = check_reasoning_parser(reasoning_parser)
     app.state.admin_token = admin_token
-    app.add_exception_handler(EngineError, engine_error)
-    app.add_exception_handler(RequestValidationError, validation_error)
+    # starlette types handlers as taking any Exception; each of these only gets its own class
+    app.add_exception_handler(EngineError, engine_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, internal_error)
     app.include_router(router)
     return app

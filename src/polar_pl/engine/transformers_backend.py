@@ -66,12 +66,13 @@ class TransformersBackend:
             dtype = torch.float32 if self.device.type == "cpu" else "auto"
         elif isinstance(dtype, str) and dtype != "auto":
             dtype = getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=dtype).to(self.device)
+        model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=dtype)
+        self.model = model.to(self.device)  # type: ignore[arg-type]  # transformers' decorated .to loses self
         self.model.eval()
         config_len = getattr(self.model.config, "max_position_embeddings", None) or 32768
         self.max_model_len = min(max_model_len or config_len, config_len)
         eos = self.tokenizer.eos_token_id
-        self.eos_token_ids = (eos,) if eos is not None else ()
+        self.eos_token_ids: tuple[int, ...] = (eos,) if eos is not None else ()
         # vLLM stops on the generation config's other EOS ids too, reporting them as stop tokens.
         self.default_stop_token_ids = tuple(i for i in _generation_eos(self.model_dir) if i != eos)
         self.policy_version = 0

@@ -132,6 +132,10 @@ class VLLMEngine:
         return f"{self.url}/v1"
 
     @property
+    def urls(self) -> list[str]:
+        return [self.url]
+
+    @property
     def model(self) -> str:
         """The name to request: the newest adapter's once one is loaded, else the served name."""
         return self._adapters[-1][0] if self._adapters else self.served_model_name
@@ -174,6 +178,7 @@ class VLLMEngine:
             raise FileNotFoundError(
                 f"engine.python: vLLM python not found: {self.python} (or set $POLAR_VLLM_PYTHON)"
             )
+        assert self.model_dir is not None  # __init__: no url means a model_dir
         if not (self.model_dir / "config.json").exists():
             raise FileNotFoundError(f"engine.model_dir: no config.json in {self.model_dir}")
         self.port = self.port or free_port(self.host)

@@ -51,12 +51,12 @@ def evaluate(cfg: DictConfig, on_group: Callable[[dict[str, Any]], None] | None 
     try:
         engine.start()
         dm = cfg.datamodule
-        gateway_options = {"tokenizer_dir": str(cfg.model_dir), **OmegaConf.to_container(dm.gateway_options)}
+        gateway_options = {"tokenizer_dir": str(cfg.model_dir), **OmegaConf.to_container(dm.gateway_options)}  # type: ignore[dict-item]  # omegaconf: a DictConfig node gives a dict
         parts = EvalParts(
             engine_urls=tuple(getattr(engine, "urls", None) or [engine.url]), sandbox=sandbox, harness=harness,
             evaluator=evaluator, builder=instantiate(cfg.merge),
-            options=RolloutOptions(**OmegaConf.to_container(dm.options)),
-            sizes=PoolSizes(**OmegaConf.to_container(dm.pools)), gateway_options=gateway_options,
+            options=RolloutOptions(**OmegaConf.to_container(dm.options)),  # type: ignore[arg-type]  # omegaconf: a DictConfig node gives a dict
+            sizes=PoolSizes(**OmegaConf.to_container(dm.pools)), gateway_options=gateway_options,  # type: ignore[arg-type]  # omegaconf: a DictConfig node gives a dict
         )  # fmt: skip
         report = run_eval(parts, tasks, spec, out, label=str(opts.label), resume=bool(opts.resume),
                           on_group=on_group)  # fmt: skip
@@ -81,7 +81,7 @@ def _to_wandb(cfg: DictConfig, report: EvalReport, out: Path) -> None:
     import wandb
 
     run = wandb.init(project="polar_pl", name=str(cfg.run_name), dir=str(out), mode="offline",
-                     config=OmegaConf.to_container(cfg.eval, resolve=True), job_type="eval")  # fmt: skip
+                     config=OmegaConf.to_container(cfg.eval, resolve=True), job_type="eval")  # type: ignore[arg-type]  # omegaconf: a DictConfig node gives a dict  # fmt: skip
     try:
         run.log(report.metrics("eval"))
         rows = [[t, n, c] for t, (n, c) in sorted(report.counts.items())]

@@ -41,7 +41,7 @@ class HeldOutEval(L.Callback):
             self._evaluate(trainer, "before")
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        dm = trainer.datamodule
+        dm = trainer.datamodule  # type: ignore[attr-defined]  # Lightning sets trainer.datamodule at runtime
         if not self.after or trainer.global_rank != 0 or dm.interrupted:
             return
         dm.stop_rollouts()
@@ -55,7 +55,7 @@ class HeldOutEval(L.Callback):
             log.info("held-out evaluation (%s):\n%s", self.out_dir, comparison.table())
 
     def _evaluate(self, trainer: L.Trainer, label: str) -> None:
-        dm = trainer.datamodule
+        dm = trainer.datamodule  # type: ignore[attr-defined]  # Lightning sets trainer.datamodule at runtime
         setup = dm.rollout_setup()
         parts = EvalParts(
             engine_urls=setup.engine_urls, sandbox=dm.sandbox, harness=dm.harness, evaluator=dm.evaluator,

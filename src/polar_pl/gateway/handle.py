@@ -64,7 +64,7 @@ class Gateway:
         self.runtime: GatewayRuntime = self.app.state.runtime
         self._server: ServerThread | None = None
 
-    def start(self, timeout: float = 120.0) -> Gateway:
+    def start(self, timeout: float = 120.0) -> Self:
         """Serve; returns once the app has started. Start-up loads the served model's tokenizer
         (transformers' import alone took > 30 s in a Ray worker on a loaded 2-core machine)."""
         self._server = ServerThread(

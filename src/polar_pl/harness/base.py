@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 PROVIDERS = ("anthropic", "openai_chat", "openai_responses", "google")
 NPM_LOCKS = Path(__file__).parent / "npm_locks"
@@ -46,6 +48,7 @@ class NpmHarness:
     bin: str = ""
     pinned: str = ""  # the npm version this spec was tested with (docs/harnesses.md)
     providers: tuple[str, ...] = ()
+    policy_exit_codes: Mapping[int, str] = MappingProxyType({})  # any failure is the CLI's
 
     def __init__(
         self, version: str | None = None, provider: str | None = None, extra_args: list[str] | None = None

@@ -3,7 +3,9 @@ sandbox's python. Needs no Node and no install step; speaks OpenAI Chat."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import ClassVar
 
 from polar_pl.harness import mini_agent
@@ -16,7 +18,7 @@ ANSWER_FILE = ".polar/answer.txt"  # relative to the workspace; .polar is exclud
 class Mini:
     name = "mini"
     # exit codes that are the model's doing (rollout/outcome.py): trained with reward 0
-    policy_exit_codes: ClassVar[dict[int, str]] = {3: "out of turns"}
+    policy_exit_codes: ClassVar[Mapping[int, str]] = MappingProxyType({3: "out of turns"})
 
     def __init__(
         self,

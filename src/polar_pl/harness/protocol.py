@@ -7,6 +7,7 @@ executes that plan in any `Sandbox`. This keeps every CLI's quirks in one small 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -53,10 +54,13 @@ class LaunchPlan:
 
 @runtime_checkable
 class Harness(Protocol):
-    """An agent CLI. `provider` is the API format it speaks to the gateway (see conf/provider/)."""
+    """An agent CLI. `provider` is the API format it speaks to the gateway (see conf/provider/).
+    `policy_exit_codes`: exit codes that are the model's doing, not a failure of the harness (mini's
+    3: out of turns); such attempts train with reward 0 (rollout/outcome.py)."""
 
     name: str
     provider: str
+    policy_exit_codes: Mapping[int, str]
 
     def is_installed(self, prefix: Path) -> bool:
         """True when the pinned version is already under prefix (install is then a no-op)."""

@@ -12,10 +12,14 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import lightning as L
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from polar_pl.module.grpo import GRPOModule
 
 log = logging.getLogger("polar_pl.train")
 
@@ -29,7 +33,7 @@ def export_hf(model: nn.Module, model_dir: str | Path, out: str | Path) -> Path:
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)
-    model.save_pretrained(out, safe_serialization=True)
+    model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]  # HF method; torch types it Tensor | Module
     _copy_tokenizer(model_dir, out)
     return out
 
@@ -47,7 +51,7 @@ def export_adapter(peft_model: nn.Module, model_dir: str | Path, out: str | Path
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)
-    peft_model.save_pretrained(out, safe_serialization=True)
+    peft_model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]  # HF method; torch types it Tensor | Module
     _copy_tokenizer(model_dir, out)
     return out
 
@@ -79,7 +83,9 @@ def hf_from_checkpoint(ckpt_path: str | Path, model_dir: str | Path, out: str | 
         return export_hf(model, model_dir, out)
     from polar_pl.module.lora import LoraSpec, attach
 
-    peft_model = attach(model, LoraSpec.from_config(lora))
+    spec = LoraSpec.from_config(lora)
+    assert spec is not None  # a LoRA checkpoint saves its spec with a rank
+    peft_model = attach(model, spec)
     missing = set(model.load_state_dict(weights, strict=False).missing_keys)
     if lost := [n for n, p in model.named_parameters() if p.requires_grad and n in missing]:
         raise ValueError(f"{ckpt_path}: the LoRA checkpoint lacks adapter weights ({lost[:3]}...)")
@@ -99,16 +105,19 @@ class ExportModel(L.Callback):
         dm = getattr(trainer, "datamodule", None)
         if trainer.global_rank != 0 or getattr(dm, "interrupted", False):
             return
+        module = cast("GRPOModule", pl_module)
+        assert module.model_dir is not None  # the training config always sets module.model_dir
         lora = getattr(pl_module, "lora", None)
         if lora is None:
-            path = export_hf(pl_module.model, pl_module.model_dir, self.out_dir)
+            path = export_hf(module.model, module.model_dir, self.out_dir)
             log.info("model: %s (transformers, vLLM and `polar-pl engine --model %s` load it)", path, path)
             return
-        adapter = export_adapter(pl_module.peft_model, pl_module.model_dir, self.adapter_dir)
+        assert module.peft_model is not None  # LoRA: the PEFT model around `model`
+        adapter = export_adapter(module.peft_model, module.model_dir, self.adapter_dir)
         log.info("adapter: %s (PeftModel.from_pretrained(base, %s) and vLLM's LoRA loading read it)",
                  adapter, adapter)  # fmt: skip
         if lora.export_merged:
-            path = export_merged(adapter, pl_module.model_dir, self.out_dir)
+            path = export_merged(adapter, module.model_dir, self.out_dir)
             log.info(
                 "model: %s (base + adapter merged; transformers, vLLM and `polar-pl engine` load it)", path
             )

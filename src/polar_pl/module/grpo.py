@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import lightning as L
 import torch
@@ -61,6 +61,10 @@ from polar_pl.module.rollouts import Rollouts
 from polar_pl.module.tree_attention import enable_tree_attention
 from polar_pl.module.validate import check_config
 from polar_pl.module.weight_sync import WeightSync, hf_state_dict
+
+if TYPE_CHECKING:
+    from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
+    from peft import PeftModel
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +169,8 @@ class GRPOModule(L.LightningModule):
         self.micro_batch_size, self.micro_batch_tokens = micro_batch_size, micro_batch_tokens
         self.logprob_chunk_tokens = logprob_chunk_tokens
         lr = self.lora.lr if self.lora is not None and self.lora.lr is not None else lr
-        self.lr, self.weight_decay, self.betas, self.adam_eps = lr, weight_decay, tuple(betas), adam_eps
+        self.lr, self.weight_decay, self.adam_eps = lr, weight_decay, adam_eps
+        self.betas = cast(tuple[float, float], tuple(betas))  # Hydra passes a list
         self.lr_scheduler, self.grad_clip, self.temperature = lr_scheduler, grad_clip, temperature
         self.push_every, self.weight_sync, self.seed = int(push_every), weight_sync, seed
         adapters_ok = weight_sync is None or weight_sync.pushes_adapters
@@ -182,7 +187,7 @@ class GRPOModule(L.LightningModule):
         self.own_version = 0  # pushes done, when there is no weight sync to ask
 
     # ---- Lightning hooks ------------------------------------------------------------------
-    def configure_optimizers(self) -> torch.optim.Optimizer | dict[str, Any]:
+    def configure_optimizers(self) -> torch.optim.Optimizer | OptimizerLRSchedulerConfig:
         """The AdamW optimizer; with an lr_scheduler, Lightning's dict with it stepped per step."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(
@@ -203,12 +208,13 @@ class GRPOModule(L.LightningModule):
         # policy version; the raw engine would do neither, so there is no fallback to it.
         if self.weight_sync is not None and self.weight_sync.engine is None:
             dm = getattr(self.trainer, "datamodule", None)
-            if not callable(getattr(dm, "push_target", None)):
+            push_target = getattr(dm, "push_target", None)
+            if not callable(push_target):
                 raise ValueError(
                     "module.weight_sync is unbound and the datamodule has no push_target(): fit with a "
                     "RolloutDataModule, or bind_engine(...) before fit"
                 )
-            self.weight_sync.bind(dm.push_target())
+            self.weight_sync.bind(push_target())
         if self.optimizer_steps and self.weight_sync is not None:
             # Resumed (Lightning restores the weights before this hook): the engine started from the
             # initial checkpoint, so it must receive the trained weights before the first rollout.
@@ -229,7 +235,9 @@ class GRPOModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("grpo", {})
         saved = state.get("lora")
-        if (saved is None) != (self.lora is None) or (saved and saved["rank"] != self.lora.rank):
+        if (saved is None) != (self.lora is None) or (
+            saved and self.lora is not None and saved["rank"] != self.lora.rank
+        ):
             had = f"LoRA rank {saved['rank']}" if saved else "full fine-tuning"
             raise ValueError(
                 f"ckpt_path: the checkpoint was trained with {had}; module.lora.rank="
@@ -241,7 +249,8 @@ class GRPOModule(L.LightningModule):
 
     def training_step(self, batch: TrainBatch | None, batch_idx: int) -> None:
         metrics = self._rollout_metrics(batch)
-        metrics.update(self.update(batch, self.optimizers(), self.lr_schedulers()))
+        # a LightningOptimizer, at runtime a subclass of the optimizer's own class
+        metrics.update(self.update(batch, self.optimizers(), self.lr_schedulers()))  # type: ignore[arg-type]
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
 
     # ---- the GRPO step --------------------------------------------------------------------
@@ -269,6 +278,7 @@ class GRPOModule(L.LightningModule):
         old = ent = ref = penalty = None
         if self.kl_reward_coef > 0:
             old, ent, ref = self._old_logprobs(batch, prep.sampling)
+            assert self.kl_reward is not None  # check_config: kl_reward_coef > 0 needs kl_reward
             kl = self.kl_reward(old, ref)
             penalty = self.kl_reward_coef * unit_sums(
                 kl, prep.eligible, prep.token_unit, units.reward.numel()
@@ -297,6 +307,7 @@ class GRPOModule(L.LightningModule):
         if seen is not None:  # pi_old as the micro-steps saw it, over the rows they trained
             old, ent, tis_w, keep_w = seen.old, seen.ent, seen.tis_w, seen.keep_w
             sampled = sampled * seen.covered
+        assert old is not None  # fused: seen.old; else _old_logprobs'
         m = batch_metrics(
             old=old, behavior=batch.behavior_logprobs, sampled=sampled, mask=mask, entropy=ent,
             token_versions=batch.policy_version, current_version=version_now, tis_w=tis_w, keep_w=keep_w,
@@ -352,6 +363,7 @@ class GRPOModule(L.LightningModule):
         """The frozen reference model: the initial model's copy, or with LoRA this model with its
         adapter off (PEFT's `disable_adapter`), in eval mode."""
         if self._peft is None:
+            assert self._ref is not None  # needs_ref without LoRA: the frozen copy
             yield self._ref.on(device)
             return
         was_training = self.model.training
@@ -370,7 +382,7 @@ class GRPOModule(L.LightningModule):
         rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
         with self._reference(batch.input_ids.device) as ref_model:
             for idx in self._micro(rows, batch):
-                kw = {
+                kw: dict[str, Any] = {
                     "sampling": sampling[idx],
                     "chunk_tokens": self.logprob_chunk_tokens,
                     "need": sampled[idx],
@@ -385,12 +397,19 @@ class GRPOModule(L.LightningModule):
         """pi_old logprobs and entropies (N, T) of the current model, and the reference's logprobs."""
         was_training = self.model.training
         self.model.eval()
-        olds, ents, refs = [], [], []
+        olds: list[torch.Tensor] = []
+        ents: list[torch.Tensor] = []
+        refs: list[torch.Tensor] = []
         sampled = batch.loss_mask * scorable(batch.position_ids)
         for idx in self._micro(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device), batch):
-            kw = {"sampling": sampling[idx], "chunk_tokens": self.logprob_chunk_tokens, "need": sampled[idx]}
+            kw: dict[str, Any] = {
+                "sampling": sampling[idx],
+                "chunk_tokens": self.logprob_chunk_tokens,
+                "need": sampled[idx],
+            }
             kw.update(self._inputs(batch, idx))
             lp, ent = token_logprobs(self.model, with_entropy=True, **kw)
+            assert ent is not None  # with_entropy
             olds.append(lp)
             ents.append(ent)
             if self.needs_ref:
@@ -480,6 +499,7 @@ class GRPOModule(L.LightningModule):
             old_mb, corr_mb = old[idx], (corr[idx] if corr is not None else None)
         else:
             old_mb = logp.detach()
+            assert ent is not None  # with_entropy when seen
             tis_mb, keep_mb, corr_mb = self._corrections(
                 old_mb, batch.behavior_logprobs[idx], m, segments, tok_adv[idx]
             )
@@ -488,10 +508,12 @@ class GRPOModule(L.LightningModule):
         if corr_mb is not None:
             per_token = per_token * corr_mb
         if ref is not None and self.kl_coef > 0:
+            assert self.kl is not None  # check_config: kl_coef > 0 needs kl
             k = self.kl(logp, ref[idx])
             per_token = per_token + self.kl_coef * k
             sums["kl"] += (k.detach() * w).sum()
         if self.entropy_coef > 0:
+            assert ent is not None  # with_entropy when entropy_coef > 0
             per_token = per_token - self.entropy_coef * ent
         loss = torch.where(w > 0, per_token * w, 0.0).sum()
         self._backward(loss * grad_scale + self._touch_all() if grad_scale > 1 else loss)
@@ -527,7 +549,7 @@ class GRPOModule(L.LightningModule):
         return torch.cat(params).sum() * 0.0
 
     @staticmethod
-    def _inputs(batch: TrainBatch, idx: torch.Tensor) -> dict[str, torch.Tensor | None]:
+    def _inputs(batch: TrainBatch, idx: torch.Tensor) -> dict[str, Any]:
         """token_logprobs' model inputs for sequences `idx` (a tree's mask and parents included)."""
         attn = batch.attention_mask[idx] if batch.attention_mask is not None else None
         inputs = forward_inputs(batch.position_ids[idx], batch.row_index[idx], attn)
@@ -619,7 +641,7 @@ class _Outside:
     """Holds the PeftModel around `GRPOModule.model` outside the module tree: its parameters are
     the model's own, so registering it would list each twice (in checkpoints too)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: PeftModel) -> None:
         self.model = model
 
 

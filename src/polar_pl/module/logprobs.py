@@ -177,7 +177,7 @@ def token_logprobs(
     hidden, head = _hidden_and_head(model, input_ids, position_ids, attention_mask)
     cols = _scored_columns(need, parents, t)
     hidden, targets = _predictions(hidden, input_ids, cols, parents)
-    params = (sampling.temperature, sampling.top_k, sampling.top_p)
+    params: tuple[torch.Tensor, ...] = (sampling.temperature, sampling.top_k, sampling.top_p)
     params = tuple(p[:, 1:] if cols is None else p[:, cols] for p in params)
     k = targets.shape[1]
     step = max(k, 1) if chunk_tokens is None else max(1, chunk_tokens // max(n, 1))  # k = 0: nothing needed
@@ -185,7 +185,7 @@ def token_logprobs(
     logps, ents = [], []
     for c0 in range(0, k, step):
         sl = slice(c0, c0 + step)
-        args = (head, hidden[:, sl], targets[:, sl], *(p[:, sl] for p in params), with_entropy)
+        args: tuple = (head, hidden[:, sl], targets[:, sl], *(p[:, sl] for p in params), with_entropy)
         if grad and step < k:
             lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:

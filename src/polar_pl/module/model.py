@@ -44,4 +44,4 @@ def enable_checkpointing(model: nn.Module) -> None:
     if enable is not None:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]  # HF method; torch types it Tensor | Module

@@ -53,7 +53,7 @@ def enable_tree_attention(model: nn.Module) -> None:
         return
     AttentionInterface.register(NAME, tree_sdpa_forward)
     AttentionMaskInterface.register(NAME, sdpa_mask)
-    model.set_attn_implementation(NAME)
+    model.set_attn_implementation(NAME)  # type: ignore[operator]  # HF method; torch types it Tensor | Module
 
 
 def check_tree_attention(model: nn.Module) -> None:

@@ -28,13 +28,13 @@ import functools
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol, Self, runtime_checkable
+from typing import Any, Literal, Protocol, Self, cast, runtime_checkable
 
 import httpx
 import torch
 from torch import nn
 
-from polar_pl.engine.protocol import Engine
+from polar_pl.engine.protocol import AdapterEngine, Engine
 from polar_pl.engine.weights import save_adapter, save_state_dict
 
 
@@ -135,7 +135,7 @@ class EmbeddedStateDictSync(_Bound):
         if is_adapter(model):
             tensors, config = adapter_payload(model, self.dtype)
             self.pushed_bytes = nbytes(tensors)
-            return int(self._engine().update_adapter(tensors, config))
+            return int(cast(AdapterEngine, self._engine()).update_adapter(tensors, config))
         state = hf_state_dict(model, self.dtype)
         self.pushed_bytes = nbytes(state)
         return int(self._engine().update_weights_from_state_dict(state))
@@ -159,7 +159,10 @@ class DiskSync(_Bound):
         engine = self._engine()
         if is_adapter(model):
             tensors, config = adapter_payload(model, self.dtype)
-            write, load = functools.partial(save_adapter, tensors, config), engine.update_adapter_from_disk
+            write, load = (
+                functools.partial(save_adapter, tensors, config),
+                cast(AdapterEngine, engine).update_adapter_from_disk,
+            )
         else:
             tensors = hf_state_dict(model, self.dtype)
             write, load = functools.partial(save_state_dict, tensors), engine.update_weights_from_disk
@@ -276,7 +279,7 @@ class VLLMWeightTransferSync(_Bound):
         self.engine, self.backend, self.packed, self.timeout = engine, backend, packed, timeout
         self.pause = pause
         self.master_address, self.master_port = master_address, master_port
-        self._transfer = None
+        self._transfer: Any = None  # vLLM's trainer-side transfer engine, made on the first push
         self._routes: VLLMRoutes | None = None
 
     def _init(self, model: nn.Module) -> None:
@@ -308,6 +311,7 @@ class VLLMWeightTransferSync(_Bound):
     def push(self, model: nn.Module) -> int:
         if self._transfer is None:
             self._init(model)
+        assert self._routes is not None  # set by _init
         if self.pause is not None:
             self._routes.pause(self.pause)
         self.pushed_bytes = nbytes(dict(model.named_parameters()))
@@ -324,6 +328,7 @@ class VLLMWeightTransferSync(_Bound):
     def close(self) -> None:
         if self._transfer is not None:
             try:
+                assert self._routes is not None  # set with _transfer by _init
                 self._routes.shutdown_weight_transfer_engine()
             finally:
                 self._transfer.shutdown()

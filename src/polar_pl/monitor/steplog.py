@@ -95,7 +95,7 @@ class StepLog(L.Callback):
         # After the datamodule's setup (engine and gateway up): the first step's window holds the
         # wait for the first two batches (Lightning fetches one ahead).
         self._t_last = time.monotonic()
-        self._wait_last = float(getattr(trainer.datamodule, "wait_total_s", 0.0) or 0.0)
+        self._wait_last = float(getattr(trainer.datamodule, "wait_total_s", 0.0) or 0.0)  # type: ignore[attr-defined]  # Lightning sets trainer.datamodule at runtime
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._step = int(getattr(trainer.datamodule, "batches_done", batch_idx))  # before commit

@@ -6,13 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from polar_pl.gateway.call.gate import PauseMode
 from polar_pl.gateway.handle import Gateway
 from polar_pl.rollout.protocol import RolloutSetup
 from polar_pl.rollout.service import Group, RolloutService
+from polar_pl.rollout.tasks import TaskQueue
 
 
 def submit_to(feed: Any, tasks: Sequence[Any]) -> list[int]:
-    if not hasattr(feed, "put"):
+    if not isinstance(feed, TaskQueue):
         raise TypeError(
             "this rollout feed is a fixed task source; tasks can be submitted to a TaskQueue feed"
         )
@@ -50,6 +52,9 @@ class ServiceCalls:
 class LocalRollout:
     """The `rollout=local` backend (conf/rollout/local.yaml)."""
 
+    def engine(self) -> None:
+        return None  # the `engine` group's
+
     def connect(self, setup: RolloutSetup) -> LocalClient:
         return LocalClient(setup)
 
@@ -61,8 +66,7 @@ class LocalClient(ServiceCalls):
         self.setup = setup
         self.gateway = Gateway(list(setup.engine_urls), setup.store_path, **setup.gateway_options).start()
         self.service: RolloutService | None = None
-        # checked while next_groups waits: why no rollout can succeed any more (engine, gateway down)
-        self.health: Callable[[], str | None] | None = None
+        self.health: Callable[[], str | None] | None = None  # see RolloutClient
         self._stopping = False
 
     def start_groups(self, cursor: dict[str, Any]) -> None:
@@ -80,7 +84,7 @@ class LocalClient(ServiceCalls):
         m.update({k: float(v) for k, v in self.gateway.stats().items() if isinstance(v, int | float)})
         return m
 
-    def pause(self, mode: str) -> None:
+    def pause(self, mode: PauseMode) -> None:
         self.gateway.pause(mode)
 
     def resume(self) -> None:

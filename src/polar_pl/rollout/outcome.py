@@ -54,7 +54,7 @@ def classify(
     reason = f"exit {exit_code}: {said}"[:300]
     if not main:
         return HarnessOutcome(INFRA, f"{reason} (no model call recorded)")
-    if exit_code in (policy_exit_codes or {}):
+    if policy_exit_codes and exit_code in policy_exit_codes:
         return HarnessOutcome(POLICY, f"{reason} ({policy_exit_codes[exit_code]})")
     last = main[-1]
     if last.finish_reason == "length":

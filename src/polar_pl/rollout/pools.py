@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from polar_pl.sandbox.infra import InfraError
 from polar_pl.trajectory.rows import TrajectoryRow
@@ -90,6 +90,40 @@ class RolloutStages(Protocol):
 
     async def cleanup(self, job: RolloutJob) -> None:
         """Called exactly once per job, last, whatever happened: stop sandboxes, end sessions."""
+
+
+@runtime_checkable
+class PrefetchingStages(RolloutStages, Protocol):
+    """Stages that can get ready for tasks ahead of the feed (images pulled before their turn)."""
+
+    @property
+    def prefetch_depth(self) -> int:
+        """How many tasks ahead of the cursor the service should hand to `prefetch` (0: none)."""
+
+    def prefetch(self, tasks: list[Any]) -> None:
+        """Start getting ready for these upcoming tasks; returns at once."""
+
+
+class Results(Protocol):
+    async def get(self) -> RolloutResult:
+        """The next finished job (raises what stopped the pools, if they failed)."""
+
+
+class JobPools(Protocol):
+    """What runs a service's jobs: `StagePools` in this process, `RayPools` on rollout workers.
+    Every method is called on the service's event loop."""
+
+    @property
+    def results(self) -> Results: ...
+
+    def start(self) -> None: ...
+
+    async def submit(self, job: RolloutJob) -> None:
+        """Blocks while the pools are full (backpressure towards the task feeder)."""
+
+    def metrics(self) -> dict[str, float]: ...
+
+    async def stop(self) -> None: ...
 
 
 class Occupancy:

@@ -17,22 +17,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from polar_pl.engine.protocol import Engine
+from polar_pl.gateway.call.gate import PauseMode
+from polar_pl.gateway.handle import Gateway
+from polar_pl.harness.protocol import Harness
 from polar_pl.rollout.pools import PoolSizes, RolloutStages
 from polar_pl.rollout.service import Group
 from polar_pl.rollout.stages import HarnessRolloutStages, RolloutOptions
+from polar_pl.sandbox.protocol import Sandbox
+from polar_pl.tasks.evaluator import Evaluator
+from polar_pl.trajectory.base import TrajectoryBuilder
 
 
 @dataclass(frozen=True, slots=True)
 class HarnessStages:
     """The recipe for `HarnessRolloutStages` on a given gateway (built where the sessions run)."""
 
-    sandbox: Callable[[], Any]
-    harness: Any
-    evaluator: Any
-    builder: Any
+    sandbox: Callable[[], Sandbox]
+    harness: Harness
+    evaluator: Evaluator
+    builder: TrajectoryBuilder
     options: RolloutOptions = field(default_factory=RolloutOptions)
 
-    def __call__(self, gateway: Any) -> RolloutStages:
+    def __call__(self, gateway: Gateway) -> RolloutStages:
         return HarnessRolloutStages(
             gateway, self.sandbox, self.harness, self.evaluator, self.builder, self.options
         )
@@ -76,7 +83,18 @@ class RolloutSetup:
 @runtime_checkable
 class RolloutClient(Protocol):
     """Finished GRPO groups in, weight-push coordination out. Implemented in-process
-    (`LocalClient`), through Ray (`RayClient`) and over HTTP (`RemoteClient`)."""
+    (`LocalClient`), through Ray (`RayClient`) and over HTTP (`RemoteClient`).
+
+    gateway: the gateway in this process (rollout=local), None where the gateways run elsewhere.
+    health: set by the trainer before `start_groups`: checked while `next_groups` waits, it says
+        why no rollout can succeed any more (the engine or gateway is down; the wait then ends
+        with `PartDown`). Backends whose parts run elsewhere watch them themselves and ignore it.
+    """
+
+    health: Callable[[], str | None] | None
+
+    @property
+    def gateway(self) -> Gateway | None: ...
 
     def start_groups(self, cursor: dict[str, Any]) -> None:
         """Called once, before the first `next_groups`, with the resume cursor (`state_dict()` of
@@ -103,7 +121,7 @@ class RolloutClient(Protocol):
         """The latest failed attempt's stage and reason (None: none failed, or not known here):
         for the line the trainer prints while it waits for rollouts."""
 
-    def pause(self, mode: str) -> None:
+    def pause(self, mode: PauseMode) -> None:
         """Before a weight push: new engine calls wait at every gateway ("drain": and the calls
         in flight finish first; "keep": they run on)."""
 
@@ -129,6 +147,10 @@ class RolloutClient(Protocol):
 
 class RolloutBackend(Protocol):
     """A `rollout=` config choice: where the sessions of a run execute."""
+
+    def engine(self) -> Engine | None:
+        """The engine this backend brings (rollout=remote: a handle to the service's), or None:
+        the run builds the `engine` group's."""
 
     def connect(self, setup: RolloutSetup) -> RolloutClient:
         """Called by the DataModule's setup once the engine is up: starts gateways and workers."""

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from polar_pl.gateway.call.gate import PauseMode
 from polar_pl.rollout.protocol import RolloutSetup
 from polar_pl.rollout.service import Group
 
@@ -45,6 +46,9 @@ class RayRollout:
         self.max_workers = max_workers
         self.namespace, self.poll_s, self.init_kwargs = namespace, poll_s, dict(init_kwargs or {})
 
+    def engine(self) -> None:
+        return None  # the `engine` group's
+
     def connect(self, setup: RolloutSetup) -> RayClient:
         import ray
 
@@ -69,7 +73,7 @@ class RayRollout:
                     poll_s=self.poll_s,
                 )
             )
-            workers = ray.get(controller.workers.remote())  # raises if a worker failed to start
+            workers = ray.get(controller.workers.remote())  # type: ignore[attr-defined]  # raises if a worker failed
         except BaseException:
             if owns:
                 ray.shutdown()
@@ -93,6 +97,9 @@ class RayRollout:
 class RayClient:
     """`RolloutClient` over the controller actor. `workers` lists where the workers run (name,
     node, host, pid, trace store)."""
+
+    gateway = None  # one per worker, on its node
+    health = None  # the controller watches its workers
 
     def __init__(self, controller: Any, workers: list[dict[str, Any]], *, owns_ray: bool) -> None:
         self.controller, self.workers, self._owns_ray = controller, workers, owns_ray
@@ -130,7 +137,7 @@ class RayClient:
     def worker_status(self) -> list[dict[str, Any]]:
         return self._call("workers")
 
-    def pause(self, mode: str) -> None:
+    def pause(self, mode: PauseMode) -> None:
         self._call("pause", mode)
 
     def resume(self) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from polar_pl.gateway.call.gate import PauseMode
 from polar_pl.rollout.local import ServiceCalls
 from polar_pl.rollout.protocol import RolloutSetup
 from polar_pl.rollout.ray_pools import RayPools, WorkerSlot
@@ -58,7 +59,7 @@ def start_workers(
         ).remote(f"{node[:8]}-w{i}", setup)
         for i, (_, node) in enumerate(places)
     ]
-    infos = ray.get([a.start.remote() for a in actors])
+    infos = ray.get([a.start.remote() for a in actors])  # type: ignore[attr-defined]  # actor handles
     s = setup.sizes
     capacity = s.init + s.ready + s.running + s.postrun
     return [
@@ -110,7 +111,7 @@ class RolloutController(ServiceCalls):
         (slot,) = [w for w in self.slots if w.name == worker]
         return ray.get(slot.actor.records.remote(session_id))
 
-    def pause(self, mode: str) -> None:
+    def pause(self, mode: PauseMode) -> None:
         self._on_live_workers("pause", mode)
 
     def resume(self) -> None:

@@ -17,6 +17,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from polar_pl.gateway.call.gate import PauseMode
 from polar_pl.rollout.pools import RolloutJob, RolloutResult, StagePools
 from polar_pl.rollout.protocol import RolloutSetup
 
@@ -79,7 +80,7 @@ class RolloutWorker:
     def records(self, session_id: str) -> list[Any]:
         return self.gateway.records(session_id) if self.gateway is not None else []
 
-    async def pause(self, mode: str) -> None:
+    async def pause(self, mode: PauseMode) -> None:
         if self.gateway is not None:
             await asyncio.to_thread(self.gateway.pause, mode)
 

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from polar_pl.engine.weights import save_state_dict
+from polar_pl.gateway.call.gate import PauseMode
 from polar_pl.rollout.http.schema import GroupsResponse, VersionResponse, group_from_json
 from polar_pl.rollout.protocol import RolloutSetup
 from polar_pl.rollout.service import Group, RolloutsStopped
@@ -127,6 +128,7 @@ class RemoteEngine:
     a directory the service reads. Starting or stopping it is the service's business."""
 
     model = "remote"
+    model_dir = None  # the service's gateways have their tokenizer
 
     def __init__(self, api: _Api, weights_dir: str | None, push_timeout_s: float) -> None:
         self.api, self.weights_dir, self.push_timeout_s = api, weights_dir, push_timeout_s
@@ -138,6 +140,10 @@ class RemoteEngine:
     @property
     def base_url(self) -> str:
         return self.api.url + "/v1"
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.url]
 
     def start(self) -> RemoteEngine:
         """Fails at once, with the service's message, on a wrong token or an unreachable URL."""
@@ -177,6 +183,9 @@ class RemoteClient:
     """`RolloutClient` over the service's HTTP API. The service keeps the group bookkeeping and
     the resume cursor; groups it released to a trainer that died unconsumed are not sent again."""
 
+    gateway = None  # the service's
+    health = None  # the service watches its own engine and gateways
+
     def __init__(self, api: _Api, poll_s: float) -> None:
         self.api, self.poll_s = api, poll_s
         self._stopping = False
@@ -197,9 +206,8 @@ class RemoteClient:
             wait = self.poll_s if left is None else max(0.1, min(self.poll_s, left))
             params = {"n": n, "timeout": wait, "consume": consume}
             try:
-                resp = self.api.call(
-                    "GET", "/v1/groups", params=params, timeout=wait + self.api.http.timeout.read
-                )
+                read_s = self.api.http.timeout.read or 0.0
+                resp = self.api.call("GET", "/v1/groups", params=params, timeout=wait + read_s)
             except RolloutServiceError as exc:
                 if exc.status == 408:  # not ready within this poll
                     continue
@@ -225,7 +233,7 @@ class RemoteClient:
         """Not sent over the API: the service's own log has its failures."""
         return None
 
-    def pause(self, mode: str) -> None:
+    def pause(self, mode: PauseMode) -> None:
         """Nothing to send: POST /v1/weights pauses the service's gateways around the load."""
 
     def resume(self) -> None:
@@ -248,7 +256,7 @@ class RemoteClient:
 
 def _task_row(task: Any) -> dict[str, Any]:
     """A `Task` as the SWE-bench-style row POST /v1/tasks takes."""
-    if not is_dataclass(task):
+    if not is_dataclass(task) or isinstance(task, type):
         raise TypeError(f"rollout=remote: cannot submit {type(task).__name__} (a task row dict or a Task)")
     row = asdict(task)
     row.update(row.pop("extra") or {})

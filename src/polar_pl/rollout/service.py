@@ -21,7 +21,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polar_pl.errors import RunFailed
-from polar_pl.rollout.pools import OK, PoolSizes, RolloutJob, RolloutResult, RolloutStages, StagePools
+from polar_pl.rollout.pools import (
+    OK,
+    JobPools,
+    PoolSizes,
+    PrefetchingStages,
+    RolloutJob,
+    RolloutResult,
+    RolloutStages,
+    StagePools,
+)
+from polar_pl.rollout.tasks import TaskQueue
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +76,7 @@ class RolloutService:
     group_size: attempts per task (G). group_deadline_s: a group is released with what finished
     by then. start_seq / skip_seqs: resume point (see `state_dict`). limit: feed only seqs below
     it (a bounded run, such as SFT data generation, starts no group it will not collect).
+    stages: what each stage does (None when `pools` runs the jobs elsewhere).
     pools: a zero-argument factory, called on the service's event loop, for what runs the jobs
     (default: `StagePools(stages, sizes)` in this process; `polar_pl.rollout.ray_pools.RayPools`
     spreads them over Ray workers). It needs `start()`, `await submit(job)`, a `results` queue,
@@ -74,7 +85,7 @@ class RolloutService:
 
     def __init__(
         self,
-        stages: RolloutStages,
+        stages: RolloutStages | None,
         tasks: Sequence[Any],
         *,
         group_size: int,
@@ -85,9 +96,9 @@ class RolloutService:
         skip_seqs: Sequence[int] = (),
         id_prefix: str | None = None,
         limit: int | None = None,
-        pools: Callable[[], Any] | None = None,
+        pools: Callable[[], JobPools] | None = None,
     ) -> None:
-        if len(tasks) == 0 and not hasattr(tasks, "wait"):
+        if len(tasks) == 0 and not isinstance(tasks, TaskQueue):
             raise ValueError("task source is empty: datamodule needs at least one task")
         self.stages, self.tasks, self.sizes = stages, tasks, sizes
         self.group_size = group_size
@@ -108,8 +119,8 @@ class RolloutService:
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-service", daemon=True)
         self._main: Future | None = None
         self._main_task: asyncio.Task | None = None
-        self._make_pools = pools or (lambda: StagePools(self.stages, self.sizes))
-        self.pools: StagePools | None = None
+        self._make_pools: Callable[[], JobPools] = pools or self._stage_pools
+        self.pools: JobPools | None = None
         self.error: BaseException | None = None
         self.stopping = False
         self._stop_lock = threading.Lock()
@@ -236,6 +247,8 @@ class RolloutService:
             return len(pending) + len(self._ready)
 
     async def _feed(self, pending: dict[str, _Pending]) -> None:
+        pools = self.pools
+        assert pools is not None  # _run made them before feeding
         while not self.stopping:
             while self._in_flight(pending) >= max(self.max_groups_in_flight, self._demand):
                 await asyncio.sleep(0.01)
@@ -255,19 +268,25 @@ class RolloutService:
             for m, rid in enumerate(ids):
                 if self.stopping:  # a group half admitted: its other attempts are not started
                     return
-                await self.pools.submit(RolloutJob(rid, group_id, task, member=m))
+                await pools.submit(RolloutJob(rid, group_id, task, member=m))
+
+    def _stage_pools(self) -> JobPools:
+        if self.stages is None:
+            raise ValueError("RolloutService: no stages and no pools to run the jobs")
+        return StagePools(self.stages, self.sizes)
 
     async def _task(self, seq: int) -> Any:
-        wait = getattr(self.tasks, "wait", None)
-        if wait is not None:  # a queue fed from outside (polar_pl.rollout.tasks): seq i is task i
-            await wait(seq)
+        if isinstance(self.tasks, TaskQueue):  # a queue fed from outside: seq i is task i
+            await self.tasks.wait(seq)
             return self.tasks[seq]
         return self.tasks[seq % len(self.tasks)]
 
     def _prefetch(self, seq: int) -> None:
         """Hand the stages the tasks that come after `seq` (images pulled ahead of the cursor)."""
-        depth = int(getattr(self.stages, "prefetch_depth", 0) or 0)
-        if depth and not hasattr(self.tasks, "wait"):  # a task queue has no known future
+        if not isinstance(self.stages, PrefetchingStages) or isinstance(self.tasks, TaskQueue):
+            return  # a task queue has no known future
+        depth = self.stages.prefetch_depth
+        if depth:
             end = seq + 1 + depth if self.limit is None else min(seq + 1 + depth, self.limit)
             upcoming = range(seq, end)
             self.stages.prefetch([self.tasks[s % len(self.tasks)] for s in upcoming if s not in self._taken])

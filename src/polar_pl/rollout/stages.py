@@ -126,8 +126,9 @@ class HarnessRolloutStages:
             job.status, job.error = TIMEOUT, f"harness timed out after {result.duration_s:.0f}s"
             return
         records = await asyncio.to_thread(self.gateway.records, session.session_id, packed=True)
-        policy_exits = getattr(self.harness, "policy_exit_codes", None)
-        outcome = classify(result.exit_code, result.stderr, result.stdout, records, policy_exits)
+        outcome = classify(
+            result.exit_code, result.stderr, result.stdout, records, self.harness.policy_exit_codes
+        )
         if outcome.failed:  # its answer is the harness's error text: never evaluated
             job.status, job.error = HARNESS_ERROR, outcome.reason
             job.state["cause"] = outcome.cause
@@ -151,7 +152,7 @@ class HarnessRolloutStages:
         session = job.state.get("session")
         if session is not None:
             info["session_id"] = session.session_id
-        build = {"reward": reward, "status": job.status, "harness": self.harness.name}
+        build: dict[str, Any] = {"reward": reward, "status": job.status, "harness": self.harness.name}
         if session is not None:
             records, built = await asyncio.to_thread(
                 read_and_merge, self.gateway, self.builder, session.session_id, **build
@@ -187,7 +188,7 @@ class HarnessRolloutStages:
 
     async def cleanup(self, job: RolloutJob) -> None:
         def stop() -> None:
-            errors = []
+            errors: list[str] = []
             if (handle := job.state.pop("eval", None)) is not None:
                 _collect(errors, self.evaluator.discard, handle)
             if (sandbox := job.state.pop("sandbox", None)) is not None:

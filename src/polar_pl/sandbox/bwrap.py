@@ -149,9 +149,9 @@ class _Args:
             if str(parent) in self.dirs or any(_under(str(parent), m) for m in self.mounts):
                 break
             parents.append(str(parent))
-        for parent in reversed(parents):
-            self.add("--perms", "0755", "--dir", parent)
-            self.dirs.add(parent)
+        for d in reversed(parents):
+            self.add("--perms", "0755", "--dir", d)
+            self.dirs.add(d)
         self.add(kind, *([src] if src is not None else []), dst)
         self.mounts.append(dst)
 

@@ -57,6 +57,7 @@ def _dockerd(args: argparse.Namespace) -> int:
         print(f"already running: export DOCKER_HOST={daemon.url}")
         return 0
     print(f"export DOCKER_HOST={daemon.url}   (Ctrl-C stops the engine)", flush=True)
+    assert daemon.proc is not None  # started here, not attached
     try:
         daemon.proc.wait()
     except KeyboardInterrupt:

@@ -28,7 +28,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from polar_pl.sandbox import creator, docker_remote, gitdiff
 from polar_pl.sandbox.docker_files import ContainerFiles
@@ -37,7 +37,7 @@ from polar_pl.sandbox.image import DEFAULT_TAG, USER_UID, cache_dir, mounted_har
 from polar_pl.sandbox.infra import InfraError, RetryPolicy, transient, with_retries
 from polar_pl.sandbox.local import parse_bytes
 from polar_pl.sandbox.protocol import ExecResult
-from polar_pl.sandbox.relay import Relay, inside_url, unix_to_tcp
+from polar_pl.sandbox.relay import MuxRelay, Relay, inside_url, unix_to_tcp
 
 log = logging.getLogger(__name__)
 LABEL = "polar_pl.sandbox"
@@ -116,12 +116,12 @@ class DockerSandbox(ContainerFiles):
         self.python = ["env", f"PYTHONPATH={PYDEPS_IN}", "python3"] if self.host_pydeps else ["python3"]
         self.relay_in = RELAY_IN
         self.exec_user = f"{USER_UID}:{USER_UID}"  # every exec's user (the container's may be root)
-        self.client = None
-        self._exec_client = None
-        self.container = None
+        self.client: Any = None
+        self._exec_client: Any = None
+        self.container: Any = None
         self.container_id: str | None = None
         self._run_dir: Path | None = None
-        self._relays: dict[tuple[str, int], Relay] = {}
+        self._relays: dict[tuple[str, int], Relay | MuxRelay] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -152,9 +152,10 @@ class DockerSandbox(ContainerFiles):
     def _create(self) -> None:
 
         host = self.host
+        assert host is not None  # start() placed the sandbox first
         self.client = host.client()
         self._exec_client = host.client(timeout=EXEC_READ_TIMEOUT)
-        config = self.client.api.inspect_image(self.image).get("Config") or {}
+        config: Any = self.client.api.inspect_image(self.image).get("Config") or {}
         self.workdir = (
             config.get("WorkingDir") if config.get("WorkingDir") not in (None, "", "/") else "/workspace"
         )
@@ -169,7 +170,7 @@ class DockerSandbox(ContainerFiles):
             # The container's own process (docker-init + sleep) is root with CAP_CHOWN alone, for the
             # one hand-over exec below; every other exec runs as uid 1000, which keeps no capability.
             caps, user = {"cap_add": ["CHOWN"]}, "0:0"
-        limits = {}
+        limits: dict[str, int] = {}
         if self.memory:
             limits |= {"mem_limit": self.memory, "memswap_limit": self.memory}
         if self.pids:
@@ -289,11 +290,14 @@ class DockerSandbox(ContainerFiles):
         inside, host, port, _ = inside_url(url)  # the container may listen below 1024
         if (host, port) in self._relays:
             return inside
+        if self.host is None or self.container_id is None:
+            raise RuntimeError("sandbox not started (call start() first)")
         if not self.host.local:
             self._relays[(host, port)] = docker_remote.start_mux_relay(
                 self._exec_client.api, self.container_id, port, host, port, user=self.exec_user
             )
             return inside
+        assert self._run_dir is not None  # _local_mounts made it for a local host
         sock_name = f"gw-{port}.sock"
         self._relays[(host, port)] = unix_to_tcp(str(self._run_dir / sock_name), host, port)
         relay = ["python3", "-I", "-S", RELAY_IN, "tcp2unix", f"127.0.0.1:{port}", f"{RUN_IN}/{sock_name}"]

@@ -7,14 +7,38 @@ from __future__ import annotations
 import io
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 from polar_pl.sandbox.image import USER_UID
 from polar_pl.sandbox.infra import transient
+from polar_pl.sandbox.protocol import ExecResult
 
 
 class ContainerFiles:
     """Mixed into DockerSandbox: needs `workdir`, `container_id`, `_api`, `_retry` and `exec`."""
+
+    if TYPE_CHECKING:
+        workdir: str
+        container_id: str | None
+
+        @property
+        def _api(self) -> Any: ...
+
+        def _retry(
+            self, kind: str, what: str, fn: Callable[[], Any], retry_if: Callable[[BaseException], bool] = ...
+        ) -> Any: ...
+
+        def exec(
+            self,
+            command: str | list[str],
+            *,
+            env: dict[str, str] | None = None,
+            workdir: str | None = None,
+            timeout: float | None = None,
+            stdin: str | None = None,
+        ) -> ExecResult: ...
 
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else f"{self.workdir}/{path}"
@@ -65,7 +89,9 @@ class ContainerFiles:
             member = tar.next()
             if member is None or not member.isfile():
                 raise IsADirectoryError(path)
-            return tar.extractfile(member).read()
+            f = tar.extractfile(member)
+            assert f is not None  # a regular file
+            return f.read()
 
     def put_archive(self, src: Path, dest: str) -> None:
         dest = self._abs(dest)

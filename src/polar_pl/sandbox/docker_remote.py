@@ -126,6 +126,6 @@ def start_mux_relay(api, container_id: str, port: int, gw_host: str, gw_port: in
     sock = api.exec_start(exec_id, socket=True)
     # a relay is idle between model calls for as long as the harness thinks: no read timeout
     for s in (sock, getattr(sock, "_sock", None)):
-        if hasattr(s, "settimeout"):
+        if s is not None and hasattr(s, "settimeout"):
             s.settimeout(None)
     return MuxRelay(sock, lambda: socket.create_connection((gw_host, gw_port), timeout=None)).start()

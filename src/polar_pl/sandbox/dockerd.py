@@ -79,7 +79,7 @@ class DockerDaemon:
     def tcp_url(self) -> str | None:
         return f"tcp://{self.tcp}" if self.tcp else None
 
-    def start(self, timeout: float = 60.0) -> DockerDaemon:
+    def start(self, timeout: float = 60.0) -> Self:
         if os.geteuid() != 0:
             raise DockerUnavailable("dockerd needs root")
         install_docker()
@@ -109,6 +109,7 @@ class DockerDaemon:
             "--bridge=none", f"--storage-driver={driver}", "--log-level=warn",
         ]  # fmt: skip
         if self.tcp:
+            assert self.tls is not None  # __init__ refuses tcp without tls
             ca, cert, key = self.tls
             cmd += [f"--host=tcp://{self.tcp}", "--tlsverify", f"--tlscacert={ca}", f"--tlscert={cert}",
                     f"--tlskey={key}"]  # fmt: skip

@@ -102,7 +102,7 @@ class ImageCache:
             if fut is None:
                 fut = self._pool.submit(self._resolve, name, context)
                 self._futures[name] = fut
-                fut.add_done_callback(lambda f, n=name: self._forget_failed(n, f))
+                fut.add_done_callback(lambda f: self._forget_failed(name, f))
             return fut
 
     def ensure(self, name: str, context: str | None = None) -> str:

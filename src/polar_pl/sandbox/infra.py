@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class RetryPolicy:
             raise ValueError("sandbox.retries.backoff_s / max_backoff_s must not be negative")
 
     @classmethod
-    def of(cls, value: RetryPolicy | dict | int | None) -> RetryPolicy:
+    def of(cls, value: RetryPolicy | Mapping[str, Any] | int | None) -> RetryPolicy:
         """From the config: a mapping of the fields, a bare number of attempts, or None (defaults)."""
         if isinstance(value, RetryPolicy):
             return value

@@ -303,7 +303,7 @@ def _writer(sock):
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "mux":
         host, _, port = argv[1].rpartition(":")
-        stdin, stdout = sys.stdin.buffer.raw, sys.stdout.buffer.raw
+        stdin, stdout = sys.stdin.buffer.raw, sys.stdout.buffer.raw  # type: ignore[union-attr]  # stdio buffers are Buffered*
 
         def write(data: bytes) -> None:
             view = memoryview(data)

@@ -68,6 +68,7 @@ def _make(host_uid: int, host_gid: int) -> tuple[int, int]:
 
 
 def _expect(helper: subprocess.Popen, word: str) -> str:
+    assert helper.stdout is not None and helper.stderr is not None  # _make opens all three pipes
     line = helper.stdout.readline().split()
     if not line or line[0] != word:
         helper.kill()
@@ -76,6 +77,7 @@ def _expect(helper: subprocess.Popen, word: str) -> str:
 
 
 def _send(helper: subprocess.Popen, word: str) -> None:
+    assert helper.stdin is not None  # _make opens all three pipes
     helper.stdin.write(word + "\n")
     helper.stdin.flush()
 

@@ -158,7 +158,7 @@ def _load_tokenizer(path: str) -> Any:
 
 def resolved_config_yaml(cfg: DictConfig) -> str:
     """The run's configuration for the card, without Hydra's own node (present when composed)."""
-    cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    cfg = OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"])
     try:
         return OmegaConf.to_yaml(cfg, resolve=True)
     except Exception:
@@ -178,7 +178,7 @@ def generate(
     """
     from polar_pl.training import build_parts  # lightning is imported only when a run starts
 
-    opts = SFTOptions(**OmegaConf.to_container(cfg.sft, resolve=True))
+    opts = SFTOptions(**OmegaConf.to_container(cfg.sft, resolve=True))  # type: ignore[arg-type]  # omegaconf: a DictConfig node gives a dict
     out_dir = Path(opts.output_dir).resolve()
     console = console or Console()
     parts = build_parts(cfg)
@@ -202,6 +202,7 @@ def generate(
 
 def _run_groups(dm, tasks, log: RolloutLog, todo: list[int], opts: SFTOptions, num_groups: int,
                 on_group: GroupCallback | None, console: Console) -> None:  # fmt: skip
+    assert opts.tokenizer is not None  # SFTOptions refuses None
     tokenizer = _load_tokenizer(opts.tokenizer)
     dm.setup()  # engine and gateway (the datamodule's own start-up and teardown)
     stages = HarnessRolloutStages(dm.gateway, dm.sandbox, dm.harness, dm.evaluator, dm.builder, dm.options)

@@ -20,7 +20,7 @@ from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from polar_pl.tasks.evaluator import EvalHandle
-from polar_pl.tasks.results import EvalResult
+from polar_pl.tasks.results import EvalResult, EvalStatus
 from polar_pl.tasks.task import Task
 
 AnswerCheckFn = Callable[[str, Mapping[str, Any]], float]
@@ -164,9 +164,10 @@ class AnswerEvaluator:
             reward = score_answer(task, answer, patch)
         except (KeyError, TypeError, ValueError) as exc:  # a bad check config is recorded, not raised
             return EvalResult(task.instance_id, 0.0, "error", f"answer check failed: {exc}")
+        assert task.answer_check is not None  # score_answer raised ValueError otherwise
         if not answer and task.answer_check.kind not in WORKSPACE_CHECKS:
             return EvalResult(task.instance_id, 0.0, "no_answer", "the agent gave no final answer")
-        status = "resolved" if reward >= self.success_threshold else "unresolved"
+        status: EvalStatus = "resolved" if reward >= self.success_threshold else "unresolved"
         reason = f"{task.answer_check.kind}={reward:.3f}"
         return EvalResult(task.instance_id, reward, status, reason, duration_s=time.monotonic() - t0)
 

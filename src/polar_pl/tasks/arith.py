@@ -85,6 +85,7 @@ def arith_task(problem: Problem, rng: random.Random, instance_id: str, partial: 
 
 def tools_task(problem: Problem, rng: random.Random, instance_id: str, partial: bool = False) -> Task:
     a, op, b = problem
+    setup: tuple[str, ...]
     if op == "*":
         prompt = (f"Use a shell command to compute {a} times {b}, and write the result to "
                   f"{RESULT_FILE}.")  # fmt: skip

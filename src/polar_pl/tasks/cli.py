@@ -129,6 +129,7 @@ def _export(tasks: list[Task], out: Path) -> None:
 
 
 def _check(console: Console, source: TaskSource, tasks: list[Task], args: argparse.Namespace) -> int:
+    from polar_pl.tasks.evaluator import SandboxEvaluator
     from polar_pl.tasks.suite_check import check_suite
 
     if missing := [t.instance_id for t in tasks if not t.patch.strip()]:
@@ -137,6 +138,7 @@ def _check(console: Console, source: TaskSource, tasks: list[Task], args: argpar
         )
         return 2
     evaluator = source.make_evaluator(_sandbox_factory(args))
+    assert isinstance(evaluator, SandboxEvaluator)  # tasks with a reference patch are scored in a sandbox
     t0 = time.monotonic()
     try:
         checks = check_suite(tasks, evaluator, workers=args.workers)
@@ -169,10 +171,12 @@ def _check(console: Console, source: TaskSource, tasks: list[Task], args: argpar
 
 
 def _check_harbor(console: Console, source: TaskSource, tasks: list[Task], args: argparse.Namespace) -> int:
+    from polar_pl.tasks.harbor_verifier import HarborVerifier
     from polar_pl.tasks.suite_check import check_harbor
 
     factory = _sandbox_factory(args)
     verifier = source.make_evaluator(factory)
+    assert isinstance(verifier, HarborVerifier)  # HarborTaskSource's evaluator
     t0 = time.monotonic()
     try:
         checks = check_harbor(tasks, verifier, workers=args.workers)

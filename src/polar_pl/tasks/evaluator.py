@@ -186,6 +186,7 @@ class SandboxEvaluator:
         run = run_tests(sandbox, task, trusted, timeout=remaining, per_test_timeout=self.per_test_timeout_s)
         reward, resolved = grade(run.outcomes, task.test_runner, self.reward)
         failing = [t.test_id for t in run.outcomes if not t.passed]
+        status: EvalStatus
         if run.tampering:
             status, reward, reason = "tampering", 0.0, "tampering: " + "; ".join(run.tampering)
         elif run.error:

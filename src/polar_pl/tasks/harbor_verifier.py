@@ -24,7 +24,8 @@ from polar_pl.sandbox.protocol import Sandbox
 from polar_pl.tasks.evaluator import SandboxEvaluator, _fail, _stop_quietly
 from polar_pl.tasks.harbor import HarborTask
 from polar_pl.tasks.patching import apply_patch
-from polar_pl.tasks.results import EvalResult
+from polar_pl.tasks.results import EvalResult, EvalStatus
+from polar_pl.tasks.task import Task
 from polar_pl.tasks.workspace import new_sandbox
 
 REWARD_TXT, REWARD_JSON = "/logs/verifier/reward.txt", "/logs/verifier/reward.json"
@@ -61,7 +62,7 @@ def parse_reward(txt: bytes | None, js: bytes | None) -> float | None:
 class HarborVerifier(SandboxEvaluator):
     """`Evaluator` for HarborTask. reward threshold: an attempt counts as resolved at >= 1.0."""
 
-    def _prepare(self, task: HarborTask) -> tuple[Sandbox, float, None]:
+    def _prepare(self, task: Task) -> tuple[Sandbox, float, dict[str, bytes]]:
         t0 = time.monotonic()
         sandbox = new_sandbox(self.sandbox_factory, task)
         try:
@@ -69,11 +70,12 @@ class HarborVerifier(SandboxEvaluator):
         except BaseException:
             _stop_quietly(sandbox)
             raise
-        return sandbox, time.monotonic() - t0, None  # no trusted test files: tests/ is uploaded
+        return sandbox, time.monotonic() - t0, {}  # no trusted test files: tests/ is uploaded
 
     def _score_in(
-        self, sandbox: Sandbox, task: HarborTask, patch: str, trusted: None, prewarm_s: float, t0: float
+        self, sandbox: Sandbox, task: Task, patch: str, trusted: dict[str, bytes], prewarm_s: float, t0: float
     ) -> EvalResult:
+        assert isinstance(task, HarborTask)  # sources.py pairs this verifier with Harbor tasks only
         method = ""
         if patch.strip():
             applied = apply_patch(sandbox, patch, name="agent")
@@ -95,7 +97,7 @@ class HarborVerifier(SandboxEvaluator):
         source = "reward file"
         if reward is None:
             reward, source = (1.0 if run.exit_code == 0 else 0.0), f"exit status {run.exit_code}"
-        status = "resolved" if reward >= 1.0 else "unresolved"
+        status: EvalStatus = "resolved" if reward >= 1.0 else "unresolved"
         return EvalResult(task.instance_id, reward, status, f"reward {reward:g} from {source}",
                           patch_method=method, prewarm_s=prewarm_s, duration_s=time.monotonic() - t0,
                           log=log)  # fmt: skip

@@ -14,6 +14,7 @@ import json
 import zipfile
 from functools import cache
 from importlib import metadata
+from pathlib import Path
 
 DISTRIBUTIONS = ("pytest", "pluggy", "iniconfig", "packaging", "pygments")
 
@@ -28,7 +29,7 @@ def bundle() -> bytes:
             versions[name] = dist.version
             for f in sorted(dist.files or (), key=str):
                 if f.suffix == ".py" and "__pycache__" not in f.parts and ".." not in f.parts:
-                    z.writestr(_entry(str(f)), f.locate().read_bytes())
+                    z.writestr(_entry(str(f)), Path(f.locate()).read_bytes())
         z.writestr(_entry("BUNDLE.json"), json.dumps(versions))
     return buf.getvalue()
 

@@ -200,7 +200,8 @@ class HarborTaskSource(_Source):
         self.path = Path(path) if path else BUILTIN_DIR
 
     def _load(self) -> list[Task]:
-        tasks, seen = [], set()
+        tasks: list[Task] = []
+        seen = set()
         for d in find_task_dirs(self.path):
             task = load_harbor_task(d)
             if task.instance_id in seen:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 TestRunner = Literal["unittest", "pytest"]
 TEST_RUNNERS: tuple[str, ...] = ("unittest", "pytest")
@@ -175,7 +175,7 @@ def task_from_row(row: Mapping[str, Any], *, origin: str = "", repo_path: str | 
         fail_to_pass=f2p,
         pass_to_pass=p2p,
         setup_commands=tuple(setup),
-        test_runner=runner,
+        test_runner=cast(TestRunner, runner),  # checked against TEST_RUNNERS above
         test_command=test_command,
         repo_path=row_repo_path or repo_path,
         difficulty=difficulty,

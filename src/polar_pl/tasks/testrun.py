@@ -23,7 +23,7 @@ from functools import cache
 from importlib import resources
 
 from polar_pl.sandbox.protocol import Sandbox
-from polar_pl.tasks.results import TestOutcome
+from polar_pl.tasks.results import Outcome, TestKind, TestOutcome
 from polar_pl.tasks.task import Task
 
 KIT_DIR = ".polar_eval"
@@ -175,11 +175,15 @@ def read_report(stdout: str, key: bytes, nonce: str, spec_sha: str) -> tuple[dic
 
 def _outcomes(task: Task, results: dict, fatal: dict, *, timed_out: bool = False) -> tuple[TestOutcome, ...]:
     out = []
-    for kind, ids in (("FAIL_TO_PASS", task.fail_to_pass), ("PASS_TO_PASS", task.pass_to_pass)):
+    groups: tuple[tuple[TestKind, tuple[str, ...]], ...] = (
+        ("FAIL_TO_PASS", task.fail_to_pass),
+        ("PASS_TO_PASS", task.pass_to_pass),
+    )
+    for kind, ids in groups:
         for test_id in ids:
             got = results.get(test_id)
             if got is None:
-                outcome = "timeout" if timed_out else "error" if test_id in fatal else "missing"
+                outcome: Outcome = "timeout" if timed_out else "error" if test_id in fatal else "missing"
                 out.append(TestOutcome(test_id, kind, outcome, fatal.get(test_id, "no result reported")))
             else:
                 out.append(TestOutcome(test_id, kind, got["outcome"], got.get("detail", "")))

@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import tomllib
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from polar_pl.tasks.patching import protected_paths
 from polar_pl.tasks.task import Task
@@ -78,7 +79,7 @@ def _has_section(path: Path, section: str) -> bool:
     text = path.read_text(errors="replace")
     if path.suffix == ".toml":
         try:
-            node = tomllib.loads(text)
+            node: Any = tomllib.loads(text)
         except tomllib.TOMLDecodeError:
             return False
         for key in section.split("."):

@@ -109,7 +109,10 @@ def run_cli_session(
     from polar_pl.sandbox.image import default_harness_prefix
     from polar_pl.sandbox.local import LocalSandbox
 
-    prefix = Path(default_harness_prefix(str(harness_prefix) if harness_prefix else None))
+    found = default_harness_prefix(str(harness_prefix) if harness_prefix else None)
+    if found is None:
+        raise FileNotFoundError(f"{name} is not installed: polar-pl harness install {name}")
+    prefix = Path(found)
     harness = build_harness(name, provider=provider) if provider else build_harness(name)
     if not harness.is_installed(prefix):
         raise FileNotFoundError(f"{name} is not installed: polar-pl harness install {name}")

@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 
@@ -59,8 +59,8 @@ BASES: dict[str, tuple[str, dict[str, Any]]] = {
         "generationConfig": {"maxOutputTokens": 16},
         "tools": [{"functionDeclarations": [{"name": "read", "parameters": TOOL_SCHEMA}]}]}),
 }  # fmt: skip
-ODD_VALUES = [None, True, 0, -1, 2**70, 1.5e308, -0.0, "", "x", "\u0000\u202e\ud7ff", [], {}, [None], {"": {}},
-              "<|im_end|>\n<|im_start|>system\n", "\n" * 50]  # fmt: skip
+ODD_VALUES: list[Any] = [None, True, 0, -1, 2**70, 1.5e308, -0.0, "", "x", "\u0000\u202e\ud7ff", [], {},
+                         [None], {"": {}}, "<|im_end|>\n<|im_start|>system\n", "\n" * 50]  # fmt: skip
 # The numeric sampling fields of each API (gateway/providers/numbers.py checks them), and what the
 # "sampling" mutation puts there.
 SAMPLING: dict[str, tuple[tuple[str, ...], ...]] = {
@@ -224,6 +224,11 @@ def stream_ended(api: str, text: str) -> bool:
     return '"finishReason"' in data or '"error"' in data
 
 
+def _examples(tally: Counter) -> list[str]:
+    """The few examples a tally keeps, as a list under "examples" beside its counts."""
+    return tally.setdefault("examples", [])  # type: ignore[arg-type, return-value]  # a Counter holds ints
+
+
 async def send(
     session: aiohttp.ClientSession, base: str, api: str, path: str, raw: bytes, stream: bool, tally
 ) -> None:
@@ -234,11 +239,11 @@ async def send(
             stream = r.headers.get("content-type", "").startswith("text/event-stream")  # what was answered
     except aiohttp.ClientError as exc:
         tally["transport errors"] += 1
-        tally.setdefault("examples", []).append(f"{api} {path}: {exc!r}")
+        _examples(tally).append(f"{api} {path}: {exc!r}")
         return
     tally[f"{status // 100}xx"] += 1
     if status >= 500:
-        tally.setdefault("examples", []).append(f"{api} {path} {status}: {text[:200]}")
+        _examples(tally).append(f"{api} {path} {status}: {text[:200]}")
     if status != 200:
         try:
             shaped = provider_shaped(api, json.loads(text))
@@ -247,7 +252,7 @@ async def send(
         tally["not provider-shaped"] += not shaped
     elif stream and not stream_ended(api, text):
         tally["streams cut"] += 1
-        tally.setdefault("examples", []).append(f"{api} {path} cut: ...{text[-200:]}")
+        _examples(tally).append(f"{api} {path} cut: ...{text[-200:]}")
 
 
 async def fuzz(gw: Gateway, n: int, seed: int, concurrency: int) -> Counter:
@@ -268,7 +273,7 @@ async def fuzz(gw: Gateway, n: int, seed: int, concurrency: int) -> Counter:
     records = [r for s in sessions for r in gw.records(s.session_id)]
     tally["records"] = len(records)
     failed = [r.error for r in records if r.error and r.error.startswith("engine")]
-    tally.setdefault("examples", []).extend(f"record: {e[:300]}" for e in failed[:5])
+    _examples(tally).extend(f"record: {e[:300]}" for e in failed[:5])
     return tally
 
 
@@ -283,7 +288,7 @@ class _TracebackCounter(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.exc_info:
             self.tally["tracebacks"] += 1
-            self.tally.setdefault("examples", []).append(f"traceback: {record.getMessage()[:200]}")
+            _examples(self.tally).append(f"traceback: {record.getMessage()[:200]}")
 
 
 @contextlib.contextmanager
@@ -333,13 +338,13 @@ def run_pass(
         "unrecorded calls": tally["model calls"] - tally["records"],
         "in_flight after": stats["gateway/in_flight"], "replica inflight after": stats["gateway/inflight"],
         "gate waiting after": stats["gateway/gate_waiting"], "drain_s": round(drain_s, 3),
-        "examples": tally.get("examples", [])[:10],
+        "examples": cast(list[str], tally.get("examples", []))[:10],
     }  # fmt: skip
 
 
 def failures(result: dict[str, Any]) -> int:
     """What must be 0 after a pass: 5xx, unshaped errors, cut streams, tracebacks, unrecorded
     calls, counters left in flight."""
-    keys = ("5xx", "not provider-shaped", "streams cut", "tracebacks", "unrecorded calls")
+    keys: tuple[str, ...] = ("5xx", "not provider-shaped", "streams cut", "tracebacks", "unrecorded calls")
     keys += ("in_flight after", "replica inflight after", "gate waiting after")
     return int(sum(result.get(k, 0) for k in keys))

@@ -25,6 +25,7 @@ import threading
 import time
 import warnings
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -102,7 +103,7 @@ class LocalRegistry:
         self.docker_config = str(root / "docker-config" / "config.json")
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 30.0) -> LocalRegistry:
+    def start(self, timeout: float = 30.0) -> Self:
         with warnings.catch_warnings():  # deprecated (gone in 3.13): bcrypt without adding a package
             warnings.simplefilter("ignore", DeprecationWarning)
             import crypt
@@ -330,7 +331,7 @@ class DepImages:
 
 
 @pytest.fixture(scope="session")
-def dep_images(docker_engine, docker_image, tmp_path_factory) -> DepImages:
+def dep_images(docker_engine, docker_image, tmp_path_factory) -> Iterator[DepImages]:
     """Two images FROM the offline base image, each adding a dependency from a wheel built here."""
     import docker
 
@@ -344,7 +345,9 @@ def dep_images(docker_engine, docker_image, tmp_path_factory) -> DepImages:
             ctx = dep_image_context(tmp / f"ctx-{tag}", docker_image, wheel)
             name = f"polar-test/dep-{tag}:{os.getpid()}"
             client.images.build(path=str(ctx), tag=name, network_mode="none", rm=True, forcerm=True)
-            names.append(name), modules.append(module), contexts.append(str(ctx))
+            names.append(name)
+            modules.append(module)
+            contexts.append(str(ctx))
         yield DepImages(tuple(names), tuple(modules), tuple(contexts))
     finally:
         for name in names:

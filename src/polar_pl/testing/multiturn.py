@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import torch
 
 from polar_pl.datamodule.collate import collate
 from polar_pl.gateway.handle import Gateway
@@ -69,6 +70,7 @@ def learn(
     out = Curves()
     builder = PrefixBuilder()
     opt = module.configure_optimizers()
+    assert isinstance(opt, torch.optim.Optimizer)  # a module without lr_scheduler: no config dict
     with Gateway([engine.url], store, tokenizer_dir=engine.model_dir) as gw, ThreadPoolExecutor(16) as pool:
         for step in range(steps):
             t0, jobs = time.perf_counter(), []
@@ -80,7 +82,8 @@ def learn(
                         sampling_seed = random.Random(f"{seed}-{step}-{g}-{k}").getrandbits(31)
                         kw = {**notes, "extra": {**notes.get("extra", {}), "seed": sampling_seed}}
                     jobs.append((task, pool.submit(session, gw, engine.model, task, f"s{step}g{g}", k, **kw)))
-            rows, rewards, per_check = [], [], {}
+            rows, rewards = [], []
+            per_check: dict[str, list[float]] = {}
             for task, fut in jobs:
                 records, reward = fut.result()
                 built = builder.build(records, reward=reward, harness="mini").rows

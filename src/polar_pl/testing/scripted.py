@@ -244,6 +244,14 @@ class ScriptedServer:
         return f"{self.url}/v1"
 
     @property
+    def urls(self) -> list[str]:
+        return [self.url]
+
+    @property
+    def model_dir(self) -> Path | None:
+        return None  # a script, no weights: gateways in front of it render prompts themselves
+
+    @property
     def model(self) -> str:
         return self.backend.model_name
 

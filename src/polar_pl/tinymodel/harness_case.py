@@ -50,6 +50,7 @@ def case_answer(rng: random.Random, upper: bool, share: float) -> str:
 
 def case_example(rng: random.Random, index: int, seed: int, share: float) -> Example:
     task = learnable_task("case", index, seed)
+    assert task.answer_check is not None  # case tasks always have one
     upper = task.answer_check.kind == "uppercase_fraction"
     answer = {"role": "assistant", "content": case_answer(rng, upper, share)}
     return Example(task.prompt, (("assistant", answer),))
@@ -149,6 +150,7 @@ def evaluate_case(
         task = learnable_task("case", i, 0)
         ctx = Group("probe", render_chat(tok, prompt.with_task(task.prompt, _workdir(rng)), prompt.tools)[1])
         compute_kvs(model, [ctx])
+        assert task.answer_check is not None  # case tasks always have one
         upper = task.answer_check.kind == "uppercase_fraction"
         shares, texts = [], []
         for ids in sample_after(model, ctx, samples, 32, eos, 1.0, seed + i):

@@ -81,6 +81,7 @@ def render_tail(tok, ex: Example, memo: dict[str, str] | None = None) -> tuple[s
             tail += text
             last = (turn, text)
         else:
+            assert last is not None  # a tool turn follows an assistant turn
             tail += _tool_glue(tok, last[0], last[1], turn)
     return tail, spans
 
@@ -199,7 +200,7 @@ def compute_kvs(model: PreTrainedModel, groups: list[Group], chunk: int = 4096) 
     """Each group's prefix KV with the current weights; what all prefixes share is computed once."""
     shared = lcp([g.prefix + [0] for g in groups])  # +[0]: a prefix may be the shared part itself
     base = _extend(model, DynamicCache(), groups[0].prefix[:shared], chunk)
-    base_kv = [(layer.keys, layer.values) for layer in base.layers] if shared else None
+    base_kv = [(layer.keys, layer.values) for layer in base.layers] if shared else None  # type: ignore[union-attr]  # transformers: DynamicLayers here
     for g in groups:
         cache = _extend(
             model,
@@ -207,7 +208,7 @@ def compute_kvs(model: PreTrainedModel, groups: list[Group], chunk: int = 4096) 
             g.prefix[shared:],
             chunk,
         )
-        g.kv = [(layer.keys, layer.values) for layer in cache.layers]
+        g.kv = [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[union-attr, misc]  # as above
 
 
 def _extend(model, cache: DynamicCache, ids: list[int], chunk: int) -> DynamicCache:

@@ -24,6 +24,7 @@ def sample_after(
     """n continuations of the request `ctx.prefix` (its KV computed) until eos or max_new tokens."""
     gen = torch.Generator().manual_seed(seed)
     p = len(ctx.prefix)
+    assert ctx.kv is not None  # computed by compute_kvs
     # The context's last token is run again to get the first next-token logits.
     kv = [(k[:, :, : p - 1].expand(n, -1, -1, -1), v[:, :, : p - 1].expand(n, -1, -1, -1)) for k, v in ctx.kv]
     cache = DynamicCache(ddp_cache_data=kv)

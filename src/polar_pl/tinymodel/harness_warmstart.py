@@ -59,6 +59,7 @@ def step_loss(
     b, t = input_ids.shape
     p = len(group.prefix)
     kv = group.kv
+    assert kv is not None  # computed by compute_kvs
     far = max(0, p - keep_last)
     if keep_frac < 1.0 and far > 0:
         picked = torch.randperm(far, generator=gen)[: int(far * keep_frac)].sort().values

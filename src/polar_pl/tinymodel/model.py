@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+from transformers import GenerationConfig, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
 # Real harness prompts are 5-80 KB, i.e. up to ~30k tokens with the small vocabulary; Qwen3 ships 40960.
 MAX_POSITIONS = 40960
@@ -44,7 +44,7 @@ def init_model(config: Qwen3Config, seed: int) -> Qwen3ForCausalLM:
     return model.eval()
 
 
-def save_model(model: Qwen3ForCausalLM, out_dir: Path, eos_ids: list[int], pad_id: int) -> None:
+def save_model(model: PreTrainedModel, out_dir: Path, eos_ids: list[int], pad_id: int) -> None:
     """Write config.json, model.safetensors and generation_config.json (both ChatML stops as eos)."""
     model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=pad_id)
     model.save_pretrained(out_dir)

@@ -44,6 +44,7 @@ def session_messages(task: str, notes: list[str], answer: str) -> list[dict[str,
 def case_session(rng: random.Random, share: float, work_turns: int) -> list[dict[str, str]]:
     """A session of a random `case` task whose answer has each word in the asked case w.p. `share`."""
     task = learnable_task("case", rng.randrange(1 << 16), seed=rng.randrange(1, 1 << 30))
+    assert task.answer_check is not None  # case tasks always have one
     upper = task.answer_check.kind == "uppercase_fraction"
     words = [rng.choice(WORDS) for _ in range(rng.randint(3, 5))]
     answer = " ".join(w.upper() if (rng.random() < share) == upper else w for w in words)
@@ -66,5 +67,6 @@ def warm_start_multiturn(
         labelled(tok.encode(render_chat(case_session(rng, share, work_turns))).ids, tok) for _ in range(count)
     ]
     pad_id = tok.token_to_id(ENDOFTEXT)
+    assert pad_id is not None  # the tiny tokenizer always has <|endoftext|>
     report = train(model, examples, 0.0, seed, pad_id, batch_size=8, peak_lr=3e-3, steps=steps)
     return {"share": share, "work_turns": work_turns, "examples": len(examples), **report}

@@ -91,7 +91,9 @@ def qwen_tokenizer() -> Tokenizer:
     vocab = {text(tok): rank for tok, rank in ranks.items()}
     merges = [
         (text(a), text(b))
-        for a, b in (recover_merge(tok, ranks) for tok in sorted(ranks, key=ranks.get) if len(tok) > 1)
+        for a, b in (
+            recover_merge(tok, ranks) for tok in sorted(ranks, key=ranks.__getitem__) if len(tok) > 1
+        )
     ]
     tok = Tokenizer(
         models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False, byte_fallback=False)

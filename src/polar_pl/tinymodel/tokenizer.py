@@ -47,9 +47,9 @@ def render_chat(
     """Render a conversation with transformers' own jinja environment (its `tojson` and sandbox)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    rendered, _ = render_jinja_template(
+    rendered, _ = render_jinja_template(  # type: ignore[str-unpack]  # transformers: annotated str, returns a tuple
         conversations=[messages],
-        tools=tools,
+        tools=tools,  # type: ignore[arg-type]  # transformers: invariant list[dict | Callable]
         chat_template=chat_template(),
         add_generation_prompt=add_generation_prompt,
         **kwargs,

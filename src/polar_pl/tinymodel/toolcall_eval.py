@@ -103,6 +103,7 @@ def generate_batch(
 ) -> list[str]:
     """Completions for `texts` in one left-padded batch, stopping at either ChatML end token."""
     pad_id = tok.token_to_id(ENDOFTEXT)
+    assert pad_id is not None  # the tiny tokenizer always has <|endoftext|>
     encoded = [tok.encode(t).ids for t in texts]
     width = max(len(ids) for ids in encoded)
     input_ids = torch.full((len(encoded), width), pad_id)
@@ -118,7 +119,7 @@ def generate_batch(
     rng_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        out = model.generate(
+        out = model.generate(  # type: ignore[operator]  # transformers: generate is GenerationMixin's
             input_ids=input_ids,
             attention_mask=attention,
             max_new_tokens=max_new_tokens,

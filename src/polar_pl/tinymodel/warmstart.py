@@ -156,6 +156,7 @@ def warm_start(
     """Fine-tune `model` in place with the tokenizer saved in `out`; returns the before/after report."""
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     pad_id = tok.token_to_id(ENDOFTEXT)
+    assert pad_id is not None  # the tiny tokenizer always has <|endoftext|>
     torch.manual_seed(seed)
     threads = torch.get_num_threads()
     if os.getloadavg()[0] >= (os.cpu_count() or 1):

@@ -259,10 +259,12 @@ def make_row(
     Every earlier call's prompt + response is a token prefix of the last call's prompt (the chain
     invariant), so call i's sampled tokens sit at [len(prompt_i), len(prompt_i) + len(response_i)).
     """
+    fields: Any  # lists or arrays, both taken by TrajectoryRow (rows.py)
     if type(calls[-1].rec.prompt_ids) is list:  # records built in memory: rows as lists
-        input_ids, mask, logprobs, versions = _list_fields(calls)
+        fields = _list_fields(calls)
     else:
-        input_ids, mask, logprobs, versions = _array_fields(calls)
+        fields = _array_fields(calls)
+    input_ids, mask, logprobs, versions = fields
     first = calls[0].rec
     sampled = [
         {"start": len(c.prompt), "finish_reason": c.rec.finish_reason, "sampling": call_sampling(c.rec)}
@@ -306,6 +308,7 @@ def _list_fields(calls: Sequence[Call]) -> tuple[list, ...]:
     """The same as lists, with list operations: the record lists are reused, never converted
     (array -> list conversion of every row made per_request merging ~4x slower)."""
     last = calls[-1].rec
+    assert isinstance(last.prompt_ids, list)  # make_row's check
     mask: list[int] = []
     logprobs: list[float] = []
     versions: list[int] = []

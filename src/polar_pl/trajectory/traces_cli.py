@@ -158,7 +158,7 @@ class RowWriter:
         self.out, self.batch = out, batch
         self._pending: list[TrajectoryRow] = []
         self._file = open(out, "wb") if out.suffix == ".jsonl" else None
-        self._parquet = None
+        self._parquet: Any = None  # a pyarrow ParquetWriter once the first batch is written
 
     def __enter__(self) -> Self:
         return self

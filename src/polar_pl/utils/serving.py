@@ -18,7 +18,7 @@ class Server(uvicorn.Server):
     uvicorn waits for the requests in flight: what it cancels there ends now, not when the
     longest request would have (uvicorn's own wait is `timeout_graceful_shutdown`)."""
 
-    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None] | None = None):
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], object] | None = None):
         super().__init__(config)
         self.on_shutdown = on_shutdown
 
@@ -44,7 +44,7 @@ class ServerThread:
         host: str = "127.0.0.1",
         port: int | None = None,
         log_level: str = "warning",
-        on_shutdown: Callable[[], None] | None = None,
+        on_shutdown: Callable[[], object] | None = None,
     ):
         self.host = host
         self.port = port or free_port(host)
@@ -56,7 +56,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> ServerThread:
+    def start(self, timeout: float = 30.0) -> Self:
         self.thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -36,7 +37,7 @@ class Run:
         return dict(sorted(out.items()))
 
 
-def find_run_dirs(paths: list[str | Path]) -> list[Path]:
+def find_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
     """Each path that holds a rollouts.jsonl, or the run directories below it (sweeps, outputs/)."""
     found: list[Path] = []
     for p in map(Path, paths):
@@ -47,7 +48,7 @@ def find_run_dirs(paths: list[str | Path]) -> list[Path]:
     return found
 
 
-def load_runs(store: str | Path | None, run_paths: list[str | Path]) -> list[Run]:
+def load_runs(store: str | Path | None, run_paths: Sequence[str | Path]) -> list[Run]:
     runs = []
     for d in find_run_dirs(run_paths):
         own = d / "traces.db"
@@ -75,7 +76,11 @@ def step_summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
         for kind, n in (x.get("breaks") or {}).items():
             breaks[kind] += int(n)
     mean = sum(rewards) / len(rewards) if rewards else None
-    std = (sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)) ** 0.5 if len(rewards) > 1 else None
+    std = (
+        (sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)) ** 0.5
+        if mean is not None and len(rewards) > 1
+        else None
+    )
     return {
         "sessions": len(lines),
         "groups": len({x.get("group_id") for x in lines}),
@@ -153,8 +158,8 @@ def rows_of(records: list[TraceRecord], reward: float, tokenizer: Any) -> list[R
 def request_summary(rec: TraceRecord) -> dict[str, Any]:
     """Messages, tools and limits of a call's normalised (chat) request."""
     req = rec.normalized_request or {}
-    chat = req.get("chat") if isinstance(req.get("chat"), dict) else req
-    msgs = chat.get("messages") if isinstance(chat.get("messages"), list) else []
+    chat = req["chat"] if isinstance(req.get("chat"), dict) else req
+    msgs = chat["messages"] if isinstance(chat.get("messages"), list) else []
     last_user = next((m for m in reversed(msgs) if isinstance(m, dict) and m.get("role") == "user"), None)
     content = (last_user or {}).get("content", "")
     if isinstance(content, list):

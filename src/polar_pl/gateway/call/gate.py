@@ -101,6 +101,7 @@ class EngineGate:
                 self._open.set()
             if self.clock.count == 0:
                 self._idle.set()
+        assert self._idle is not None  # created with _open
         return self._open, self._idle
 
     @property

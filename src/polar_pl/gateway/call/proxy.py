@@ -34,9 +34,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from starlette.responses import Response
@@ -203,6 +203,7 @@ class Proxy:
             return await self.client.stream_chat(
                 rep.endpoint("/v1/chat/completions"), orjson.dumps(call.engine_body)
             )
+        assert self.faithful is not None  # call.faithful is only built by it (_prepare)
         body, ids = completion_bytes(call.engine_body, call.faithful.prompt_ids)
         stream = await self.client.stream_chat(
             rep.endpoint("/v1/completions"), body, elide=(b'"prompt_token_ids":', ids)
@@ -272,7 +273,7 @@ class Proxy:
         call = CallInFlight(
             session=session,
             provider=provider,
-            adapter=None,
+            adapter=cast(ProviderAdapter, None),  # refused before parsing: _fail never uses it
             path=path,
             raw=raw,
             call_index=self.sessions.next_call_index(session.session_id),
@@ -304,6 +305,7 @@ class Proxy:
         except UpstreamError as exc:
             self._release(call)
             return await self._fail(call, upstream_status(adapter, exc), exc.message, detail=exc.detail)
+        assert call.replica is not None  # set by open_engine_stream
         call.replica.served += 1
         if call.norm.stream:
             media = call.norm.extra.get("media_type", "text/event-stream")
@@ -370,7 +372,7 @@ class Proxy:
         answer). detail: for the record only (the engine's address, say), never for the harness."""
         resp = error_response(call.provider, status, message)
         error = f"{message} ({detail})" if detail else message
-        await self._commit(call, call.record(cap, resp.body.decode(), "error", error))
+        await self._commit(call, call.record(cap, bytes(resp.body).decode(), "error", error))
         return resp
 
     def _store_failed(self, call: CallInFlight) -> tuple[int, str]:
@@ -395,6 +397,7 @@ class Proxy:
             return await self._fail(call, upstream_status(call.adapter, exc), exc.message, cap, exc.detail)
         finally:
             self._release(call, abort=cap.finish_reason is None)
+        assert call.guard is not None  # set by _prepare
         completion = cap.completion()
         completion["choices"] = [
             {
@@ -414,11 +417,12 @@ class Proxy:
             return DeliveredResponse(body, lambda ok: self._ended(call, ok))
         return Response(body, media_type="application/json")
 
-    async def _relay(self, call: CallInFlight, stream: ChatStream) -> AsyncIterator[bytes]:
+    async def _relay(self, call: CallInFlight, stream: ChatStream) -> AsyncGenerator[bytes, None]:
         """Streaming harness: forward the translated engine chunks as they arrive (what arrived in
         one network read goes out in one write); the end goes out once the record is durable."""
         cap = call.cap = CallCapture(self._version(stream))
         translator = call.translator = call.adapter.stream(call.norm)
+        assert call.guard is not None  # set by _prepare
         sent = call.sent
         try:
             if out := translator.start():

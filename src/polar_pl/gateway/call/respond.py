@@ -14,7 +14,7 @@ call holds of the engine and settle its record, even when the response never got
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Self, TypeVar
 
 from starlette.responses import Response
@@ -37,7 +37,9 @@ class ClientWatch:
         self.gone = False
 
     async def __aenter__(self) -> Self:
-        self._task = asyncio.current_task()
+        task = asyncio.current_task()
+        assert task is not None  # entered from a coroutine: always inside a task
+        self._task = task
         self._watcher = asyncio.ensure_future(self._watch())
         return self
 
@@ -59,7 +61,9 @@ def _stopping(stopped: Callable[[], T | None]) -> T | None:
     """What to tell the client when a cancellation is the gateway stopping (None: any other one)."""
     answer = stopped()
     if answer is not None:
-        asyncio.current_task().uncancel()
+        task = asyncio.current_task()
+        assert task is not None  # called from a coroutine: always inside a task
+        task.uncancel()
     return answer
 
 
@@ -70,7 +74,7 @@ class RelayResponse(Response):
 
     def __init__(
         self,
-        body: AsyncIterator[bytes],
+        body: AsyncGenerator[bytes, None],
         media_type: str,
         headers: dict[str, str],
         on_end: Callable[[bool], None],

@@ -13,7 +13,7 @@ class GatewayStats:
     def __init__(self, window: int = 2048):
         self.counts: Counter[str] = Counter()
         self.latencies_ms: deque[float] = deque(maxlen=window)
-        self.tokens = Counter()
+        self.tokens: Counter[str] = Counter()
 
     def observe(self, rec: TraceRecord) -> None:
         self.counts["calls"] += 1

@@ -87,7 +87,7 @@ class ToolCallGuard:
         call["arguments"] += fn.get("arguments") or ""
 
     def _release(self) -> list[dict[str, Any]]:
-        kept = []
+        kept: list[dict[str, Any]] = []
         for i in sorted(self.calls):
             call = self.calls[i]
             problem = self._problem(call)

@@ -133,6 +133,10 @@ class CompletionStream:
         self._translate = CompletionToChat(chat, reasoning_parser)
         self.policy_version = stream.policy_version
 
+    @property
+    def elided(self) -> bool:
+        return self._stream.elided
+
     async def batches(self):
         async for batch in self._stream.batches():
             out = [c for chunk in batch for c in self._translate.feed(chunk)]

@@ -115,7 +115,7 @@ class TokenFaithful:
         body_size: int = 0,
     ) -> FaithfulPrompt:
         tok = self._tokenizer()  # here, off the event loop: the first call may load it
-        if needs_check(body_size, limit):
+        if limit is not None and needs_check(body_size, limit):
             check_fits(tok, chat, limit)
         fp = self._build(tok, session_id, chat, call_kind)
         if limit is not None and len(fp.prompt_ids) >= limit:

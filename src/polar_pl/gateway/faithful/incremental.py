@@ -63,6 +63,7 @@ def extend(
         if tip.tools != tools or tip.kwargs != kwargs or not same_messages(tip.messages, prefix):
             continue
         matched = True
+        assert k is not None  # candidates is empty otherwise
         if not same_turn(tokenizer, tip, messages[k]):
             continue
         if not suffix_local(tokenizer):
@@ -121,7 +122,7 @@ def classify_fallback(chat: dict[str, Any], nearest: Tip | None, failures: str |
         return BreakKind.NEW_CONVERSATION.value
     if failures:
         return failure_kind(failures).value
-    messages = chat.get("messages") if isinstance(chat.get("messages"), list) else []
+    messages = chat["messages"] if isinstance(chat.get("messages"), list) else []
     kind = classify_messages(
         nearest.messages, nearest.tools, messages, chat.get("tools"), cut=nearest.finish_reason == "length"
     )
@@ -190,6 +191,7 @@ def suffix_local(tokenizer: Any) -> bool:
 
 def _probe_agrees(tokenizer: Any, conv: list[Any], tools: Any, kwargs: Any) -> bool:
     k = last_assistant(conv)
+    assert k is not None  # every probe conversation has an assistant turn
     response = np.zeros(0, dtype=np.int32)
     try:
         full = turn_tail(tokenizer, [*conv[:k], MARK_MESSAGE, *conv[k + 1 :]], tools, kwargs, response)

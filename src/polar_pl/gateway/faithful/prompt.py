@@ -123,6 +123,7 @@ def faithful_prompt(
     messages, tools = chat.get("messages"), chat.get("tools")
     kwargs = chat_template_kwargs if chat_template_kwargs is not None else chat.get("chat_template_kwargs")
     rendered = np.asarray(render_chat(tokenizer, messages, tools, chat_template_kwargs=kwargs)[1], dtype=I32)
+    assert messages is not None  # render_chat raised RenderError otherwise
     tips = [t for t in map(Tip.of, history) if t is not None]
     found = _find_anchor(tokenizer, messages, tools, kwargs, tips)
     if found is None:

@@ -64,7 +64,7 @@ async def unhandled(request: Request, exc: Exception) -> Response:
 
 def create_app(
     upstreams: list[str], store_path: str | Path, *, admin_token: str | None = None, **options: Any
-) -> FastAPI:
+) -> GatewayFastAPI:
     """Build the gateway app. options: tokenizer_dir, model, side_rules, client ("aiohttp" or
     "httpx"), store_synchronous, public_url, health_interval, connect_timeout, read_timeout,
     token_faithful, max_tokens_cap, cap_policy, sampling, pause_timeout, reasoning_parser,
@@ -77,7 +77,7 @@ def create_app(
     )
     app.state.runtime = rt
     app.harness = HarnessRoutes(rt)
-    app.add_exception_handler(AdminDenied, admin_denied)
+    app.add_exception_handler(AdminDenied, admin_denied)  # type: ignore[arg-type]  # starlette: typed for Exception
     app.add_exception_handler(Exception, unhandled)
     app.include_router(admin)
     app.include_router(health_router)

@@ -69,6 +69,7 @@ class HarnessRoutes:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         path_token, sub = split_session_path(scope["path"])
         task = asyncio.current_task()
+        assert task is not None  # an ASGI call runs in a task
         self.in_flight.add(task)
         try:
             resp = await self._answer(scope, sub, path_token, headers, receive)

@@ -11,6 +11,8 @@ import hashlib
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 
 @dataclass(frozen=True, slots=True)
 class TraceRecord:
@@ -35,7 +37,7 @@ class TraceRecord:
     raw_request: dict[str, Any]
     raw_response: str
     normalized_request: dict[str, Any]
-    prompt_ids: list[int]
+    prompt_ids: list[int] | np.ndarray
     response_ids: list[int]
     response_logprobs: list[float]
     finish_reason: str | None

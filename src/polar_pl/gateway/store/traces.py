@@ -40,7 +40,7 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import asdict
 from pathlib import Path
@@ -198,7 +198,7 @@ class TraceStore:
             if stop:
                 return
 
-    def _commit(self, batch: list[tuple], marks: list[tuple[str, int, str]] = ()) -> None:
+    def _commit(self, batch: list[tuple], marks: Sequence[tuple[str, int, str]] = ()) -> None:
         """One transaction: the records (each waiter learns the outcome) and delivery marks."""
         rows, waiters = [], []
         for rec, fut, raw_body, pending in batch:
@@ -375,6 +375,7 @@ class TraceReader:
         """(session id, its records in call order), one session at a time, in session id order:
         one cursor walking the session index, so a store of any size is read in the memory of
         one session (no list of every session id first)."""
+        args: tuple[str, ...]
         where, args = "", ()
         if session_ids is not None:
             where, args = f"WHERE session_id IN ({','.join('?' * len(session_ids))})", tuple(session_ids)

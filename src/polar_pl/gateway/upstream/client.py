@@ -14,7 +14,7 @@ names the engine's address; `detail` (URL, the client library's exception) goes 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import orjson
 
@@ -58,7 +58,7 @@ def _json_answer(text: str, url: str) -> Any:
         ) from exc
 
 
-def parse_sse_line(line: bytes) -> dict[str, Any] | None | bool:
+def parse_sse_line(line: bytes) -> dict[str, Any] | None | Literal[False]:
     """One SSE line -> chunk dict, None (not a data line) or False (the [DONE] sentinel)."""
     if not line.startswith(b"data:"):
         return None
@@ -117,6 +117,7 @@ class SSEParser:
         return out
 
     def _cut(self, line: bytes) -> bytes:
+        assert self._elide is not None  # feed cuts only while there is one
         i = line.find(self._elide)
         if i < 0:
             return line
@@ -129,7 +130,9 @@ class ChatStream(Protocol):
     elided: the `elide` bytes given to `stream_chat` were found (and parsed as null)."""
 
     policy_version: int | None
-    elided: bool
+
+    @property
+    def elided(self) -> bool: ...
 
     def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
         """The chunks as they arrive: one list per network read."""

@@ -134,7 +134,7 @@ class AnthropicStream:
         if self.started:
             return b""
         self.started = True
-        message = {
+        message: dict[str, Any] = {
             "id": self.message_id,
             "type": "message",
             "role": "assistant",
@@ -196,7 +196,7 @@ class AnthropicStream:
         function = call.get("function") or {}
         out = b""
         if engine_index not in self.tool_blocks:
-            block = {
+            block: dict[str, Any] = {
                 "type": "tool_use",
                 "id": call.get("id") or "toolu_" + uuid.uuid4().hex[:24],
                 "name": function.get("name") or "",

@@ -181,7 +181,7 @@ def to_chat(body: dict[str, Any]) -> NormalizedRequest:
         "include_usage": bool(opts.get("include_usage")) if isinstance(opts, dict) else False,
         "logprobs": bool(body.get("logprobs")),
     }
-    model = body.get("model") if isinstance(body.get("model"), str) else ""
+    model = body["model"] if isinstance(body.get("model"), str) else ""
     return NormalizedRequest(
         chat=chat, stream=bool(body.get("stream")), model=model, notes=tuple(notes), extra=extra
     )

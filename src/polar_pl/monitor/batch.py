@@ -1,0 +1,128 @@
+"""The rollout metrics of one training batch: rewards, failures by kind, session stage times, merge
+statistics, and the busy fractions of the engine and of each stage pool since the last batch."""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from polar_pl.rollout.pools import INFRA_FAILURE, RolloutResult
+from polar_pl.rollout.service import Group
+from polar_pl.trajectory import MergeStats
+from polar_pl.trajectory.rows import TrajectoryRow
+
+STAGES = ("init", "running", "postrun")
+
+
+class BatchShape(Protocol):
+    """What the metrics read of a collated batch (datamodule.collate.TrainBatch)."""
+
+    @property
+    def padding_waste(self) -> float: ...
+
+    @property
+    def shared_tokens(self) -> int: ...
+
+    @property
+    def total_tokens(self) -> int: ...
+
+
+def infra_kind(result: RolloutResult) -> str | None:
+    """The infrastructure failure of an attempt: a sandbox one (its kind), a harness error the
+    records blame on the engine or gateway ("harness"), or None (the policy's own attempt)."""
+    if result.status == INFRA_FAILURE:
+        return result.info.get("infra_kind", "unknown")
+    if result.info.get("harness_error") == "infra":
+        return "harness"
+    return None
+
+
+def batch_metrics(
+    groups: Sequence[Group],
+    rows: Sequence[TrajectoryRow],
+    batch: BatchShape,
+    wait_s: float,
+    counters: Mapping[str, int],
+) -> dict[str, float]:
+    """rollout/*, time/session_*, merge/* and datamodule/* (the DataModule's counters) of a batch."""
+    every = [r for g in groups for r in g.results]
+    # infrastructure failures say nothing about the policy: out of the reward statistics
+    results = [r for r in every if infra_kind(r) is None]
+    rewards = [r.reward for r in results]
+    infra = Counter(k for r in every if (k := infra_kind(r)) is not None)
+    m: dict[str, float] = {
+        "rollout/infra_failures": float(sum(infra.values())),
+        **{f"rollout/infra_failures/{kind}": float(n) for kind, n in infra.items()},
+        "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+        "rollout/pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
+        # this process (trainer; in thread mode also the engine and the gateway), in MiB
+        "sys/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        # share of attempts the evaluator caught reaching for the evaluation itself (reward 0)
+        "rollout/tampering": (
+            sum(r.info.get("eval_status") == "tampering" for r in results) / len(results) if results else 0.0
+        ),
+        "rollout/sessions": len(every),
+        "rollout/masked": sum(bool(r.info.get("masked")) for r in every),
+        "rollout/harness_error_policy": sum(r.info.get("harness_error") == "policy" for r in every),
+        "rollout/harness_error_infra": sum(r.info.get("harness_error") == "infra" for r in every),
+        "rollout/rows": len(rows),
+        "rollout/trainable_tokens": sum(r.num_trainable for r in rows),
+        "rollout/wait_s": wait_s,
+        "rollout/padding_waste": batch.padding_waste,
+        # collate_mode tree: row tokens laid out once for several rows (a group's shared prompt)
+        "rollout/shared_token_frac": batch.shared_tokens / max(batch.shared_tokens + batch.total_tokens, 1),
+    }
+    for stage in STAGES:  # per session, mean over the batch
+        spent = [r.timings[stage] for r in results if stage in r.timings]
+        if spent:
+            m[f"time/session_{stage}_s"] = sum(spent) / len(spent)
+    by_check: dict[str, list[float]] = {}
+    for g in groups:  # per answer check: a task family that mixes kinds shows each one
+        check = getattr(
+            getattr(g.task, "answer_check", None), "kind", None
+        )  # a remote group's task is its id
+        if check:
+            by_check.setdefault(check, []).extend(r.reward for r in g.results)
+    m.update({f"rollout/reward_by_check/{k}": sum(v) / len(v) for k, v in by_check.items() if v})
+    if len(rewards) > 1:
+        mean = m["rollout/reward_mean"]
+        m["rollout/reward_std"] = (sum((x - mean) ** 2 for x in rewards) / (len(rewards) - 1)) ** 0.5
+    # Counts add up over sessions; ratios are recomputed from the sums (a sum of per-session
+    # ratios logged 8.0 for eight sessions whose true compression ratio was 1.0).
+    stats = [MergeStats.from_metrics(r.info["merge"]) for r in results if "merge" in r.info]
+    if stats:
+        m.update({k: float(v) for k, v in sum(stats, MergeStats()).to_metrics("merge").items()})
+    m.update({f"datamodule/{k}": float(v) for k, v in counters.items()})
+    return m
+
+
+class BusyFractions:
+    """rollout/engine_busy and rollout/busy_<stage>: the share of time since the last batch that the
+    engine served calls and each stage pool had work, from the rollout client's cumulative
+    `gateway/engine_busy_s`, `gateway/uptime_s` and `pool/<stage>_busy_s`."""
+
+    def __init__(self) -> None:
+        self._engine = (0.0, 0.0)  # (busy_s, uptime_s) at the last batch
+        self._stages: tuple[float | None, dict[str, float]] = (None, {})
+
+    def start(self) -> None:
+        """Called when the rollouts start: the first batch's stage fractions count from here."""
+        self._stages = (time.monotonic(), {})
+
+    def since_last(self, client: Mapping[str, float]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        busy_s, up_s = client.get("gateway/engine_busy_s", 0.0), client.get("gateway/uptime_s", 0.0)
+        last_busy, last_up = self._engine
+        if up_s > last_up:
+            out["rollout/engine_busy"] = (busy_s - last_busy) / (up_s - last_up)
+        self._engine = (busy_s, up_s)
+        now = time.monotonic()
+        busy = {s: client.get(f"pool/{s}_busy_s", 0.0) for s in STAGES}
+        last_t, last = self._stages
+        self._stages = (now, busy)
+        if last_t is not None and now > last_t:
+            out.update({f"rollout/busy_{s}": (busy[s] - last.get(s, 0.0)) / (now - last_t) for s in busy})
+        return out
