@@ -36,7 +36,7 @@ export POLAR_TINY_MODEL := $(abspath $(MODEL))
 export POLAR_VLLM_PYTHON := $(abspath $(VLLM_VENV))/bin/python
 export POLAR_HARNESS_PREFIX := $(abspath $(HARNESS_PREFIX))
 
-.PHONY: train test env test-env vllm-env model real-model harness-clis harness-models sandbox-deps docker-deps browser-deps lint
+.PHONY: train test check lint fast-tests env test-env vllm-env model real-model harness-clis harness-models sandbox-deps docker-deps browser-deps
 
 train: env model sandbox-deps $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis)
 	$(BIN)/python train.py $(ARGS)
@@ -122,5 +122,15 @@ docker-deps: | sandbox-deps
 browser-deps: | docker-deps
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
-lint: env
-	$(BIN)/ruff check src tests bench examples train.py
+# The lane to run before a commit (~5 min): lint, format and types, and the fast tests (tests/scheduling.py:
+# no `slow` mark, measured under 5 s). `make test` stays the whole suite.
+LINTED := src tests bench examples train.py
+lint: test-env
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/mypy
+
+fast-tests: test-env model sandbox-deps
+	$(BIN)/python -m pytest -q -ra -n 2 --fast $(PYTEST_ARGS)
+
+check: lint fast-tests

@@ -86,7 +86,9 @@ def groups(items: list[pytest.Item], root: Path) -> dict[str, str]:
     return {nodeid: name[find(ks[0])] for nodeid, ks in keys.items() if ks}
 
 
-def plan(items: list[pytest.Item], root: Path, fast: bool = False) -> tuple[dict[str, str], list[pytest.Item]]:
+def plan(
+    items: list[pytest.Item], root: Path, fast: bool = False
+) -> tuple[dict[str, str], list[pytest.Item]]:
     """Reorder `items` so units run longest first (order within a unit kept: pytest already
     ordered it for its fixtures); fast: without the units measured over `FAST_UNIT_S` or marked
     slow. Returns nodeid -> unit for every grouped item, and the items left out."""
