@@ -207,7 +207,9 @@ def test_random_groups_train_as_per_row(rows) -> None:
     module = make(model=small_model())
     tree, per_row = collate(rows, mode="tree"), collate(rows, mode="pad")
     (loss_tree, g_tree), (loss_row, g_row) = update(module, tree), update(module, per_row)
-    assert abs(loss_tree - loss_row) <= REL * max(abs(loss_row), 1e-6)
+    # relative, with an fp32 floor: groups whose advantages nearly cancel have a loss and a
+    # gradient near 0 (seen: loss 1e-8, gradient norm 3e-10), where a relative error means nothing
+    assert abs(loss_tree - loss_row) <= REL * abs(loss_row) + 1e-7
     for a, b in zip(g_tree, g_row, strict=True):
         flat_a, flat_b = torch.cat([g.flatten() for g in a]), torch.cat([g.flatten() for g in b])
-        assert rel(flat_a, flat_b) <= REL or float(flat_b.norm()) == 0.0
+        assert float((flat_a - flat_b).norm()) <= REL * float(flat_b.norm()) + 1e-8
