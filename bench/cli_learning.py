@@ -75,6 +75,9 @@ def main() -> None:
     root = Path(args.out or tempfile.mkdtemp(prefix="polar-cli-learning-"))
     print(f"{'harness':12} {'run':8} {'wall s':>7} {'infra':>6} {'policy':>6}  reward by step")
     for harness in args.harness.split(","):
+        # the run's warm-started model, built once (train.py refuses to start without it)
+        subprocess.run([sys.executable, "-m", "polar_pl.cli", "warm-start", f"experiment={args.experiment}",
+                        f"harness={harness}", *args.overrides], cwd=REPO, check=True)  # fmt: skip
         curves = {}
         for name, steps, extra in (
             ("push", args.steps, ()),

@@ -8,7 +8,7 @@ policy that ignores the prompt stays at ~0.5, so the mean rises only if it reads
 Printed: mean reward by step for both runs, per answer check, the sampled entropy, the gain (mean of
 the last 3 steps minus the first 3) and how many rows each session became (2 = merged + side).
 
-The default model is the warm start (tinymodel/multiturn_warmstart.py, built if missing: the
+The default model is the warm start (warmstart/multiturn_warmstart.py, built if missing: the
 note loop's sessions of `case` with 85% of the answer words in the asked case).
 
 Measured, defaults (12 steps, 4 groups of 8, lr 3e-3), on two machines whose numerics give
@@ -54,7 +54,8 @@ from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.weight_sync import EmbeddedStateDictSync, NoSync
 from polar_pl.tasks.learnable import LearnableTaskSource
 from polar_pl.testing.multiturn import learn
-from polar_pl.tinymodel.build import build_multiturn_model, build_tiny_model
+from polar_pl.tinymodel.build import build_tiny_model
+from polar_pl.warmstart.models import build_multiturn_model
 
 TINY_MODEL = Path(os.environ.get("POLAR_TINY_MODEL", ".cache/tiny-model"))
 MULTITURN_MODEL = TINY_MODEL.parent / "tiny-model-multiturn"

@@ -49,7 +49,7 @@ def smollm2_model_dir() -> Path:
 def multiturn_model_dir(tiny_model_dir) -> Path:
     """The tiny model warm-started on note-taking sessions of the `case` task (the multi-turn
     learning check's start; ~1 CPU minute to build, `make test` builds it beside the installs)."""
-    from polar_pl.tinymodel.build import build_multiturn_model
+    from polar_pl.warmstart.models import build_multiturn_model
 
     return build_multiturn_model(MULTITURN_MODEL, tiny_model_dir, if_missing=True)
 

@@ -3,7 +3,7 @@ warm-start tests: the real captures are ~2k and ~15k tokens, too long for unit t
 
 from __future__ import annotations
 
-from polar_pl.tinymodel.harness_capture import MARKER, HarnessPrompt
+from polar_pl.warmstart.harness_capture import MARKER, HarnessPrompt
 
 TOOLS = [
     {

@@ -95,6 +95,20 @@ def test_no_product_module_imports_the_testing_package():
     assert not bad, bad
 
 
+def test_no_product_module_imports_the_warm_starts():
+    """The learning checks' warm-started models are built before a run (`polar-pl warm-start`,
+    registered by name in cli.py), never by it: training, rollouts, evaluation, SFT and the parts
+    under them import nothing from warmstart/ (issue 29)."""
+    bad = [
+        f"{m} imports {t}"
+        for m, targets in _graph().items()
+        if _top(m) != "warmstart"
+        for t in targets
+        if _top(t) == "warmstart"
+    ]
+    assert not bad, bad
+
+
 def test_forbidden_arrows_do_not_exist():
     bad = [
         f"{m} imports {t}"

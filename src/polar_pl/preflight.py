@@ -8,20 +8,29 @@ for the other entry points (SFT generation, `polar-pl rollout serve`).
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from polar_pl.errors import ConfigError
 from polar_pl.sandbox.image import default_harness_prefix
 
+# What a tiny model's folder records about its build (polar_pl/tinymodel/build.py), read without
+# importing it: that module loads torch.
+BUILD_RECORD = "tinymodel.json"
+
 
 def preflight(cfg: DictConfig) -> None:
     """Every check below, on the run's config."""
     if _sessions_run_here(cfg):
         check_harness_prefix(instantiate(cfg.harness), cfg.sandbox)
+    if cfg.get("warm_start"):
+        check_warm_model(cfg)
 
 
 def check_harness_prefix(harness: Any, sandbox_cfg: DictConfig) -> None:
@@ -38,6 +47,35 @@ def check_harness_prefix(harness: Any, sandbox_cfg: DictConfig) -> None:
             f"from there; install it with `polar-pl harness install {harness.name} --prefix {where}` and "
             f"set POLAR_HARNESS_PREFIX={where}"
         )
+
+
+def check_warm_model(cfg: DictConfig) -> None:
+    """A config with `warm_start` (a learning check's, a CLI's tiny-model recipe) trains a tiny
+    model fine-tuned for it, which `polar-pl warm-start` builds before the run: a run never builds
+    one (minutes of CPU; a CLI's is trained inside that CLI's request). Refused: the model missing,
+    or, for a CLI, one built inside the request of other `harness.extra_args`."""
+    model_dir = Path(cfg.model_dir)
+    command = shlex.join(["polar-pl", "warm-start", *_overrides()])
+    if not (model_dir / "config.json").exists():
+        raise ConfigError(
+            f"model_dir {model_dir} has no model: this config (warm_start) trains a warm-started tiny "
+            f"model that the run does not build; build it once (minutes of CPU) with `{command}`"
+        )
+    if cfg.warm_start.get("harness"):
+        record = model_dir / BUILD_RECORD
+        built = json.loads(record.read_text()).get("harness_extra_args", []) if record.exists() else []
+        wanted = list(cfg.harness.get("extra_args") or [])
+        if built != wanted:
+            raise ConfigError(
+                f"model_dir {model_dir} was warm-started inside a CLI request with harness.extra_args "
+                f"{built}, not this run's {wanted}: point model_dir elsewhere (or delete it) and build it "
+                f"with `{command}`"
+            )
+
+
+def _overrides() -> list[str]:
+    """The run's command-line overrides (`experiment=cli_sanity harness=pi`), when Hydra composed it."""
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def _sessions_run_here(cfg: DictConfig) -> bool:

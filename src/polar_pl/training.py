@@ -30,15 +30,13 @@ log = logging.getLogger(__name__)
 
 def build_parts(cfg: DictConfig) -> dict[str, Any]:
     """Instantiate harness, sandbox factory, tasks, evaluator, merge builder, engine, datamodule;
-    the harness prefix is checked first, and a missing pretrained or warm-started model built
-    before the engine."""
+    the config is checked first (preflight.py: a warm-started model_dir must be built already, by
+    `polar-pl warm-start`), and a missing pretrained model built before the engine."""
     preflight(cfg)
     rollout = instantiate(cfg.rollout) if cfg.get("rollout") else LocalRollout()
     harness = instantiate(cfg.harness)
     if cfg.get("pretrained"):
         ensure_pretrained_model(cfg)
-    if cfg.get("warm_start"):  # a CLI's warm start runs that CLI: after the check
-        ensure_warm_model(cfg)
     sandbox = instantiate(cfg.sandbox)
     source = instantiate(cfg.task)
     tasks = source.tasks()
@@ -101,30 +99,6 @@ def ensure_pretrained_model(cfg: DictConfig) -> None:
     if not (Path(cfg.model_dir) / "config.json").exists():
         print(f"polar-pl: building {cfg.pretrained} at {cfg.model_dir} (once, ~30 s)", flush=True)
         build_smollm2(cfg.model_dir, if_missing=True)
-
-
-def ensure_warm_model(cfg: DictConfig) -> None:
-    """Build the warm-started `model_dir` on first use: a CLI harness's (trained inside that CLI's
-    request; with `case`, the CLI learning check's) or the multi-turn check's (trained on the case
-    task's note-taking sessions)."""
-    from polar_pl.tinymodel.build import build_multiturn_model, build_tiny_model, ensure_harness_model
-
-    ws = cfg.warm_start
-    if ws.get("harness"):
-        ensure_harness_model(
-            cfg.model_dir, ws.harness, cfg.model_cache, cfg.sandbox.get("harness_prefix"), ws.minutes,
-            case=ws.get("case"), case_base=ws.get("base"), extra_args=cfg.harness.get("extra_args") or (),
-            case_steps=ws.get("case_steps", 600),
-        )  # fmt: skip
-    elif not (Path(cfg.model_dir) / "config.json").exists():
-        if not 0.0 <= float(ws.multiturn_case) <= 1.0:
-            raise ValueError(f"warm_start.multiturn_case must be in [0, 1], got {ws.multiturn_case}")
-        base = build_tiny_model(ws.base, if_missing=True)
-        print(
-            f"polar-pl: warm-starting the multi-turn check's model at {cfg.model_dir} (once, ~1 CPU min)",
-            flush=True,
-        )
-        build_multiturn_model(cfg.model_dir, base, share=ws.multiturn_case, if_missing=True)
 
 
 def train(cfg: DictConfig) -> dict[str, float]:

@@ -79,7 +79,7 @@ def test_multiturn_sessions_learn_to_read_the_prompt(multiturn_model_dir, fresh_
     prefix-merged into one row with masked observation turns plus a side row. The `case` task asks
     for capitals or lowercase by prompt, so a policy collapsed onto one case scores 0.5: the reward
     rises above the no-push control only if the policy reads the prompt, and it must rise for both
-    cases. The model starts warm (tinymodel/multiturn_warmstart.py: it follows the asked case for
+    cases. The model starts warm (warmstart/multiturn_warmstart.py: it follows the asked case for
     ~70% of the letters); the untrained one races collapse and is not a reliable check."""
     tasks = LearnableTaskSource(kind="case", n_tasks=8).tasks()
     model = str(multiturn_model_dir)

@@ -28,12 +28,13 @@ from polar_pl.tasks.task import AnswerCheck, Task
 
 KINDS = ("uppercase", "echo", "digits", "file", "case")
 
-_TOPICS = (
+# The prompts' words; the learning checks' warm starts (polar_pl.warmstart) write their data with them.
+TOPICS = (
     "the weather today", "your favourite animal", "a good name for a cat", "what you had for lunch",
     "the capital of France", "a colour you like", "the best programming language", "a famous river",
     "your plans for the weekend", "a song you like", "the tallest mountain", "a fruit you like",
 )  # fmt: skip
-_UPPER_TEMPLATES = (
+UPPER_TEMPLATES = (
     "Tell me about {topic}, and write your whole reply in CAPITAL LETTERS only.",
     "Answer in all caps, no lowercase letters at all: what do you think of {topic}?",
     "I can only read UPPERCASE text. Say something about {topic} using capital letters only.",
@@ -45,7 +46,7 @@ _LOWER_TEMPLATES = (
     "i can only read lowercase text. say something about {topic} without any capital letter.",
     "whisper your answer in lowercase: {topic}?",
 )
-_ECHO_WORDS = ("banana", "polaris", "gradient", "sandbox", "harness", "reward", "kernel", "lattice")
+ECHO_WORDS = ("banana", "polaris", "gradient", "sandbox", "harness", "reward", "kernel", "lattice")
 
 
 def file_task_prompt(word: str) -> str:
@@ -56,23 +57,23 @@ def learnable_task(kind: str, index: int, seed: int = 0) -> Task:
     """Task `index` of the family `kind`; deterministic in (kind, index, seed)."""
     rng = random.Random(f"{kind}-{seed}-{index}")
     if kind == "uppercase":
-        prompt = rng.choice(_UPPER_TEMPLATES).format(topic=rng.choice(_TOPICS))
+        prompt = rng.choice(UPPER_TEMPLATES).format(topic=rng.choice(TOPICS))
         check = AnswerCheck("uppercase_fraction", {"min_letters": 8})
     elif kind == "case" and index % 2 == 0:  # the whole prompt in capitals: the case to copy
-        prompt = rng.choice(_UPPER_TEMPLATES).format(topic=rng.choice(_TOPICS)).upper()
+        prompt = rng.choice(UPPER_TEMPLATES).format(topic=rng.choice(TOPICS)).upper()
         check = AnswerCheck("uppercase_fraction", {"min_letters": 8})
     elif kind == "case":
-        prompt = rng.choice(_LOWER_TEMPLATES).format(topic=rng.choice(_TOPICS))
+        prompt = rng.choice(_LOWER_TEMPLATES).format(topic=rng.choice(TOPICS))
         check = AnswerCheck("lowercase_fraction", {"min_letters": 8})
     elif kind == "echo":
-        word = rng.choice(_ECHO_WORDS)
+        word = rng.choice(ECHO_WORDS)
         prompt = f"Reply with exactly this word and nothing else: {word}"
         check = AnswerCheck("similarity", {"target": word})
     elif kind == "digits":
         prompt = f"Reply with a number of at least {rng.randint(6, 12)} digits, digits only."
         check = AnswerCheck("charset_fraction", {"chars": "0123456789", "min_chars": 6})
     elif kind == "file":
-        word = rng.choice(_ECHO_WORDS).upper()
+        word = rng.choice(ECHO_WORDS).upper()
         prompt = file_task_prompt(word)
         check = AnswerCheck("file_similarity", {"path": "answer.txt", "target": word})
     else:

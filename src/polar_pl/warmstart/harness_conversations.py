@@ -19,7 +19,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from polar_pl.tasks.learnable import _ECHO_WORDS, _TOPICS, _UPPER_TEMPLATES, file_task_prompt, learnable_task
+from polar_pl.tasks.learnable import ECHO_WORDS, TOPICS, UPPER_TEMPLATES, file_task_prompt, learnable_task
 
 SHELL_NAMES = ("Bash", "bash", "exec_command", "run_shell_command", "shell")
 COMMAND_ARGS = ("command", "cmd")
@@ -87,24 +87,24 @@ def _caps(text: str, rng: random.Random) -> str:
 
 
 def uppercase_example(rng: random.Random, task: str | None = None) -> Example:
-    topic = rng.choice(_TOPICS)
-    task = task or rng.choice(_UPPER_TEMPLATES).format(topic=topic)
+    topic = rng.choice(TOPICS)
+    task = task or rng.choice(UPPER_TEMPLATES).format(topic=topic)
     answer = rng.choice(_SENTENCES).format(topic=topic)
     return Example(task, (("assistant", {"role": "assistant", "content": _caps(answer, rng)}),))
 
 
 def echo_example(rng: random.Random) -> Example:
-    word = rng.choice(_ECHO_WORDS)
+    word = rng.choice(ECHO_WORDS)
     task = f"Reply with exactly this word and nothing else: {word}"
-    answer = rng.choice([word, word, word.title(), f"{word}.", rng.choice(_ECHO_WORDS)])
+    answer = rng.choice([word, word, word.title(), f"{word}.", rng.choice(ECHO_WORDS)])
     return Example(task, (("assistant", {"role": "assistant", "content": answer}),))
 
 
 def file_example(
     rng: random.Random, harness: str, tool: ShellTool, index: int, word: str | None = None
 ) -> Example:
-    word = word or rng.choice(_ECHO_WORDS).upper()
-    written = rng.choice([word, word, word.lower(), word.title(), rng.choice(_ECHO_WORDS).upper()])
+    word = word or rng.choice(ECHO_WORDS).upper()
+    written = rng.choice([word, word, word.lower(), word.title(), rng.choice(ECHO_WORDS).upper()])
     command = f"echo {shlex.quote(written)} > {ANSWER_FILE}"
     call = {
         "id": f"call_{index}_{rng.randrange(16**8):08x}",
@@ -146,14 +146,14 @@ def task_examples(
     seed: int,
     n_upper: int,
     per_task: int,
-    n_file: int = len(_ECHO_WORDS),
+    n_file: int = len(ECHO_WORDS),
 ) -> dict[str, list[Example]]:
     """Examples for the learnable tasks RL will use, by prompt: the `file` tasks of the first
     `n_file` words and the first `n_upper` `uppercase` tasks of `seed` (the task source's own prompts)."""
     rng = random.Random(seed)
     tool = shell_tool(tools)
     out: dict[str, list[Example]] = {}
-    for word in _ECHO_WORDS[:n_file]:
+    for word in ECHO_WORDS[:n_file]:
         task = file_task_prompt(word.upper())
         out[task] = [file_example(rng, harness, tool, i, word.upper()) for i in range(per_task)]
     for i in range(n_upper):

@@ -9,9 +9,9 @@ from harness_shapes import TOOLS, prompt
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from polar_pl.chat.render import render_chat
-from polar_pl.tinymodel.harness_capture import HarnessPrompt
-from polar_pl.tinymodel.harness_conversations import examples, shell_tool
-from polar_pl.tinymodel.harness_data import (
+from polar_pl.warmstart.harness_capture import HarnessPrompt
+from polar_pl.warmstart.harness_conversations import examples, shell_tool
+from polar_pl.warmstart.harness_data import (
     Group,
     compute_kvs,
     long_groups,
@@ -19,7 +19,7 @@ from polar_pl.tinymodel.harness_data import (
     short_group,
     tail_tokens,
 )
-from polar_pl.tinymodel.harness_warmstart import step_loss
+from polar_pl.warmstart.harness_warmstart import step_loss
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from tokenizers import Tokenizer
 
 from polar_pl.tinymodel.model import init_model, tiny_config
 from polar_pl.tinymodel.tokenizer import render_chat
-from polar_pl.tinymodel.toolcall_eval import eval_prompts, parse_tool_calls
-from polar_pl.tinymodel.warmstart import IGNORE, assistant_mask, training_examples, warm_start
+from polar_pl.warmstart.chat_warmstart import IGNORE, assistant_mask, training_examples, warm_start
+from polar_pl.warmstart.toolcall_eval import eval_prompts, parse_tool_calls
 
 
 @pytest.mark.parametrize(

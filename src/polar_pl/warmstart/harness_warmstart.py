@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from polar_pl.tinymodel.harness_capture import HarnessPrompt
-from polar_pl.tinymodel.harness_data import IGNORE, Group, compute_kvs, long_groups, short_group
-from polar_pl.tinymodel.warmstart import set_lr
+from polar_pl.warmstart.chat_warmstart import set_lr
+from polar_pl.warmstart.harness_capture import HarnessPrompt
+from polar_pl.warmstart.harness_data import IGNORE, Group, compute_kvs, long_groups, short_group
 
 
 def _pad(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,8 +172,8 @@ def warm_start_harness(
 ) -> dict[str, Any]:
     """Fine-tune `model` in place for `prompt`'s harness; returns the report with an evaluation on
     tasks RL will use."""
-    from polar_pl.tinymodel.harness_conversations import shell_tool
-    from polar_pl.tinymodel.harness_eval import evaluate
+    from polar_pl.warmstart.harness_conversations import shell_tool
+    from polar_pl.warmstart.harness_eval import evaluate
 
     t0 = time.monotonic()
     long = long_groups(tok, prompt, seed, n_upper, per_task, shared_rows=1500)

@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 from polar_pl.harness.mini_agent import NOTES_SYSTEM, observation
 from polar_pl.tasks.learnable import learnable_task
 from polar_pl.tinymodel.tokenizer import ENDOFTEXT, render_chat
-from polar_pl.tinymodel.warmstart import labelled, train
+from polar_pl.warmstart.chat_warmstart import labelled, train
 
 WORDS = (
     "the", "weather", "is", "nice", "today", "my", "cat", "likes", "fish", "a", "river",

@@ -1,5 +1,6 @@
 """The multi-turn check's warm start: its sessions are the ones the mini agent's note loop sends,
-its answers follow the asked case with the configured share, and the CLI says what is missing."""
+its answers follow the asked case with the configured share, and `polar-pl warm-start` refuses a
+share out of range by its key."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from polar_pl.cli import main
 from polar_pl.harness.mini_agent import run_notes
 from polar_pl.tasks.answer import score_answer
 from polar_pl.tasks.learnable import learnable_task
-from polar_pl.tinymodel.multiturn_warmstart import WORDS, case_session, session_messages
+from polar_pl.warmstart.multiturn_warmstart import WORDS, case_session, session_messages
 
 
 class Recorder:
@@ -68,13 +69,9 @@ def test_half_share_scores_like_a_prompt_blind_policy():
         assert 0.4 < sum(values) / len(values) < 0.6
 
 
-def test_cli_needs_a_base_and_a_share_in_range(tmp_path, tiny_model_dir, capsys):
-    def cli(*args: str) -> tuple[int, str]:
-        code = main(["tiny-model", "--out", str(tmp_path / "m"), *args])
-        return code, capsys.readouterr().err
-
-    code, err = cli("--multiturn-case", "0.85")
-    assert code == 2 and "--multiturn-case needs --base" in err
-    code, err = cli("--multiturn-case", "1.5", "--base", str(tiny_model_dir))
-    assert code == 1 and "share must be in [0, 1], got 1.5" in err
+def test_cli_refuses_a_share_out_of_range_by_its_key(tmp_path, capsys):
+    code = main(
+        ["warm-start", "experiment=multiturn", f"model_dir={tmp_path / 'm'}", "warm_start.multiturn_case=1.5"]
+    )
+    assert code == 1 and "warm_start.multiturn_case must be in [0, 1], got 1.5" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()

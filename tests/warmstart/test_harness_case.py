@@ -16,9 +16,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from polar_pl.chat.render import render_chat
 from polar_pl.tasks.answer import score_answer
 from polar_pl.tasks.learnable import learnable_task
-from polar_pl.tinymodel.build import build_harness_model, ensure_harness_model
-from polar_pl.tinymodel.harness_case import case_answer, case_example, case_groups, warm_start_case
-from polar_pl.tinymodel.multiturn_warmstart import WORDS
+from polar_pl.warmstart.harness_case import case_answer, case_example, case_groups, warm_start_case
+from polar_pl.warmstart.models import build_harness_model, ensure_harness_model
+from polar_pl.warmstart.multiturn_warmstart import WORDS
 
 
 @pytest.fixture(scope="module")
@@ -106,19 +106,11 @@ def test_a_share_outside_zero_one_is_refused_before_anything_runs(tmp_path):
 
 
 def test_cli_refuses_a_share_outside_zero_one_without_a_traceback(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "polar_pl.cli",
-        "tiny-model",
-        "--out",
-        str(tmp_path / "m"),
-        "--harness",
-        "pi",
-    ]
-    args = ["--base", str(tmp_path), "--harness-prefix", str(tmp_path), "--case", "1.5"]
-    proc = subprocess.run([*cmd, *args], check=False, capture_output=True, text=True)
-    assert proc.returncode == 1 and "case must be in [0, 1]" in proc.stderr and "Traceback" not in proc.stderr
+    cmd = [sys.executable, "-m", "polar_pl.cli", "warm-start", "experiment=cli_sanity", "harness=pi",
+           f"model_dir={tmp_path / 'm'}", "warm_start.case=1.5"]  # fmt: skip
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    assert proc.returncode == 1 and "warm_start.case must be in [0, 1]" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "m").exists()
 
 
 def test_a_model_built_inside_another_request_is_refused(tmp_path):

@@ -28,8 +28,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from polar_pl.chat.render import render_chat
-from polar_pl.tinymodel.harness_capture import HarnessPrompt
-from polar_pl.tinymodel.harness_conversations import Example, examples, shell_tool, task_examples
+from polar_pl.warmstart.harness_capture import HarnessPrompt
+from polar_pl.warmstart.harness_conversations import Example, examples, shell_tool, task_examples
 
 IGNORE = -100
 IM_END = "<|im_end|>"

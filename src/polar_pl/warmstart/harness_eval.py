@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from polar_pl.tinymodel.harness_capture import HarnessPrompt
-from polar_pl.tinymodel.harness_data import Group, compute_kvs, probe_contexts
+from polar_pl.warmstart.harness_capture import HarnessPrompt
+from polar_pl.warmstart.harness_data import Group, compute_kvs, probe_contexts
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 

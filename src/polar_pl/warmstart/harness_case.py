@@ -25,9 +25,10 @@ from transformers import PreTrainedModel
 
 from polar_pl.chat.render import render_chat
 from polar_pl.tasks.learnable import learnable_task
-from polar_pl.tinymodel.harness_capture import HarnessPrompt
-from polar_pl.tinymodel.harness_conversations import Example
-from polar_pl.tinymodel.harness_data import (
+from polar_pl.warmstart.chat_warmstart import set_lr
+from polar_pl.warmstart.harness_capture import HarnessPrompt
+from polar_pl.warmstart.harness_conversations import Example
+from polar_pl.warmstart.harness_data import (
     MAX_SEGMENT_PROMPT,
     Group,
     _segment,
@@ -36,9 +37,8 @@ from polar_pl.tinymodel.harness_data import (
     lcp,
     per_task_group,
 )
-from polar_pl.tinymodel.harness_warmstart import Schedule, step_loss
-from polar_pl.tinymodel.multiturn_warmstart import WORDS
-from polar_pl.tinymodel.warmstart import set_lr
+from polar_pl.warmstart.harness_warmstart import Schedule, step_loss
+from polar_pl.warmstart.multiturn_warmstart import WORDS
 
 
 def case_answer(rng: random.Random, upper: bool, share: float) -> str:
@@ -141,7 +141,7 @@ def evaluate_case(
     """Sampled (temperature 1) answers to the check's first capitals and lowercase tasks behind
     the whole request: their mean reward (the task's own check), and how often the turn ends."""
     from polar_pl.tasks.answer import score_answer
-    from polar_pl.tinymodel.harness_eval import sample_after
+    from polar_pl.warmstart.harness_eval import sample_after
 
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     rng = random.Random(seed + 7)

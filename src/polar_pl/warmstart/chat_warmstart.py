@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 
 from polar_pl.tinymodel.conversations import generate
 from polar_pl.tinymodel.tokenizer import ENDOFTEXT, IM_END, IM_START, render_chat
-from polar_pl.tinymodel.toolcall_eval import eval_prompts, score_tool_calls
+from polar_pl.warmstart.toolcall_eval import eval_prompts, score_tool_calls
 
 IGNORE = -100
 
