@@ -126,7 +126,7 @@ docker-deps: | sandbox-deps
 browser-deps: | docker-deps
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
-# The lane to run before a commit (~5 min): lint, format and types, and the fast tests (tests/scheduling.py:
+# The lane to run before a commit (~4 min): lint, format and types, and the fast tests (tests/scheduling.py:
 # no `slow` mark, measured under 5 s). `make test` stays the whole suite.
 LINTED := src tests bench examples train.py
 lint: test-env
@@ -135,6 +135,6 @@ lint: test-env
 	$(BIN)/mypy
 
 fast-tests: test-env model sandbox-deps
-	$(BIN)/python -m pytest -q -ra -n 2 --fast $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -ra -n 4 --fast $(PYTEST_ARGS)
 
 check: lint fast-tests

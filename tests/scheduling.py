@@ -16,6 +16,9 @@ Two rules keep that safe and short:
   counts as `UNKNOWN_S`. The 10-minute CLI learning checks then start at once instead of
   finishing last on one worker while the other idles.
 
+Every process of the suite runs torch on one OpenMP thread (`pytest_configure`): the workers already
+keep both cores busy, and threads beyond the cores only spin-wait.
+
 `--fast` (`make check`, the lane to run before a commit) leaves out the tests marked `slow` and every
 unit that took longer than `FAST_UNIT_S` in the run `durations.json` was measured on (a unit goes
 whole: its tests share one expensive fixture).
@@ -154,6 +157,11 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # One OpenMP thread per process (inherited by the engines, trainers and vLLM the tests start):
+    # at torch's default of a thread per core, the workers' and their subprocesses' threads
+    # oversubscribe the two cores and spin-wait on each other. The fast lane (-n 4) took 397 s
+    # at the default and 196 s at one thread, with a third less CPU.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         fd, path = tempfile.mkstemp(prefix="polar-xdist-units-", suffix=".json")
         os.close(fd)

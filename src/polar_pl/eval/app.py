@@ -26,10 +26,12 @@ def evaluate(cfg: DictConfig, on_group: Callable[[dict[str, Any]], None] | None 
     log record (tests interrupt the run from here)."""
     from polar_pl.monitor.noise import quiet
     from polar_pl.preflight import preflight
-    from polar_pl.training import build_engine, ensure_pretrained_model
 
     quiet()
     preflight(cfg)  # the same sessions as training: a harness that cannot run stops here, in one line
+    # torch and Lightning load after the check
+    from polar_pl.training import build_engine, ensure_pretrained_model
+
     opts = cfg.eval
     out = Path(opts.output_dir).resolve()
     spec = EvalSpec(n=int(opts.n), ks=tuple(int(k) for k in opts.ks if k <= opts.n), threshold=float(opts.threshold),
@@ -53,7 +55,7 @@ def evaluate(cfg: DictConfig, on_group: Callable[[dict[str, Any]], None] | None 
         dm = cfg.datamodule
         gateway_options = {"tokenizer_dir": str(cfg.model_dir), **OmegaConf.to_container(dm.gateway_options)}  # type: ignore[dict-item]  # omegaconf: a DictConfig node gives a dict
         parts = EvalParts(
-            engine_urls=tuple(getattr(engine, "urls", None) or [engine.url]), sandbox=sandbox, harness=harness,
+            engine_urls=tuple(engine.urls), sandbox=sandbox, harness=harness,
             evaluator=evaluator, builder=instantiate(cfg.merge),
             options=RolloutOptions(**OmegaConf.to_container(dm.options)),  # type: ignore[arg-type]  # omegaconf: a DictConfig node gives a dict
             sizes=PoolSizes(**OmegaConf.to_container(dm.pools)), gateway_options=gateway_options,  # type: ignore[arg-type]  # omegaconf: a DictConfig node gives a dict
