@@ -6,7 +6,7 @@ queue of prepared groups; the engine only reports its policy version."""
 from __future__ import annotations
 
 from polar_pl.datamodule.datamodule import RolloutDataModule
-from polar_pl.rollout.pools import OK, RolloutResult
+from polar_pl.rollout.pools import OK, AttemptInfo, RolloutResult
 from polar_pl.rollout.service import Group
 from polar_pl.trajectory.rows import TrajectoryRow
 
@@ -118,7 +118,7 @@ def test_merge_metrics_of_a_batch_come_from_summed_counts() -> None:
     one = MergeStats(sessions=1, calls=4, rows=2, call_tokens=300, row_tokens=200, breaks={"side_call": 1})
     assert MergeStats.from_metrics(one.to_metrics()) == one
     g = group(0, [1.0, 0.0])
-    g = replace(g, results=tuple(replace(r, info={"merge": one.to_metrics()}) for r in g.results))
+    g = replace(g, results=tuple(replace(r, info=AttemptInfo(merge=one.to_metrics())) for r in g.results))
     dm = datamodule([g], groups_per_step=1)
     dm.next_batch()
     m = dm.last_metrics

@@ -124,7 +124,7 @@ def test_full_batch_of_groups(tiny_model_dir, tmp_path):
         (m["merge/calls"] - m["merge/skipped_calls"]) / m["merge/rows"]
     )
     assert {g.group_id for g in groups} == set(batch.group_ids)
-    assert all(r.info["session_id"] for g in groups for r in g.results)
+    assert all(r.info.session_id for g in groups for r in g.results)
     for stage in ("init", "running", "postrun"):
         assert m[f"time/session_{stage}_s"] > 0
         assert 0.0 <= m[f"rollout/busy_{stage}"] <= 1.0
@@ -185,9 +185,9 @@ def test_crashing_harness_is_recorded_and_the_pools_go_on(tiny_model_dir, tmp_pa
     assert len(res) == 4
     for r in res:
         # a start-up crash is infrastructure: masked, and its output is not an answer
-        assert r.status == HARNESS_ERROR and r.info["harness_error"] == "infra" and r.info["masked"]
-        assert r.info["exit_code"] == 3 and r.info["calls"] == 0 and "boom" in r.error
-        assert r.reward == 0.0 and not r.rows and "eval_status" not in r.info
+        assert r.status == HARNESS_ERROR and r.info.harness_error == "infra" and r.info.masked
+        assert r.info.exit_code == 3 and r.info.calls == 0 and "boom" in r.error
+        assert r.reward == 0.0 and not r.rows and r.info.eval_status is None
     assert_nothing_left(tmp_path)
 
 
@@ -277,16 +277,16 @@ def test_infra_failures_are_counted_by_kind_and_kept_out_of_the_reward(tiny_mode
     """A batch's metrics count infrastructure failures per kind; they do not drag reward_mean down."""
     from types import SimpleNamespace
 
-    from polar_pl.rollout.pools import FAILED, INFRA_FAILURE, OK, RolloutResult
+    from polar_pl.rollout.pools import FAILED, INFRA_FAILURE, OK, AttemptInfo, RolloutResult
     from polar_pl.rollout.service import Group
 
     dm = make_dm(tiny_model_dir, tmp_path)  # not set up: only the metrics are exercised
     group = Group("g0", 0, "t", (
         RolloutResult("r0", "g0", "t", OK, 1.0),
-        RolloutResult("r1", "g0", "t", INFRA_FAILURE, 0.0, info={"infra_kind": "image"}),
-        RolloutResult("r2", "g0", "t", INFRA_FAILURE, 0.0, info={"infra_kind": "exec"}),
+        RolloutResult("r1", "g0", "t", INFRA_FAILURE, 0.0, info=AttemptInfo(infra_kind="image")),
+        RolloutResult("r2", "g0", "t", INFRA_FAILURE, 0.0, info=AttemptInfo(infra_kind="exec")),
         RolloutResult("r3", "g0", "t", FAILED, 0.0),
-        RolloutResult("r4", "g0", "t", "harness_error", 0.0, info={"harness_error": "infra"}),
+        RolloutResult("r4", "g0", "t", "harness_error", 0.0, info=AttemptInfo(harness_error="infra")),
     ))  # fmt: skip
     m = dm._metrics([group], [], SimpleNamespace(padding_waste=0.0, shared_tokens=0, total_tokens=0), 0.0)
     assert m["rollout/infra_failures"] == 3 and m["rollout/infra_failures/image"] == 1

@@ -16,7 +16,15 @@ import pytest
 from polar_pl.datamodule.datamodule import RolloutDataModule
 from polar_pl.datamodule.failfast import FailFast, RolloutsFailing
 from polar_pl.errors import RunFailed
-from polar_pl.rollout.pools import FAILED, HARNESS_ERROR, INFRA_FAILURE, OK, TIMEOUT, RolloutResult
+from polar_pl.rollout.pools import (
+    FAILED,
+    HARNESS_ERROR,
+    INFRA_FAILURE,
+    OK,
+    TIMEOUT,
+    AttemptInfo,
+    RolloutResult,
+)
 from polar_pl.rollout.service import Group
 from polar_pl.trajectory.rows import TrajectoryRow
 
@@ -65,7 +73,7 @@ def result(
         else ()
     )
     return RolloutResult(f"r{k}", "g", "t", status, 0.5 if status == OK else 0.0, rows=rows, error=error,
-                         failed_stage=stage, info=info)  # fmt: skip
+                         failed_stage=stage, info=AttemptInfo(**info))  # fmt: skip
 
 
 def groups(results: list[RolloutResult], size: int) -> list[Group]:

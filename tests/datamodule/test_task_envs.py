@@ -106,7 +106,7 @@ def test_harbor_tasks_end_to_end_and_image_faults(docker_engine, docker_image, g
     assert infra == {"image": 2}
     assert "after 2 attempts" in results["polar/registry-down"].error
     assert "exit 3" in results["polar/broken-build"].error
-    reasons = {k: r.info["eval_reason"] for k, r in results.items() if r.status == OK}
+    reasons = {k: r.info.eval_reason for k, r in results.items() if r.status == OK}
     assert reasons == {"polar/fix-mean": "reward 1 from exit status 0", "polar/hello-harbor": "reward 1 from reward file",
                        "polar/word-count": "reward 1 from reward file"}  # fmt: skip
 
@@ -121,7 +121,7 @@ def test_remote_tls_host_runs_a_harness_task_through_the_gateway(remote_docker_e
         gateway, factory, source.tasks(), source.make_evaluator(factory), groups=1, group_size=1
     )
     (result,) = group.results
-    assert (result.status, result.reward, result.info["calls"]) == (OK, 1.0, 2) and not infra
+    assert (result.status, result.reward, result.info.calls) == (OK, 1.0, 2) and not infra
 
 
 def _runs(client, owner: str, command: str) -> bool:

@@ -56,7 +56,7 @@ def test_ray_rows_equal_local_rows_and_sessions_ran_on_both_nodes(ray_cluster, s
     assert all(r.status == OK and r.rows for g in remote for r in g.results)
     nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert len(nodes) == 2 and {w["node"] for w in workers} == nodes
-    assert {r.info["node"] for g in remote for r in g.results} == nodes
+    assert {r.info.node for g in remote for r in g.results} == nodes
     served = Counter()
     for w in workers:  # every session's raw records are in its own worker's store
         store = TraceStore(w["store"])

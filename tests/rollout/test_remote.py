@@ -78,6 +78,8 @@ def test_train_through_the_rollout_service(service, tiny_model_dir, tmp_path):
     finally:
         client.close()
     assert len(group.results) == 2 and all(isinstance(r.reward, float) for r in group.results)
+    # each attempt's AttemptInfo crossed the wire: the service's harness, session and call count
+    assert all(r.info.harness == "mini" and r.info.session_id and r.info.calls >= 1 for r in group.results)
     rows = [row for r in group.results for row in r.rows]
     assert rows and all(row.num_trainable > 0 and len(row.input_ids) == len(row.loss_mask) for row in rows)
 

@@ -32,7 +32,7 @@ def infra_failure(result: RolloutResult) -> tuple[str, ...] | None:
     """(status, stage, kind) of an attempt that failed for infrastructure reasons, else None.
     kind: the exception type ("RuntimeError") or the harness's exit ("exit 127")."""
     infra = result.status in (FAILED, INFRA_FAILURE) or (
-        result.status == HARNESS_ERROR and result.info.get("harness_error") == INFRA
+        result.status == HARNESS_ERROR and result.info.harness_error == INFRA
     )
     if not infra:
         return None

@@ -69,18 +69,18 @@ class EvalParts:
 
 
 def attempt_record(result: RolloutResult, threshold: float) -> dict[str, Any]:
-    answer = result.info.get("answer")
+    answer = result.info.answer
     return {
         "rollout_id": result.rollout_id,
         "status": result.status,
         "reward": result.reward,
         "passed": result.reward >= threshold and infra_failure(result) is None,
         "valid": infra_failure(result) is None,
-        "answer": answer[:ANSWER_CHARS] if isinstance(answer, str) else answer,
-        "eval_reason": result.info.get("eval_reason"),
+        "answer": answer[:ANSWER_CHARS] if answer is not None else None,
+        "eval_reason": result.info.eval_reason,
         "error": result.error,
-        "calls": result.info.get("calls"),
-        "session_id": result.info.get("session_id"),
+        "calls": result.info.calls,
+        "session_id": result.info.session_id,
     }
 
 

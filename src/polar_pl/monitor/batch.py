@@ -34,8 +34,8 @@ def infra_kind(result: RolloutResult) -> str | None:
     """The infrastructure failure of an attempt: a sandbox one (its kind), a harness error the
     records blame on the engine or gateway ("harness"), or None (the policy's own attempt)."""
     if result.status == INFRA_FAILURE:
-        return result.info.get("infra_kind", "unknown")
-    if result.info.get("harness_error") == "infra":
+        return result.info.infra_kind or "unknown"
+    if result.info.harness_error == "infra":
         return "harness"
     return None
 
@@ -62,12 +62,12 @@ def batch_metrics(
         "sys/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         # share of attempts the evaluator caught reaching for the evaluation itself (reward 0)
         "rollout/tampering": (
-            sum(r.info.get("eval_status") == "tampering" for r in results) / len(results) if results else 0.0
+            sum(r.info.eval_status == "tampering" for r in results) / len(results) if results else 0.0
         ),
         "rollout/sessions": len(every),
-        "rollout/masked": sum(bool(r.info.get("masked")) for r in every),
-        "rollout/harness_error_policy": sum(r.info.get("harness_error") == "policy" for r in every),
-        "rollout/harness_error_infra": sum(r.info.get("harness_error") == "infra" for r in every),
+        "rollout/masked": sum(r.info.masked for r in every),
+        "rollout/harness_error_policy": sum(r.info.harness_error == "policy" for r in every),
+        "rollout/harness_error_infra": sum(r.info.harness_error == "infra" for r in every),
         "rollout/rows": len(rows),
         "rollout/trainable_tokens": sum(r.num_trainable for r in rows),
         "rollout/wait_s": wait_s,
@@ -92,7 +92,7 @@ def batch_metrics(
         m["rollout/reward_std"] = (sum((x - mean) ** 2 for x in rewards) / (len(rewards) - 1)) ** 0.5
     # Counts add up over sessions; ratios are recomputed from the sums (a sum of per-session
     # ratios logged 8.0 for eight sessions whose true compression ratio was 1.0).
-    stats = [MergeStats.from_metrics(r.info["merge"]) for r in results if "merge" in r.info]
+    stats = [MergeStats.from_metrics(r.info.merge) for r in results if r.info.merge]
     if stats:
         m.update({k: float(v) for k, v in sum(stats, MergeStats()).to_metrics("merge").items()})
     m.update({f"datamodule/{k}": float(v) for k, v in counters.items()})

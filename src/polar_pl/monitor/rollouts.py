@@ -26,26 +26,25 @@ def session_lines(step: int, groups: Iterable[Any]) -> Iterator[dict[str, Any]]:
     for g in groups:
         prompt = str(getattr(g.task, "prompt", "") or "")
         for r in g.results:
-            merge = r.info.get("merge", {})
             yield {
                 "step": step,
                 "group_id": g.group_id,
                 "rollout_id": r.rollout_id,
-                "session_id": r.info.get("session_id"),
+                "session_id": r.info.session_id,
                 "task_id": r.task_id,
                 "prompt": prompt[:PROMPT_CHARS],
-                "harness": r.info.get("harness"),
+                "harness": r.info.harness,
                 "status": r.status,
                 "reward": r.reward,
-                "eval_status": r.info.get("eval_status"),
-                "answer": (r.info.get("answer") or "")[:ANSWER_CHARS],
-                "calls": r.info.get("calls", 0),
+                "eval_status": r.info.eval_status,
+                "answer": (r.info.answer or "")[:ANSWER_CHARS],
+                "calls": r.info.calls,
                 "rows": len(r.rows),
                 "tokens": sum(len(row.input_ids) for row in r.rows),
                 "trainable_tokens": sum(row.num_trainable for row in r.rows),
                 "breaks": {
                     k.removeprefix("merge/breaks/"): int(v)
-                    for k, v in merge.items()
+                    for k, v in r.info.merge.items()
                     if k.startswith("merge/breaks/")
                 },
                 "timings": {k: round(v, 3) for k, v in r.timings.items() if k != "submitted"},

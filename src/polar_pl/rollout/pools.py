@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
 from polar_pl.sandbox.infra import InfraError
+from polar_pl.tasks.results import EvalStatus
 from polar_pl.trajectory.rows import TrajectoryRow
 
 OK, TIMEOUT, FAILED = "ok", "timeout", "failed"
@@ -57,6 +58,42 @@ class RolloutJob:
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptInfo:
+    """What is known of an attempt beyond its status and reward. Every field has a default: each
+    writer sets what it knows (a failed INIT knows its `infra_kind`, the pools of `rollout=ray` add
+    where it ran)."""
+
+    harness: str | None = None
+    exit_code: int | None = None  # the harness CLI's exit status (137 after a timeout kill)
+    patch_bytes: int | None = None  # size of the diff the harness left in the workspace
+    answer: str | None = None  # the harness's final message
+    eval_status: EvalStatus | None = None  # None: not evaluated (the harness did not end cleanly)
+    eval_reason: str | None = None
+    tests: dict[str, int] = field(default_factory=dict)  # f2p/p2p passed and total (EvalResult.counts)
+    session_id: str | None = None  # the gateway session that holds the attempt's model calls
+    harness_error: str | None = None  # with status harness_error, who caused it: "policy" or "infra"
+    infra_kind: str | None = None  # with status infra_failure: start / image / exec / copy / host / worker
+    calls: int = 0  # model calls the gateway recorded for the session
+    merge: dict[str, float] = field(default_factory=dict)  # MergeStats.to_metrics("merge") of its rows
+    masked: bool = False  # its rows were dropped: nothing of it trains
+    worker: str | None = None  # rollout=ray: the worker actor that ran it
+    node: str | None = None  # rollout=ray: that worker's node
+    attempt: int | None = None  # rollout=ray: 0 for the first try, n for the n-th retry
+    cause: str | None = None  # rollout=ray, a job lost with its worker and retries spent: "infra"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields that are set (neither None nor empty) as plain data: `info` in the rollout
+        service's JSON and in the SFT log, where readers take a missing key for the default."""
+        return {k: v for k, v in asdict(self).items() if v is not None and v != {}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AttemptInfo:
+        """The inverse of `as_dict`; keys this version does not know (a newer service's) are left out."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True, slots=True)
 class RolloutResult:
     """What POSTRUN hands to the trainer for one task attempt."""
 
@@ -69,7 +106,7 @@ class RolloutResult:
     error: str | None = None
     failed_stage: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
+    info: AttemptInfo = field(default_factory=AttemptInfo)
 
 
 class RolloutStages(Protocol):
@@ -285,7 +322,7 @@ class StagePools:
     def _publish(self, result: RolloutResult) -> None:
         self.statuses[result.status] += 1
         if result.status == INFRA_FAILURE:
-            self.infra[result.info.get("infra_kind", "unknown")] += 1
+            self.infra[result.info.infra_kind or "unknown"] += 1
         if result.failed_stage:
             self.failures[result.failed_stage] += 1
         self.results.put_nowait(result)
@@ -320,7 +357,7 @@ def _failed_result(job: RolloutJob) -> RolloutResult:
         error=job.error,
         failed_stage=job.failed_stage,
         timings=dict(job.timings),
-        info={"infra_kind": job.infra_kind} if job.infra_kind else {},
+        info=AttemptInfo(infra_kind=job.infra_kind),
     )
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from polar_pl.rollout.outcome import INFRA
-from polar_pl.rollout.pools import INFRA_FAILURE, RolloutJob, RolloutResult
+from polar_pl.rollout.pools import INFRA_FAILURE, AttemptInfo, RolloutJob, RolloutResult
 
 log = logging.getLogger(__name__)
 LINGER_S = 0.05
@@ -181,7 +181,7 @@ class RayPools:
             self.counters["results_dropped"] += 1  # the job was given to another worker meanwhile
             return
         del self._jobs[r.rollout_id]
-        self._publish(replace(r, info={**r.info, "worker": w.name, "node": w.node, "attempt": t.attempt}))
+        self._publish(replace(r, info=replace(r.info, worker=w.name, node=w.node, attempt=t.attempt)))
 
     def _publish(self, r: RolloutResult) -> None:
         self.statuses[r.status] += 1
@@ -234,7 +234,7 @@ class RayPools:
                 reward=0.0,
                 error=f"{why}; {t.attempt + 1} attempt(s), max_retries={self.max_retries}",
                 failed_stage="infra",
-                info={"attempt": t.attempt, "masked": True, "cause": INFRA, "infra_kind": "worker"},
+                info=AttemptInfo(attempt=t.attempt, masked=True, cause=INFRA, infra_kind="worker"),
             )
         )
 

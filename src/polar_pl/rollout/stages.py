@@ -35,6 +35,7 @@ from polar_pl.rollout.pools import (
     INFRA_FAILURE,
     OK,
     TIMEOUT,
+    AttemptInfo,
     RolloutJob,
     RolloutResult,
 )
@@ -135,23 +136,17 @@ class HarnessRolloutStages:
 
     async def postrun(self, job: RolloutJob) -> RolloutResult:
         task, hres = job.task, job.state.get("harness")
-        info: dict[str, Any] = {"harness": self.harness.name}
-        reward = 0.0
-        if hres is not None:
-            info.update(exit_code=hres.exit_code, patch_bytes=len(hres.patch), answer=hres.answer)
+        ev = None
         if job.status == OK and hres is not None:
             ev = await asyncio.to_thread(
                 self.evaluator.evaluate, job.state.pop("eval"), hres.patch, hres.answer
             )
-            reward = ev.reward
-            info.update(eval_status=ev.status, eval_reason=ev.reason, tests=ev.counts())
             if ev.status == "error":
                 job.fail("postrun", f"evaluator: {ev.reason}")
             elif ev.status == "infra_failure":
                 job.fail("postrun", InfraError(ev.infra_kind or "start", f"evaluator: {ev.reason}"))
+        reward = ev.reward if ev is not None else 0.0
         session = job.state.get("session")
-        if session is not None:
-            info["session_id"] = session.session_id
         build: dict[str, Any] = {"reward": reward, "status": job.status, "harness": self.harness.name}
         if session is not None:
             records, built = await asyncio.to_thread(
@@ -159,27 +154,34 @@ class HarnessRolloutStages:
             )
         else:
             records, built = [], self.builder.build([], **build)
-        rows = built.rows
         masked = (
             job.status == INFRA_FAILURE
             or (job.status == TIMEOUT and self.options.timeout_policy == "mask")
             or (job.status == FAILED and not self.options.keep_failed_rows)
             or (job.status == HARNESS_ERROR and job.state.get("cause") == INFRA)
         )
-        if masked:
-            rows = []
-        if job.status == HARNESS_ERROR:
-            info["harness_error"] = job.state.get("cause")
-        if job.infra_kind:
-            info["infra_kind"] = job.infra_kind
-        info.update(calls=len(records), merge=built.stats.to_metrics("merge"), masked=masked)
+        info = AttemptInfo(
+            harness=self.harness.name,
+            exit_code=hres.exit_code if hres is not None else None,
+            patch_bytes=len(hres.patch) if hres is not None else None,
+            answer=hres.answer if hres is not None else None,
+            eval_status=ev.status if ev is not None else None,
+            eval_reason=ev.reason if ev is not None else None,
+            tests=ev.counts() if ev is not None else {},
+            session_id=session.session_id if session is not None else None,
+            harness_error=job.state.get("cause") if job.status == HARNESS_ERROR else None,
+            infra_kind=job.infra_kind,
+            calls=len(records),
+            merge=built.stats.to_metrics("merge"),
+            masked=masked,
+        )
         return RolloutResult(
             rollout_id=job.rollout_id,
             group_id=job.group_id,
             task_id=task.instance_id,
             status=job.status,
             reward=reward,
-            rows=tuple(_with_ids(rows, job)),
+            rows=() if masked else tuple(_with_ids(built.rows, job)),
             error=job.error,
             failed_stage=job.failed_stage,
             timings=dict(job.timings),

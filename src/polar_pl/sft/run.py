@@ -104,7 +104,7 @@ def attempt_record(
         "reward": result.reward,
         "reason": reason,
         "error": result.error,
-        "info": {k: v for k, v in result.info.items() if k != "answer"},
+        "info": {k: v for k, v in result.info.as_dict().items() if k != "answer"},
     }
     if reason != "accepted":
         return out

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from polar_pl.rollout.pools import RolloutResult
+from polar_pl.rollout.pools import AttemptInfo, RolloutResult
 from polar_pl.rollout.service import Group
 from polar_pl.trajectory.rows import TrajectoryRow
 
@@ -61,7 +61,9 @@ class Result(BaseModel):
     error: str | None = None
     failed_stage: str | None = None
     rows: list[Row]
-    info: dict[str, Any] = Field(default_factory=dict)
+    info: dict[str, Any] = Field(
+        default_factory=dict, description="the attempt's AttemptInfo, its scalar fields that are set"
+    )
     timings: dict[str, float] = Field(default_factory=dict, description="seconds spent in each stage")
 
 
@@ -119,7 +121,7 @@ def group_json(g: Group) -> dict[str, Any]:
                 "error": r.error,
                 "failed_stage": r.failed_stage,
                 "rows": [_row_json(row) for row in r.rows],
-                "info": _plain(r.info),
+                "info": _plain(r.info.as_dict()),
                 "timings": r.timings,
             }
             for r in g.results
@@ -150,7 +152,7 @@ def group_from_json(g: GroupOut) -> Group:
             error=r.error,
             failed_stage=r.failed_stage,
             timings=dict(r.timings),
-            info=dict(r.info),
+            info=AttemptInfo.from_dict(r.info),
             rows=tuple(_row(row) for row in r.rows),
         )
         for r in g.results
