@@ -4,6 +4,7 @@ and every way an agent's patch can be empty, broken, slow or tampering scores 0 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from polar_pl.tasks.evaluator import SandboxEvaluator
 from polar_pl.tasks.patching import must_restore, protected_paths
 from polar_pl.tasks.workspace import prepare_workspace
-from polar_pl.testing.sandbox import leftovers
+from polar_pl.testing.sandbox import OWNER, leftovers
 
 # A patch that "fixes" strkit-1 by rewriting its tests instead of the code: the tests the task's
 # test patch adds are replaced by ones that always pass.
@@ -262,8 +263,38 @@ def test_discard_and_evaluate_leave_no_sandbox_behind(evaluator, builtin_tasks):
     evaluator.discard(evaluator.prewarm(task))
     evaluator.evaluate(evaluator.prewarm(task), task.patch)
     evaluator.evaluate(evaluator.prewarm(task), "garbage")
-    evaluator.close()  # waits for the discarded handle's preparation, which then stops it
+    evaluator.close()
     assert _leftovers() <= before
+
+
+def test_a_discarded_preparation_is_gone_when_discard_returns(builtin_tasks, tmp_path):
+    """A rollout's cleanup discards its evaluation handle while the sandbox may still be starting
+    (under load: seconds). The sandbox must be gone when discard returns, not whenever the
+    preparation finishes: the rollouts' close promises every sandbox stopped, and a run that
+    exits right after left two workspaces behind (seen in CI)."""
+    from polar_pl.sandbox.local import LocalSandbox
+
+    started = threading.Event()
+
+    class SlowStart(LocalSandbox):  # its workspace exists, the start is not done yet
+        def start(self):
+            out = super().start()
+            started.set()
+            time.sleep(1.0)
+            return out
+
+    root = tmp_path / "sbx"
+    root.mkdir()
+    ev = SandboxEvaluator(lambda: SlowStart(owner=OWNER, base_dir=str(root)), max_prewarm=1)
+    try:
+        task = builtin_tasks["graphkit-1"]
+        running, queued = ev.prewarm(task), ev.prewarm(task)  # one pool thread: the second waits
+        assert started.wait(10)
+        ev.discard(queued)  # never started: cancelled, no sandbox
+        ev.discard(running)  # starting now: waited for, then stopped
+        assert list(root.iterdir()) == []
+    finally:
+        ev.close()
 
 
 def test_preparation_failure_is_a_recorded_error(evaluator, builtin_tasks):

@@ -119,6 +119,20 @@ class SandboxEvaluator:
             return self._trusted[key]
 
     def discard(self, handle: EvalHandle) -> None:
+        """The handle's sandbox is gone when this returns: a preparation not started is cancelled,
+        one under way is waited for and its sandbox stopped."""
+        with handle.lock:
+            handle.used = True
+        if handle.future.cancel():
+            return
+        try:
+            sandbox = handle.future.result()[0]
+        except BaseException:  # a failed preparation stopped its own sandbox
+            return
+        _stop_quietly(sandbox)
+
+    def _discard_when_ready(self, handle: EvalHandle) -> None:
+        """A preparation past its deadline: its sandbox is stopped whenever it comes (close() waits)."""
         with handle.lock:
             handle.used = True
         handle.future.add_done_callback(lambda f: None if f.exception() else _stop_quietly(f.result()[0]))
@@ -150,7 +164,7 @@ class SandboxEvaluator:
         try:
             sandbox, prewarm_s, trusted = handle.future.result(timeout=self.setup_timeout_s + self.timeout_s)
         except FutureTimeout:
-            self.discard(handle)
+            self._discard_when_ready(handle)
             return _fail(task, "timeout", "evaluation sandbox was not ready in time", t0)
         except InfraError as exc:
             return _infra(task, f"preparing the evaluation sandbox failed: {exc}", exc, t0)
