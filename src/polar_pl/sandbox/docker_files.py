@@ -30,15 +30,7 @@ class ContainerFiles:
             self, kind: str, what: str, fn: Callable[[], Any], retry_if: Callable[[BaseException], bool] = ...
         ) -> Any: ...
 
-        def exec(
-            self,
-            command: str | list[str],
-            *,
-            env: dict[str, str] | None = None,
-            workdir: str | None = None,
-            timeout: float | None = None,
-            stdin: str | None = None,
-        ) -> ExecResult: ...
+        exec: Callable[..., ExecResult]  # DockerSandbox.exec (the Sandbox protocol's)
 
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else f"{self.workdir}/{path}"
