@@ -245,3 +245,16 @@ def test_the_service_hands_the_tasks_ahead_of_its_cursor_to_prefetch():
     finally:
         svc.stop()
     assert stages.asked == [["a", "b", "c"], ["b", "c"], ["c"]]  # seq, the next 2, never past limit
+
+
+def test_stop_returns_while_results_are_arriving():
+    """Python 3.11's asyncio.wait_for returns its awaitable's result when the cancellation arrives in
+    the loop turn that result does, and the cancellation is lost: the service's collector then polled
+    on and stop() timed out (26 of 30 rounds, an evaluation whose rollouts all failed in INIT at once).
+    Every round here stops while failures stream in."""
+    for _ in range(10):
+        svc = make(SimStages(0, 0, 0), ["initfail"], g=2, max_groups_in_flight=4).start()
+        try:
+            assert svc.next_groups(1, timeout=30)[0].results[0].failed_stage == "init"
+        finally:
+            svc.stop(timeout=5)

@@ -284,7 +284,8 @@ class StagePools:
             job.deadline = time.monotonic() + limit
             with _busy(self.busy["running"]), _timed(job, "running"):
                 try:
-                    await asyncio.wait_for(self.stages.run(job), limit + self.sizes.cancel_grace_s)
+                    async with asyncio.timeout(limit + self.sizes.cancel_grace_s):
+                        await self.stages.run(job)
                 except TimeoutError:
                     job.status, job.error = TIMEOUT, f"RUNNING exceeded {limit:.0f}s"
                 except Exception as exc:

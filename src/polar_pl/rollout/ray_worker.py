@@ -62,7 +62,8 @@ class RolloutWorker:
         assert self.pools is not None, "start() first"
         q = self.pools.results
         try:
-            out = [await asyncio.wait_for(q.get(), timeout)]
+            async with asyncio.timeout(timeout):
+                out = [await q.get()]
         except TimeoutError:
             return []
         if linger > 0:

@@ -295,7 +295,8 @@ class RolloutService:
         assert self.pools is not None
         while True:
             try:
-                result = await asyncio.wait_for(self.pools.results.get(), timeout=0.5)
+                async with asyncio.timeout(0.5):
+                    result = await self.pools.results.get()
             except TimeoutError:
                 result = None
             if result is not None:

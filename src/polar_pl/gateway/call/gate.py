@@ -122,7 +122,8 @@ class EngineGate:
                         self.refused += 1
                         return False
                     try:
-                        await asyncio.wait_for(opened.wait(), left)
+                        async with asyncio.timeout(left):
+                            await opened.wait()
                     except TimeoutError:
                         continue
             finally:
@@ -148,7 +149,8 @@ class EngineGate:
         t0, waited_for = time.monotonic(), self.in_flight
         if mode == "drain":
             try:
-                await asyncio.wait_for(idle.wait(), self.wait_timeout if timeout is None else timeout)
+                async with asyncio.timeout(self.wait_timeout if timeout is None else timeout):
+                    await idle.wait()
             except TimeoutError:
                 raise DrainTimeout(
                     PauseReport(mode, waited_for, self.in_flight, time.monotonic() - t0)
