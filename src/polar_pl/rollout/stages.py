@@ -100,7 +100,14 @@ class HarnessRolloutStages:
             sandbox.start()
             prepare_workspace(job.task, sandbox, setup_timeout=self.options.setup_timeout_s)
 
-        await asyncio.to_thread(start)
+        # A cancelled INIT (the pools stopping) waits for its thread: cleanup must not stop the
+        # sandbox while start() is still making it, or the start leaves its workspace behind.
+        starting = asyncio.ensure_future(asyncio.to_thread(start))
+        try:
+            await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            await asyncio.gather(starting, return_exceptions=True)
+            raise
 
     async def run(self, job: RolloutJob) -> None:
         task = job.task
@@ -138,9 +145,12 @@ class HarnessRolloutStages:
         task, hres = job.task, job.state.get("harness")
         ev = None
         if job.status == OK and hres is not None:
-            ev = await asyncio.to_thread(
-                self.evaluator.evaluate, job.state.pop("eval"), hres.patch, hres.answer
-            )
+            handle = job.state.pop("eval")
+            try:
+                ev = await asyncio.to_thread(self.evaluator.evaluate, handle, hres.patch, hres.answer)
+            except BaseException:  # an evaluator that raised may not have stopped its sandbox
+                await asyncio.to_thread(_collect, [], self.evaluator.discard, handle)
+                raise
             if ev.status == "error":
                 job.fail("postrun", f"evaluator: {ev.reason}")
             elif ev.status == "infra_failure":
