@@ -145,12 +145,9 @@ class HarnessRolloutStages:
         task, hres = job.task, job.state.get("harness")
         ev = None
         if job.status == OK and hres is not None:
-            handle = job.state.pop("eval")
-            try:
-                ev = await asyncio.to_thread(self.evaluator.evaluate, handle, hres.patch, hres.answer)
-            except BaseException:  # an evaluator that raised may not have stopped its sandbox
-                await asyncio.to_thread(_collect, [], self.evaluator.discard, handle)
-                raise
+            # the handle stays in the job until evaluate returns: cleanup discards one it raised on
+            ev = await asyncio.to_thread(self.evaluator.evaluate, job.state["eval"], hres.patch, hres.answer)
+            del job.state["eval"]
             if ev.status == "error":
                 job.fail("postrun", f"evaluator: {ev.reason}")
             elif ev.status == "infra_failure":
