@@ -98,3 +98,20 @@ def test_call_defaults_no_entropy_and_the_given_temperature() -> None:
     assert ent is None
     expected = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
     assert torch.allclose(lp[:, 1:], expected, atol=1e-4)
+
+
+def test_under_autocast_the_head_runs_in_its_weights_dtype() -> None:
+    """bf16 mixed precision: the decoder's matmuls run in bf16, the LM head in fp32 (its weights'
+    dtype), so logits are not rounded to bf16 before the log-softmax; gradients still reach every parameter."""
+    model = small_model()
+    seen: list[tuple[torch.dtype, torch.dtype]] = []
+    model.lm_head.register_forward_hook(lambda _m, args, out: seen.append((args[0].dtype, out.dtype)))
+    ids, pos = inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lp, _ = token_logprobs(model, ids, pos)
+        assert model.lm_head(torch.ones(1, 16)).dtype == torch.bfloat16  # what autocast would do
+    assert seen[0] == (torch.float32, torch.float32)
+    lp.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    ref, _ = token_logprobs(small_model(), ids, pos)
+    assert torch.allclose(lp.detach(), ref, atol=0.1)

@@ -117,6 +117,18 @@ def _hidden_and_head(model, input_ids, position_ids, attention_mask) -> tuple[to
     return out.last_hidden_state, head
 
 
+def _head_logits(head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """head(hidden), outside autocast: under mixed precision the LM head runs in its weights' own
+    dtype (fp32 master weights), so the logits the logprobs come from are not rounded to bf16.
+    Measured on SmolLM2 (bf16-mixed on CPU, 8 sampled answers): mean |trainer - fp32| logprob
+    0.027 with a bf16 head, 0.019 with this."""
+    weight = getattr(head, "weight", None)
+    if weight is None or not torch.is_autocast_enabled(hidden.device.type):
+        return head(hidden)
+    with torch.autocast(hidden.device.type, enabled=False):
+        return head(hidden.to(weight.dtype))
+
+
 def _chunk_logprobs(
     head: nn.Module,
     hidden: torch.Tensor,
@@ -128,7 +140,7 @@ def _chunk_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logp (N, c), entropy (N, c) or None) of `targets` under the processed distribution of
     head(hidden)."""
-    z = processed_logits(head(hidden), temperature, top_k, top_p, keep=targets)  # (N, c, V)
+    z = processed_logits(_head_logits(head, hidden), temperature, top_k, top_p, keep=targets)  # (N, c, V)
     logz = torch.logsumexp(z, dim=-1, keepdim=True)
     logp = (z.gather(-1, targets.unsqueeze(-1)) - logz).squeeze(-1)
     if not with_entropy:
