@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from polar_pl.datamodule.collate import TrainBatch, collate
 from polar_pl.datamodule.failfast import FailFast
+from polar_pl.engine.cache_stats import PrefixCacheRate
 from polar_pl.engine.pausing import PauseMode, PausingEngine
 from polar_pl.engine.protocol import Engine
 from polar_pl.engine.replicas import EngineReplicas
@@ -138,6 +139,7 @@ class RolloutDataModule(L.LightningDataModule):
         self._issued: deque[list[int]] = deque()
         self.batches_done = 0  # batches a training step consumed (survives resume)
         self._busy = BusyFractions()
+        self._prefix_cache = PrefixCacheRate()
         self._batch_metrics: deque[dict[str, float]] = deque()
         self._batch_groups: deque[list[Group]] = deque()
         self.wait_total_s = 0.0  # trainer time spent blocked on rollouts, over the run
@@ -430,6 +432,7 @@ class RolloutDataModule(L.LightningDataModule):
             client = self.service.metrics()  # pool/*, gateway/*, rollout/* of the backend
             m.update(client)
             m.update(self._busy.since_last(client))
+        m.update(self._prefix_cache.since_last(self.engine.urls))
         return m
 
     def push_target(self) -> PausingEngine:

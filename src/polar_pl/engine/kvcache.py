@@ -90,6 +90,7 @@ class PrefixCache:
         self.hits = 0
         self.hit_tokens = 0
         self.lookups = 0
+        self.query_tokens = 0  # prompt tokens looked up (vLLM's prefix_cache_queries)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -98,6 +99,7 @@ class PrefixCache:
         """The longest cached prefix of `prompt` (at most len(prompt) - 1 tokens, so the caller
         always computes the last position's logits) and its KV, batch 1, (1, H, L, D) views."""
         self.lookups += 1
+        self.query_tokens += len(prompt)
         if not self._entries or len(prompt) < 2:
             return 0, None
         ids = torch.tensor(prompt)
@@ -146,6 +148,7 @@ class PrefixCache:
             "prefix_cache_hits": self.hits,
             "prefix_cache_hit_tokens": self.hit_tokens,
             "prefix_cache_lookups": self.lookups,
+            "prefix_cache_query_tokens": self.query_tokens,
         }
 
 
