@@ -258,3 +258,21 @@ def test_stop_returns_while_results_are_arriving():
             assert svc.next_groups(1, timeout=30)[0].results[0].failed_stage == "init"
         finally:
             svc.stop(timeout=5)
+
+
+def test_no_groups_in_flight_samples_only_what_the_trainer_waits_for():
+    """max_groups_in_flight=0, one stage after another: no group starts while the trainer holds
+    its batch (trains and pushes); each `next_groups(n)` starts exactly n."""
+    stages = SimStages()
+    svc = make(stages, ["a", "b"], g=2, max_groups_in_flight=0).start()
+    try:
+        time.sleep(0.3)
+        assert stages.started == set()  # nothing asked for yet
+        assert [g.seq for g in svc.next_groups(2, timeout=30)] == [0, 1]
+        time.sleep(0.3)  # "training": the engine idles
+        assert len(stages.started) == 4
+        assert [g.seq for g in svc.next_groups(1, timeout=30)] == [2]
+        time.sleep(0.3)
+        assert len(stages.started) == 6
+    finally:
+        svc.stop()

@@ -2,7 +2,8 @@
 
 The trainer's thread asks for complete GRPO groups (`next_groups`); meanwhile the service keeps
 preparing and running the next ones, so rollouts for step k+1 overlap training of step k. How far
-ahead it may run is bounded by `max_groups_in_flight`. `stop_feeding` (any thread, a signal
+ahead it may run is bounded by `max_groups_in_flight`; 0 runs one stage after another (groups start
+only while `next_groups` waits for them: the baseline of bench/real_pipeline.py). `stop_feeding` (any thread, a signal
 handler's) admits no new rollout from then on and makes a waiting `next_groups` raise
 `RolloutsStopped`; `stop` cancels what runs (each job's cleanup kills its harness) and may be
 called from several threads.
@@ -156,6 +157,8 @@ class RolloutService:
                 self._cond.wait(timeout=left if left is not None else 1.0)
             self._ready.sort(key=lambda g: g.seq)
             out, self._ready = self._ready[:n], self._ready[n:]
+            if self.max_groups_in_flight == 0:
+                self._demand = 0  # one stage after another: nothing more until asked
             self._taken.update(g.seq for g in out)
             if consume:
                 self.consumed.update(g.seq for g in out)
