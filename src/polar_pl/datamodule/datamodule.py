@@ -112,7 +112,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.tasks, self.evaluator, self.builder = tasks, evaluator, builder
         self.steps, self.group_size, self.groups_per_step = steps, group_size, groups_per_step
         self.sizes = pools if isinstance(pools, PoolSizes) else PoolSizes(**(pools or {}))
-        self.max_groups_in_flight = 2 * groups_per_step if max_groups_in_flight is None else max_groups_in_flight
+        self.max_groups_in_flight = (
+            2 * groups_per_step if max_groups_in_flight is None else max_groups_in_flight
+        )
         self.group_deadline_s, self.max_staleness = group_deadline_s, max_staleness
         if stale_unit not in ("rollout", "group"):
             raise ValueError(f"datamodule.stale_unit={stale_unit!r}: allowed values are rollout, group")
