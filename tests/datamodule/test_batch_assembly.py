@@ -12,6 +12,8 @@ from polar_pl.trajectory.rows import TrajectoryRow
 
 
 class Version:
+    urls: list[str] = []  # Engine.urls: no server to read counters from
+
     def __init__(self, version: int) -> None:
         self.version = version
 

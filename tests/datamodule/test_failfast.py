@@ -32,6 +32,8 @@ BWRAP = "RuntimeError: baseline commit failed: bwrap: Can't find source path /x/
 
 
 class Version:
+    urls: list[str] = []  # Engine.urls: no server to read counters from
+
     def policy_version(self) -> int:
         return 0
 

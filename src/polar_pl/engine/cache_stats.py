@@ -49,7 +49,7 @@ def prefix_cache_counters(urls: Iterable[str], timeout: float = 2.0) -> tuple[fl
                 if counts is None:
                     return None
                 total_q, total_h = total_q + counts[0], total_h + counts[1]
-    except (httpx.HTTPError, ValueError):
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError):  # not started, gone, or not an engine
         return None
     return total_q, total_h
 
