@@ -4,7 +4,7 @@ and how many of them were found cached (their prefill skipped).
 The embedded engine reports them at `GET /stats` (`prefix_cache_query_tokens`,
 `prefix_cache_hit_tokens`), vLLM at `GET /metrics` (Prometheus counters `vllm:prefix_cache_queries`
 and `vllm:prefix_cache_hits`, in tokens, one series per engine core). Both are cumulative since
-the engine started; the per-step hit rate is the ratio of their increments (monitor/batch.py).
+the engine started; the per-step hit rate is the ratio of their increments (`PrefixCacheRate`).
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ _VLLM = re.compile(r"^vllm:prefix_cache_(queries|hits)_total(?:\{[^}]*\})?\s+([0
 def vllm_counters(metrics_text: str) -> tuple[float, float] | None:
     """(queried, hit) tokens summed over engine cores from vLLM's Prometheus text; None when the
     counters are absent (prefix caching off, or not vLLM)."""
-    found = {"queries": 0.0, "hits": 0.0}
-    seen = False
-    for name, value in _VLLM.findall(metrics_text):
-        found[name] += float(value)
-        seen = True
-    return (found["queries"], found["hits"]) if seen else None
+    samples = _VLLM.findall(metrics_text)
+    if not samples:
+        return None
+    queried = sum(float(v) for name, v in samples if name == "queries")
+    return queried, sum(float(v) for name, v in samples if name == "hits")
 
 
 def _one(client: httpx.Client, url: str) -> tuple[float, float] | None:

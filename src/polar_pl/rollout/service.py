@@ -2,9 +2,9 @@
 
 The trainer's thread asks for complete GRPO groups (`next_groups`); meanwhile the service keeps
 preparing and running the next ones, so rollouts for step k+1 overlap training of step k. How far
-ahead it may run is bounded by `max_groups_in_flight`; 0 runs one stage after another (groups start
-only while `next_groups` waits for them: the baseline of bench/real_pipeline.py). `stop_feeding` (any thread, a signal
-handler's) admits no new rollout from then on and makes a waiting `next_groups` raise
+ahead it may run is bounded by `max_groups_in_flight`; 0 runs one stage after another (groups
+start only while `next_groups` waits for them: the baseline of bench/real_pipeline.py).
+`stop_feeding` (any thread, a signal handler's) admits no new rollout from then on and makes a waiting `next_groups` raise
 `RolloutsStopped`; `stop` cancels what runs (each job's cleanup kills its harness) and may be
 called from several threads.
 """
