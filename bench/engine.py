@@ -96,9 +96,7 @@ async def run_group(base_url: str, model: str, group: int, prompt_words: int) ->
     # prefill is chunked ("CPU Generator does not use offset"); the 8 requests are alike anyway
     async with httpx.AsyncClient(base_url=base_url, timeout=600) as client:
         t0 = time.perf_counter()
-        replies = await asyncio.gather(
-            *(client.post("/chat/completions", json=body) for _ in range(group))
-        )
+        replies = await asyncio.gather(*(client.post("/chat/completions", json=body) for _ in range(group)))
         wall = time.perf_counter() - t0
     for r in replies:
         r.raise_for_status()
