@@ -276,3 +276,25 @@ def test_no_groups_in_flight_samples_only_what_the_trainer_waits_for():
         assert len(stages.started) == 6
     finally:
         svc.stop()
+
+
+def test_busy_fractions_stay_within_one_when_snapshots_arrive_late():
+    """A full RUNNING pool is busy 100% of every window, however late its metrics snapshot reaches
+    the DataModule (a Ray worker's gauges are polled once a second): the window is measured on the
+    pool's clock, at the instant the busy time was read. Measured on the reader's clock, a snapshot
+    that arrived late before a prompt one gave 1.0006 (the CI failure of stop 35)."""
+    from polar_pl.monitor.batch import BusyFractions
+    from polar_pl.rollout.pools import StagePools
+
+    pools = StagePools(SimStages(), PoolSizes(running=2))
+    for _ in range(2):
+        pools.busy["running"].enter()
+    fractions = BusyFractions()
+    fractions.since_last(pools.metrics())  # the rollouts start
+    for late_s in (0.2, 0.0, 0.1, 0.0):
+        snapshot = pools.metrics()
+        time.sleep(late_s)  # delivered late, then read
+        got = fractions.since_last(snapshot)
+        assert got["rollout/busy_running"] == pytest.approx(1.0, abs=1e-9)
+        assert got["rollout/busy_running"] <= 1.0 + 1e-12
+        assert got["rollout/busy_init"] == got["rollout/busy_postrun"] == 0.0

@@ -216,7 +216,7 @@ class RolloutDataModule(L.LightningDataModule):
             self.service.health = self._health
             self.service.start_groups(self._resume.get("service", {}))
             self._started = True
-            self._busy.start()
+            self._busy.since_last(self.service.metrics())  # the first batch's window starts here
         return self.service
 
     def teardown(self, stage: str | None = None) -> None:

@@ -4,7 +4,6 @@ statistics, and the busy fractions of the engine and of each stage pool since th
 from __future__ import annotations
 
 import resource
-import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -102,27 +101,22 @@ def batch_metrics(
 class BusyFractions:
     """rollout/engine_busy and rollout/busy_<stage>: the share of time since the last batch that the
     engine served calls and each stage pool had work, from the rollout client's cumulative
-    `gateway/engine_busy_s`, `gateway/uptime_s` and `pool/<stage>_busy_s`."""
+    `gateway/engine_busy_s`, `gateway/uptime_s`, `pool/<stage>_busy_s` and `pool/uptime_s`.
+    Each fraction's window is measured on the clock its busy time was read on (a snapshot read
+    later than its pool's clock would otherwise give fractions above 1)."""
 
     def __init__(self) -> None:
-        self._engine = (0.0, 0.0)  # (busy_s, uptime_s) at the last batch
-        self._stages: tuple[float | None, dict[str, float]] = (None, {})
-
-    def start(self) -> None:
-        """Called when the rollouts start: the first batch's stage fractions count from here."""
-        self._stages = (time.monotonic(), {})
+        self._last: dict[str, float] = {}  # the cumulative counters at the last batch
 
     def since_last(self, client: Mapping[str, float]) -> dict[str, float]:
         out: dict[str, float] = {}
-        busy_s, up_s = client.get("gateway/engine_busy_s", 0.0), client.get("gateway/uptime_s", 0.0)
-        last_busy, last_up = self._engine
-        if up_s > last_up:
-            out["rollout/engine_busy"] = (busy_s - last_busy) / (up_s - last_up)
-        self._engine = (busy_s, up_s)
-        now = time.monotonic()
-        busy = {s: client.get(f"pool/{s}_busy_s", 0.0) for s in STAGES}
-        last_t, last = self._stages
-        self._stages = (now, busy)
-        if last_t is not None and now > last_t:
-            out.update({f"rollout/busy_{s}": (busy[s] - last.get(s, 0.0)) / (now - last_t) for s in busy})
+        windows = {"rollout/engine_busy": ("gateway/engine_busy_s", "gateway/uptime_s")}
+        windows.update({f"rollout/busy_{s}": (f"pool/{s}_busy_s", "pool/uptime_s") for s in STAGES})
+        for name, (busy_key, clock_key) in windows.items():
+            if busy_key not in client or clock_key not in client:
+                continue
+            span = client[clock_key] - self._last.get(clock_key, 0.0)
+            if span > 0:
+                out[name] = (client[busy_key] - self._last.get(busy_key, 0.0)) / span
+        self._last.update({k: client[k] for pair in windows.values() for k in pair if k in client})
         return out

@@ -173,8 +173,8 @@ class Occupancy:
         self._last = time.monotonic()
         self._start = self._last
 
-    def _advance(self) -> None:
-        now = time.monotonic()
+    def _advance(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
         self._area += self.count * (now - self._last)
         self._last = now
 
@@ -192,10 +192,11 @@ class Occupancy:
         span = self._last - self._start
         return self._area / (span * self.capacity) if span > 0 else 0.0
 
-    def busy_s(self) -> float:
-        """Occupied capacity-seconds since construction (or the last reset), divided by capacity:
-        differences of it over a window give that window's busy fraction."""
-        self._advance()
+    def busy_s(self, now: float | None = None) -> float:
+        """Occupied capacity-seconds since construction (or the last reset), divided by capacity,
+        up to `now` (a `time.monotonic()` reading): differences of it over a window, divided by the
+        window's length on the same clock, give that window's busy fraction."""
+        self._advance(now)
         return self._area / self.capacity if self.capacity else 0.0
 
     def reset(self) -> None:
@@ -230,6 +231,7 @@ class StagePools:
         # RUNNING must never wait on POSTRUN (that would idle the engine): room for every runner.
         self.post_q: asyncio.Queue[RolloutJob] = asyncio.Queue(maxsize=sizes.running + sizes.postrun)
         self.results: asyncio.Queue[RolloutResult] = asyncio.Queue()
+        self.started = time.monotonic()
         self.busy = {
             "init": Occupancy(sizes.init),
             "running": Occupancy(sizes.running),
@@ -329,15 +331,19 @@ class StagePools:
         self.results.put_nowait(result)
 
     def metrics(self) -> dict[str, float]:
-        """Slash-keyed gauges for the logger: queue lengths, busy fraction per stage, statuses."""
+        """Slash-keyed gauges for the logger: queue lengths, busy fraction per stage, statuses.
+        `pool/<stage>_busy_s` and `pool/uptime_s` are read at one instant: the busy fraction of a
+        window is the difference of the one over the difference of the other."""
+        now = time.monotonic()
         m: dict[str, float] = {
+            "pool/uptime_s": now - self.started,
             "pool/init_queue": self.init_q.qsize(),
             "pool/ready_queue": self.ready_q.qsize(),
             "pool/postrun_queue": self.post_q.qsize(),
         }
         for stage, occ in self.busy.items():
             m[f"pool/{stage}_busy"] = occ.fraction()
-            m[f"pool/{stage}_busy_s"] = occ.busy_s()
+            m[f"pool/{stage}_busy_s"] = occ.busy_s(now)
             m[f"pool/{stage}_active"] = occ.count
         for status, n in self.statuses.items():
             m[f"pool/sessions_{status}"] = n

@@ -254,7 +254,7 @@ class RayPools:
         task.add_done_callback(self._tasks.discard)
 
 
-_MEAN = ("_busy", "engine_busy", "/paused", "/token_faithful", "/uptime_s")
+_MEAN = ("_busy", "_busy_s", "engine_busy", "/paused", "/token_faithful", "/uptime_s")
 
 
 def merge_metrics(per_worker: list[dict[str, float]]) -> dict[str, float]:
