@@ -9,7 +9,8 @@ from collections import Counter
 
 import pytest
 
-from polar_pl.rollout.pools import FAILED, OK, TIMEOUT, PoolSizes, RolloutJob, RolloutResult
+from polar_pl.monitor.batch import BusyFractions
+from polar_pl.rollout.pools import FAILED, OK, TIMEOUT, PoolSizes, RolloutJob, RolloutResult, StagePools
 from polar_pl.rollout.service import RolloutService
 
 
@@ -283,9 +284,6 @@ def test_busy_fractions_stay_within_one_when_snapshots_arrive_late():
     the DataModule (a Ray worker's gauges are polled once a second): the window is measured on the
     pool's clock, at the instant the busy time was read. Measured on the reader's clock, a snapshot
     that arrived late before a prompt one gave 1.0006 (the CI failure of stop 35)."""
-    from polar_pl.monitor.batch import BusyFractions
-    from polar_pl.rollout.pools import StagePools
-
     pools = StagePools(SimStages(), PoolSizes(running=2))
     for _ in range(2):
         pools.busy["running"].enter()

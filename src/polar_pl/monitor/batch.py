@@ -98,6 +98,13 @@ def batch_metrics(
     return m
 
 
+# each busy fraction: (its cumulative busy seconds, the uptime read on the same clock)
+_BUSY_WINDOWS = {
+    "rollout/engine_busy": ("gateway/engine_busy_s", "gateway/uptime_s"),
+    **{f"rollout/busy_{s}": (f"pool/{s}_busy_s", "pool/uptime_s") for s in STAGES},
+}
+
+
 class BusyFractions:
     """rollout/engine_busy and rollout/busy_<stage>: the share of time since the last batch that the
     engine served calls and each stage pool had work, from the rollout client's cumulative
@@ -110,13 +117,11 @@ class BusyFractions:
 
     def since_last(self, client: Mapping[str, float]) -> dict[str, float]:
         out: dict[str, float] = {}
-        windows = {"rollout/engine_busy": ("gateway/engine_busy_s", "gateway/uptime_s")}
-        windows.update({f"rollout/busy_{s}": (f"pool/{s}_busy_s", "pool/uptime_s") for s in STAGES})
-        for name, (busy_key, clock_key) in windows.items():
+        for name, (busy_key, clock_key) in _BUSY_WINDOWS.items():
             if busy_key not in client or clock_key not in client:
                 continue
             span = client[clock_key] - self._last.get(clock_key, 0.0)
             if span > 0:
                 out[name] = (client[busy_key] - self._last.get(busy_key, 0.0)) / span
-        self._last.update({k: client[k] for pair in windows.values() for k in pair if k in client})
+        self._last.update({k: client[k] for pair in _BUSY_WINDOWS.values() for k in pair if k in client})
         return out
