@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from polar_pl.engine.backend import GenerationRequest, SamplingParams
-from polar_pl.engine.kvcache import PrefixCache, batch_cache
+from polar_pl.engine.kvcache import PrefixCache, batch_cache, with_cache
 from polar_pl.engine.transformers_backend import TransformersBackend
 
 
@@ -23,17 +23,43 @@ def test_growing_layer_decodes_like_dynamic_cache(tiny_model_dir):
     prompt = torch.randint(10, 500, (b, t))
     with torch.inference_mode():
         pre = DynamicCache()
-        model(input_ids=prompt, cache=pre, use_cache=True)
+        model(input_ids=prompt, **with_cache(model, pre), use_cache=True)
         layers = [(layer.keys, layer.values) for layer in pre.layers]
         ref, grow = DynamicCache(ddp_cache_data=layers), batch_cache(layers)
         token = torch.full((b, 1), 7)
         for step in range(300):  # past the spare room: the buffers grow at least once
             pos = torch.full((b, 1), t + step)
-            a = model(input_ids=token, position_ids=pos, cache=ref, use_cache=True).logits
-            g = model(input_ids=token, position_ids=pos, cache=grow, use_cache=True).logits
+            a = model(input_ids=token, position_ids=pos, **with_cache(model, ref), use_cache=True).logits
+            g = model(input_ids=token, position_ids=pos, **with_cache(model, grow), use_cache=True).logits
             assert torch.allclose(a, g, atol=1e-5)
             token = a[:, -1].argmax(-1, keepdim=True)
     assert grow.get_seq_length() == t + 300
+
+
+def test_the_cache_reaches_the_forward_under_either_keyword(tiny_model_dir):
+    """A token decoded over the prompt's cache sees the prompt: its logits are the full forward's.
+    transformers before 5.2x reads `past_key_values` and swallows `cache=` unread, and the engine
+    sampled noise from a model that saw one token at a time; with_cache names what the forward reads."""
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
+    prompt = torch.randint(10, 500, (1, 24), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        full = model(input_ids=prompt).logits[:, -1]
+        cache = DynamicCache()
+        model(input_ids=prompt[:, :-1], **with_cache(model, cache), use_cache=True)
+        step = model(input_ids=prompt[:, -1:], **with_cache(model, cache), use_cache=True).logits[:, -1]
+        alone = model(input_ids=prompt[:, -1:]).logits[:, -1]
+    assert torch.allclose(step, full, atol=1e-5)
+    assert not torch.allclose(step, alone, atol=1e-3)  # the context changes the prediction
+
+    class Before(torch.nn.Module):  # transformers 5.17's signature
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs): ...
+
+    class Wrapper(torch.nn.Module):
+        def forward(self, *args, **kwargs): ...
+
+    assert with_cache(Before(), cache) == {"past_key_values": cache}
+    with pytest.raises(TypeError, match="takes no KV cache"):
+        with_cache(Wrapper(), cache)
 
 
 def _generate(backend: TransformersBackend, prompt: list[int], n: int = 12):

@@ -14,7 +14,10 @@ usually starts with a cached one and only its tail is prefilled. Entries hold ba
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections import OrderedDict
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -64,6 +67,23 @@ class GrowingLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         return self._len
+
+
+def with_cache(model: torch.nn.Module, cache: DynamicCache | None) -> dict[str, Any]:
+    """The keyword argument that hands `cache` to `model`'s forward. transformers 5.2x renamed
+    `past_key_values` to `cache` (the old name still maps, with a warning, until 5.40); before it,
+    `cache=` falls into the forward's **kwargs unread, and every step is computed without its
+    context: the engine then samples noise ("1-----------------" for "What is 17 + 25?")."""
+    return {_cache_keyword(type(model)): cache}
+
+
+@functools.cache
+def _cache_keyword(cls: type) -> str:
+    params = inspect.signature(cls.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise TypeError(f"{cls.__name__}.forward takes no KV cache (neither `cache` nor `past_key_values`)")
 
 
 def batch_cache(layers: KV) -> DynamicCache:

@@ -27,7 +27,7 @@ from transformers import DynamicCache
 from polar_pl.engine.backend import BackendStats, GenerationRequest, SeqDelta
 from polar_pl.engine.constrain import ConstraintState
 from polar_pl.engine.detok import SequenceOutput
-from polar_pl.engine.kvcache import PrefixCache, batch_cache, cache_kv
+from polar_pl.engine.kvcache import PrefixCache, batch_cache, cache_kv, with_cache
 from polar_pl.engine.sampling import make_generator, sample_batch
 
 Sink = Callable[[list[SeqDelta] | BaseException | None], object]
@@ -219,7 +219,9 @@ class Scheduler:
             if req.aborted or self._stop:  # a long prefill gives way to an abort between chunks
                 return cache, None
             chunk = torch.tensor([prompt[start : start + self.prefill_chunk]], device=self.device)
-            logits = self.model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            logits = self.model(
+                input_ids=chunk, **with_cache(self.model, cache), use_cache=True, logits_to_keep=1
+            ).logits[:, -1]
         self.prefix_cache.insert(prompt, cache_kv(cache))
         self.stats.extra.update(self.prefix_cache.stats())
         return cache, logits
@@ -261,7 +263,7 @@ class Scheduler:
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=positions,
-            cache=self._cache,
+            **with_cache(self.model, self._cache),
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]  # (B, V)

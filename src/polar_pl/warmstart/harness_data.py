@@ -28,6 +28,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from polar_pl.chat.render import render_chat
+from polar_pl.engine.kvcache import with_cache
 from polar_pl.warmstart.harness_capture import HarnessPrompt
 from polar_pl.warmstart.harness_conversations import Example, examples, shell_tool, task_examples
 
@@ -213,5 +214,9 @@ def compute_kvs(model: PreTrainedModel, groups: list[Group], chunk: int = 4096) 
 
 def _extend(model, cache: DynamicCache, ids: list[int], chunk: int) -> DynamicCache:
     for start in range(0, len(ids), chunk):
-        model.model(input_ids=torch.tensor([ids[start : start + chunk]]), cache=cache, use_cache=True)
+        model.model(
+            input_ids=torch.tensor([ids[start : start + chunk]]),
+            **with_cache(model.model, cache),
+            use_cache=True,
+        )
     return cache

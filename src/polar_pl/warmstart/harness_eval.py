@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from polar_pl.engine.kvcache import with_cache
 from polar_pl.warmstart.harness_capture import HarnessPrompt
 from polar_pl.warmstart.harness_data import Group, compute_kvs, probe_contexts
 
@@ -33,7 +34,10 @@ def sample_after(
     done = [False] * n
     for step in range(max_new):
         logits = model(
-            input_ids=token, position_ids=torch.full((n, 1), p - 1 + step), cache=cache, use_cache=True
+            input_ids=token,
+            position_ids=torch.full((n, 1), p - 1 + step),
+            **with_cache(model, cache),
+            use_cache=True,
         ).logits[:, -1]
         if temperature > 0:
             nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen)

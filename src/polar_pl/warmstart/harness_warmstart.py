@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from polar_pl.engine.kvcache import with_cache
 from polar_pl.warmstart.chat_warmstart import set_lr
 from polar_pl.warmstart.harness_capture import HarnessPrompt
 from polar_pl.warmstart.harness_data import IGNORE, Group, compute_kvs, long_groups, short_group
@@ -72,7 +73,10 @@ def step_loss(
     )
     positions = torch.arange(p, p + t).expand(b, -1)
     hidden = model.model(
-        input_ids=input_ids, position_ids=positions, cache=cache, use_cache=cache is not None
+        input_ids=input_ids,
+        position_ids=positions,
+        **with_cache(model.model, cache),
+        use_cache=cache is not None,
     )
     targets = labels[:, 1:]
     keep = targets != IGNORE
