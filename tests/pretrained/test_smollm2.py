@@ -47,6 +47,7 @@ def test_folder_is_the_shipped_model(smollm2_model_dir, gguf_model) -> None:
         assert torch.equal(model(ids).logits, ref(ids).logits)
     ours = AutoTokenizer.from_pretrained(str(smollm2_model_dir))
     assert ours("What is 17 plus 25?")["input_ids"] == tok("What is 17 plus 25?")["input_ids"]
+    assert ours.eos_token == ours.pad_token == "<|im_end|>"  # the end of a ChatML turn
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
 
 

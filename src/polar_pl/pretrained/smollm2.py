@@ -66,6 +66,9 @@ def _build_into(out: Path) -> None:
         bos_token_id=tokenizer.bos_token_id, eos_token_id=[im_end], pad_token_id=im_end
     )
     model.save_pretrained(out)
+    # The GGUF names no end of turn for the tokenizer: transformers 5.17 reads <|im_start|> as its
+    # eos, 5.25 <|im_end|>. The folder says it, whichever version builds it.
+    tokenizer.eos_token = tokenizer.pad_token = "<|im_end|>"
     tokenizer.chat_template = TEMPLATE.read_text(encoding="utf-8")
     tokenizer.model_max_length = model.config.max_position_embeddings
     tokenizer.save_pretrained(out)
