@@ -265,7 +265,7 @@ def test_real_model_trains_a_few_steps_with_held_out_eval_and_export(smollm2_mod
     assert [int(float(r["train/policy_version"])) for r in rows] == [1, 2]
     fresh = [float(r["train/logprob_gap_mean"]) for r in rows if float(r["train/staleness_max"]) == 0]
     assert fresh and max(fresh) < 0.01
-    assert all(float(r["train/entropy"]) > 0 and r.get("train/kl") for r in rows)
+    assert all(float(r["train/entropy"]) > 0 and r.get("train/kl") and r.get("train/kl_ref") for r in rows)
     logged = {k for r in metrics(run) for k, v in r.items() if v}
     assert {"eval/before/pass@1", "eval/after/pass@2", "eval/pass@1_gain"} <= logged
     assert (run / "eval" / "comparison.json").exists() and (run / "eval" / "after" / "tasks.jsonl").exists()

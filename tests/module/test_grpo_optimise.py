@@ -188,9 +188,11 @@ def test_update_metrics_by_hand(minibatches, epochs) -> None:
         "train/staleness_mean", "train/staleness_max", "train/entropy", "train/advantage_abs_mean",
         "train/rollouts", "train/side_rollouts", "train/truncated_calls", "train/tokens_per_s",
         "train/old_logprob_s", "train/update_s", "train/filtered_groups_frac", "train/trainable_tokens",
-        "train/skipped_batches", "train/policy_version",
+        "train/skipped_batches", "train/policy_version", "train/kl_ref",
     }  # fmt: skip
     approx = functools.partial(pytest.approx, rel=1e-4, abs=1e-6)
+    d = ref_lp - lp
+    assert m["train/kl_ref"] == approx(token_mean(d.exp() - d - 1))  # pi_old's distance from the reference
     assert m["train/loss"] == approx(token_mean(-adv + 0.1 * k2 - 0.01 * ent))
     assert m["train/kl"] == approx(token_mean(k2)) and m["train/kl"] > 1e-3
     assert m["train/clip_frac"] == 0.0

@@ -54,6 +54,27 @@ def test_kl_in_reward_lowers_each_rollouts_reward_by_its_summed_k1() -> None:
     assert m["train/kl_reward_penalty_mean"] == pytest.approx(sum(penalty) / 3, abs=1e-5)
 
 
+def test_kl_monitor_logs_the_distance_from_the_initial_model_and_leaves_the_step_alone() -> None:
+    """kl_monitor computes the reference's logprobs with no KL term: train/kl_ref is 0 before the
+    first step, then the k3 estimate of KL(pi_old || initial model) over the sampled tokens, and
+    the weights move exactly as without it."""
+    batch = collate(ROWS, token_budget=16)
+    plain, watched = GRPOModule(model=small_model()), GRPOModule(model=small_model(), kl_monitor=True)
+    assert plain._ref is None and watched._ref is not None
+    first = [module.update(collate(ROWS, token_budget=16), sgd(module)) for module in (plain, watched)]
+    assert "train/kl_ref" not in first[0]
+    assert first[1]["train/kl_ref"] == pytest.approx(0.0, abs=1e-9)  # the policy is still the reference
+    for a, b in zip(plain.model.parameters(), watched.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    with torch.no_grad():
+        old, _ = token_logprobs(watched.model, batch.input_ids, batch.position_ids)
+        ref, _ = token_logprobs(watched._ref.model, batch.input_ids, batch.position_ids)
+    d = (ref - old).double()[batch.loss_mask > 0]
+    expected = float((d.exp() - d - 1).mean())
+    assert expected > 1e-4  # the step moved the policy
+    assert watched.update(batch, sgd(watched))["train/kl_ref"] == pytest.approx(expected, rel=1e-4)
+
+
 def test_lr_schedule_is_stepped_per_optimiser_step() -> None:
     sched = functools.partial(get_constant_schedule_with_warmup, num_warmup_steps=4)
     module = GRPOModule(model=small_model(), lr=0.4, lr_scheduler=sched, minibatches=2)

@@ -80,6 +80,9 @@ class GRPOModule(L.LightningModule):
     kl: fn(logp, ref_logp) -> (N, T) added to the loss with kl_coef (kl_k2 / kl_k3 / kl_k3_plus).
     kl_reward: fn(old_logp, ref_logp) -> (N, T) (kl_k1), summed over a rollout's tokens and
         subtracted from its reward with kl_reward_coef before the advantages.
+    kl_monitor: compute the frozen initial model's logprobs every step, with or without a KL term,
+        and log train/kl_ref (how far the policy has moved from where it started; one more
+        no-grad forward a step).
     tis / off_policy_mask: fn(old_logp, behavior_logp, mask, segments, advantages) -> (N, T)
         weights multiplying the policy loss (see offpolicy.py), or None.
     entropy_coef: entropy bonus (the loss subtracts entropy_coef x the sampled distribution's
@@ -110,6 +113,7 @@ class GRPOModule(L.LightningModule):
         kl_coef: float = 0.0,
         kl_reward: Callable[..., torch.Tensor] | None = None,
         kl_reward_coef: float = 0.0,
+        kl_monitor: bool = False,
         tis: Callable[..., torch.Tensor] | None = None,
         off_policy_mask: Callable[..., torch.Tensor] | None = None,
         entropy_coef: float = 0.0,
@@ -179,7 +183,7 @@ class GRPOModule(L.LightningModule):
                 f"module.weight_sync={type(weight_sync).__name__} cannot push a LoRA adapter (module.lora.rank="
                 f"{self.lora.rank}): use module/weight_sync=embedded, disk or none"
             )
-        self.needs_ref = self.kl_coef > 0 or self.kl_reward_coef > 0
+        self.needs_ref = self.kl_coef > 0 or self.kl_reward_coef > 0 or bool(kl_monitor)
         # with LoRA the reference is this model with its adapter off (`_reference`): no copy
         self._ref = Frozen(copy.deepcopy(self.model)) if self.needs_ref and self.lora is None else None
         self.optimizer_steps = 0  # over the whole run (checkpointed)
@@ -311,6 +315,7 @@ class GRPOModule(L.LightningModule):
         m = batch_metrics(
             old=old, behavior=batch.behavior_logprobs, sampled=sampled, mask=mask, entropy=ent,
             token_versions=batch.policy_version, current_version=version_now, tis_w=tis_w, keep_w=keep_w,
+            ref=ref,
         )  # fmt: skip
         m.update(stats)
         m.update(unit_metrics(units, adv, penalty, prep.truncated_calls))

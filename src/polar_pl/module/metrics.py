@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from polar_pl.datamodule.collate import TrainBatch
+from polar_pl.module.losses import kl_k3
 from polar_pl.module.rollouts import Rollouts
 
 QUANTILES = {"p05": 0.05, "p50": 0.5, "p95": 0.95}
@@ -40,6 +41,7 @@ def batch_metrics(
     current_version: int,
     tis_w: torch.Tensor | None = None,
     keep_w: torch.Tensor | None = None,
+    ref: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """All (N, T). sampled: every sampled token with a trainer logprob; mask: those in the loss.
 
@@ -47,7 +49,9 @@ def batch_metrics(
     train/ratio_pXX: quantiles of exp(old - behavior); train/staleness_mean / _max: engine version
     now minus the version that sampled each token; train/entropy: mean entropy of the sampled
     distribution; train/tis_weight_mean: mean truncated importance weight over the loss tokens;
-    train/off_policy_masked_frac: share of the loss tokens an off-policy mask removed.
+    train/off_policy_masked_frac: share of the loss tokens an off-policy mask removed;
+    train/kl_ref (with the reference's logprobs `ref`): KL(pi_old || reference) per sampled token,
+    the k3 estimate (unclamped) over the tokens pi_old's engine sampled.
     """
     sel = sampled > 0
     diff = (old.double() - behavior.double())[sel]
@@ -66,6 +70,8 @@ def batch_metrics(
         out["train/tis_weight_mean"] = _mean(tis_w, mask)
     if keep_w is not None:
         out["train/off_policy_masked_frac"] = 1.0 - _mean(keep_w, mask)
+    if ref is not None:
+        out["train/kl_ref"] = _mean(kl_k3(old.double(), ref.double(), clamp=None), sampled)
     return out
 
 
