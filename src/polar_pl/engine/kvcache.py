@@ -14,7 +14,6 @@ usually starts with a cached one and only its tail is prefilled. Entries hold ba
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections import OrderedDict
 from typing import Any
@@ -74,16 +73,19 @@ def with_cache(model: torch.nn.Module, cache: DynamicCache | None) -> dict[str, 
     `past_key_values` to `cache` (the old name still maps, with a warning, until 5.40); before it,
     `cache=` falls into the forward's **kwargs unread, and every step is computed without its
     context: the engine then samples noise ("1-----------------" for "What is 17 + 25?")."""
-    return {_cache_keyword(type(model)): cache}
+    cls = type(model)
+    if cls not in _CACHE_KEYWORD:
+        params = inspect.signature(model.forward).parameters
+        names = [name for name in ("cache", "past_key_values") if name in params]
+        if not names:
+            raise TypeError(
+                f"{cls.__name__}.forward takes no KV cache (neither `cache` nor `past_key_values`)"
+            )
+        _CACHE_KEYWORD[cls] = names[0]
+    return {_CACHE_KEYWORD[cls]: cache}
 
 
-@functools.cache
-def _cache_keyword(cls: type) -> str:
-    params = inspect.signature(cls.forward).parameters
-    for name in ("cache", "past_key_values"):
-        if name in params:
-            return name
-    raise TypeError(f"{cls.__name__}.forward takes no KV cache (neither `cache` nor `past_key_values`)")
+_CACHE_KEYWORD: dict[type, str] = {}  # per model class: the name its forward reads the cache by
 
 
 def batch_cache(layers: KV) -> DynamicCache:
