@@ -22,7 +22,10 @@ from polar_pl.sandbox.image import default_harness_prefix
 
 # What a tiny model's folder records about its build (polar_pl/tinymodel/build.py), read without
 # importing it: that module loads torch.
-BUILD_RECORD = "tinymodel.json"
+BUILD_RECORD = "tinymodel.json"  # a tiny model's (tinymodel/build.py)
+PRETRAINED_RECORD = (
+    "polar_model.json"  # a pretrained model's, and its tool cold start's (pretrained/smollm2.py)
+)
 
 
 def preflight(cfg: DictConfig) -> None:
@@ -62,8 +65,10 @@ def check_warm_model(cfg: DictConfig) -> None:
             f"model that the run does not build; build it once (minutes of CPU) with `{command}`"
         )
     if cfg.warm_start.get("harness"):
-        record = model_dir / BUILD_RECORD
-        built = json.loads(record.read_text()).get("harness_extra_args", []) if record.exists() else []
+        records = [
+            model_dir / name for name in (BUILD_RECORD, PRETRAINED_RECORD) if (model_dir / name).exists()
+        ]
+        built = json.loads(records[0].read_text()).get("harness_extra_args", []) if records else []
         wanted = list(cfg.harness.get("extra_args") or [])
         if built != wanted:
             raise ConfigError(

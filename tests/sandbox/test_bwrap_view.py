@@ -106,3 +106,50 @@ def test_pwd_names_the_working_folder(tmp_path):
         )
         assert res.stdout.split() == [sb.workdir, sb.workdir]
         assert sub is not None and sub.stdout.strip() == f"{sb.workdir}/sub"
+
+
+def test_a_workspace_alias_is_the_same_path_in_every_sandbox_and_still_each_ones_own(tmp_path):
+    """sandbox.workspace_alias: a CLI that writes its working folder into its system prompt (pi,
+    Claude Code) then sends byte-identical requests up to the task from every sandbox, which the
+    engine's prefix cache serves. Each sandbox still sees only its own workspace there: a file one
+    agent writes is absent from the other's, lands in its own host folder and its patch."""
+    from polar_pl.sandbox.local import LocalSandbox
+
+    alias = "/workspace"
+    with (
+        LocalSandbox(base_dir=str(tmp_path), owner=OWNER, workspace_alias=alias) as a,
+        LocalSandbox(base_dir=str(tmp_path), owner=OWNER, workspace_alias=alias) as b,
+    ):
+        assert a.workdir != b.workdir
+        for sb in (a, b):
+            res = sb.exec(["sh", "-c", 'echo "$PWD"; pwd'])
+            assert res.stdout.split() == [alias, alias], res
+        assert a.exec(["sh", "-c", "echo 42 > result.txt && mkdir -p sub"]).exit_code == 0
+        assert a.exec(["sh", "-c", "pwd"], workdir="sub").stdout.strip() == f"{alias}/sub"
+        assert (Path(a.workdir) / "result.txt").read_text() == "42\n"
+        assert "result.txt" in a.diff() and "+42" in a.diff()
+        other = b.exec(["sh", "-c", f"ls -A {alias}; cat {alias}/result.txt; cat {a.workdir}/result.txt"])
+        assert "42" not in other.stdout and other.exit_code != 0, other
+        assert b.diff() == ""
+
+
+@pytest.mark.parametrize(
+    ("alias", "isolation", "message"),
+    [
+        ("/usr/workspace", "bwrap", "system folder"),
+        ("/tmp", "bwrap", "system folder"),
+        ("workspace", "bwrap", "absolute"),
+        ("/", "bwrap", "absolute"),
+        ("/a/../workspace", "bwrap", "normalised"),
+        ("/workspace", "none", "isolation='bwrap'"),
+    ],
+)
+def test_a_workspace_alias_out_of_place_is_refused_naming_the_key(alias, isolation, message):
+    import warnings
+
+    from polar_pl.sandbox.local import LocalSandbox
+
+    with warnings.catch_warnings(), pytest.raises(ValueError, match="sandbox.workspace_alias") as err:
+        warnings.simplefilter("ignore")
+        LocalSandbox(isolation=isolation, owner=OWNER, workspace_alias=alias)
+    assert message in str(err.value)

@@ -23,6 +23,7 @@ import os
 import shutil
 import sys
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,9 +165,11 @@ def argv(
     harness_prefix: str | None,
     cwd: str,
     userns: tuple[int, int] | None,
+    aliases: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
     """The bwrap command line up to and including `--` (and the uid drop when run as root).
-    `writable`: host paths bound read-write at the same path; `readonly`: (host path, path inside)."""
+    `writable`: host paths bound read-write at the same path; `readonly`: (host path, path inside);
+    `aliases`: (writable host path, a second path inside it is bound read-write at)."""
     a = _Args()
     if userns is not None:  # the three capabilities are for setpriv, which drops them all
         a.add("bwrap", "--userns", str(userns[0]), "--userns2", str(userns[1]), "--uid", "0", "--gid", "0",
@@ -195,6 +198,8 @@ def argv(
         a.mount("--tmpfs", None, path)
     for path in writable:
         a.mount("--bind", path, path)
+    for src, dst in aliases:
+        a.mount("--bind", src, dst)
     if userns is None:
         a.add("--chdir", cwd, "--")
     else:  # bwrap would chdir as root without capabilities: a 0700 workspace of nobody refuses that

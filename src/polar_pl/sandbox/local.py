@@ -55,6 +55,7 @@ class LocalSandbox:
         harness_prefix: str | None = None,
         default_timeout: float | None = None,
         python_packages: tuple[str, ...] | list[str] = (),
+        workspace_alias: str | None = None,
     ) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"sandbox.isolation={isolation!r}: allowed values are {ISOLATIONS}")
@@ -70,6 +71,9 @@ class LocalSandbox:
                 UnsafeSandboxWarning,
                 stacklevel=2,
             )
+        if workspace_alias is not None:
+            _check_alias(workspace_alias, isolation)
+        self.workspace_alias = workspace_alias
         self.isolation = isolation
         self.limits = cgroups.Limits(parse_bytes(memory), pids, cpus)
         if self.limits.any and not cgroups.available():
@@ -184,6 +188,12 @@ class LocalSandbox:
         cwd = workdir or self.workdir
         if not os.path.isabs(cwd):
             cwd = os.path.join(self.workdir, cwd)
+        if (
+            self.workspace_alias
+            and not system
+            and (cwd == self.workdir or cwd.startswith(self.workdir + "/"))
+        ):
+            cwd = self.workspace_alias + cwd[len(self.workdir) :]
         argv, fds = self._wrap(argv, cwd, system)
         timeout = timeout if timeout is not None else self.default_timeout
         t0 = time.monotonic()
@@ -255,11 +265,12 @@ class LocalSandbox:
             ns = userns.namespaces(*self._owner) if self._owner else None
             fds = ns or ()
             writable = [str(root / d) for d in ("workspace", "home", "tmp", *(("state",) if system else ()))]
+            aliases = [(self.workdir, self.workspace_alias)] if self.workspace_alias else []
             readonly = [(str(root / "run"), str(root / "run"))] + [
                 (str(root / "run" / name), f"/etc/{name}") for name in ("passwd", "group")
             ]
             argv = [
-                *bwrap.argv(self._runtime, writable=writable, readonly=readonly,
+                *bwrap.argv(self._runtime, writable=writable, readonly=readonly, aliases=aliases,
                             harness_prefix=self.harness_prefix, cwd=cwd, userns=ns),
                 *argv,
             ]  # fmt: skip
@@ -348,6 +359,25 @@ class LocalSandbox:
         if self.root is None:
             raise RuntimeError("sandbox not started (call start() first)")
         return self.root
+
+
+# Where a workspace alias may not go: the sandbox's runtime and system folders.
+_SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/proc", "/dev", "/tmp", "/opt", "/run")
+
+
+def _check_alias(alias: str, isolation: str) -> None:
+    """`sandbox.workspace_alias` is a fresh absolute folder inside a bubblewrap sandbox."""
+    if isolation != "bwrap":
+        raise ValueError(
+            f"sandbox.workspace_alias={alias!r} needs sandbox.isolation='bwrap' (a mount inside the sandbox)"
+        )
+    norm = os.path.normpath(alias)
+    if not os.path.isabs(alias) or norm != alias or norm == "/":
+        raise ValueError(f"sandbox.workspace_alias={alias!r} must be a normalised absolute path, not /")
+    if any(norm == p or norm.startswith(p + "/") for p in _SYSTEM_PATHS):
+        raise ValueError(
+            f"sandbox.workspace_alias={alias!r} is inside a system folder ({', '.join(_SYSTEM_PATHS)})"
+        )
 
 
 def _killpg(pgid: int) -> None:

@@ -86,6 +86,7 @@ def arith_task(problem: Problem, rng: random.Random, instance_id: str, partial: 
 def tools_task(problem: Problem, rng: random.Random, instance_id: str, partial: bool = False) -> Task:
     a, op, b = problem
     setup: tuple[str, ...]
+    lines: list[str] = []
     if op == "*":
         prompt = (f"Use a shell command to compute {a} times {b}, and write the result to "
                   f"{RESULT_FILE}.")  # fmt: skip
@@ -97,7 +98,7 @@ def tools_task(problem: Problem, rng: random.Random, instance_id: str, partial: 
         expected, setup = a, ("printf '%s\\n' " + " ".join(f"'{line}'" for line in lines) + " > data.txt",)
     return Task(
         instance_id=instance_id, repo="", base_commit="", problem_statement=prompt, difficulty="easy",
-        setup_commands=setup, extra={"problem": problem},
+        setup_commands=setup, extra={"problem": problem, "lines": lines},
         answer_check=AnswerCheck("file_integer", {"path": RESULT_FILE, "value": expected, "partial": partial}),
     )  # fmt: skip
 

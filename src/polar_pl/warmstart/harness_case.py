@@ -31,11 +31,11 @@ from polar_pl.warmstart.harness_conversations import Example
 from polar_pl.warmstart.harness_data import (
     MAX_SEGMENT_PROMPT,
     Group,
-    _segment,
-    _workdir,
     compute_kvs,
     lcp,
     per_task_group,
+    sandbox_workdir,
+    segment_row,
 )
 from polar_pl.warmstart.harness_warmstart import Schedule, step_loss
 from polar_pl.warmstart.multiturn_warmstart import WORDS
@@ -63,7 +63,7 @@ def case_groups(tok, prompt: HarnessPrompt, share: float, seed: int, rows: int, 
     one group per task of the check's own tasks (`case` tasks 0..n_tasks-1 of seed 0), each
     behind its whole request."""
     rng = random.Random(seed)
-    workdir = _workdir(rng)
+    workdir = sandbox_workdir(rng)
 
     def request(task: str) -> list[int]:
         return render_chat(tok, prompt.with_task(task, workdir), prompt.tools)[1]
@@ -77,7 +77,7 @@ def case_groups(tok, prompt: HarnessPrompt, share: float, seed: int, rows: int, 
         for _ in range(rows):
             ex = case_example(rng, rng.randrange(1 << 16), rng.randrange(1, 1 << 30), share)
             ids = ctx.get(ex.task) or ctx.setdefault(ex.task, request(ex.task)[shared:])
-            group.rows.append(_segment(tok, ids, ex, memo))
+            group.rows.append(segment_row(tok, ids, ex, memo))
         return [group]
     groups = []
     for i in range(n_tasks):
@@ -148,7 +148,9 @@ def evaluate_case(
     out: dict[str, Any] = {"ended_turn": 0.0}
     for i in range(2):
         task = learnable_task("case", i, 0)
-        ctx = Group("probe", render_chat(tok, prompt.with_task(task.prompt, _workdir(rng)), prompt.tools)[1])
+        ctx = Group(
+            "probe", render_chat(tok, prompt.with_task(task.prompt, sandbox_workdir(rng)), prompt.tools)[1]
+        )
         compute_kvs(model, [ctx])
         assert task.answer_check is not None  # case tasks always have one
         upper = task.answer_check.kind == "uppercase_fraction"

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polar_pl.tasks.learnable import ECHO_WORDS, TOPICS, UPPER_TEMPLATES, file_task_prompt, learnable_task
+from polar_pl.tasks.task import Task
 
 SHELL_NAMES = ("Bash", "bash", "exec_command", "run_shell_command", "shell")
 COMMAND_ARGS = ("command", "cmd")
@@ -106,22 +107,63 @@ def file_example(
     word = word or rng.choice(ECHO_WORDS).upper()
     written = rng.choice([word, word, word.lower(), word.title(), rng.choice(ECHO_WORDS).upper()])
     command = f"echo {shlex.quote(written)} > {ANSWER_FILE}"
+    turns = _shell_turns(rng, harness, tool, index, command)
+    return Example(
+        file_task_prompt(word), (*turns, ("assistant", {"role": "assistant", "content": rng.choice(_DONE)}))
+    )
+
+
+_WROTE = (
+    "Done.",
+    "The result is in result.txt.",
+    "I wrote the result to result.txt.",
+    "Done: result.txt is written.",
+)
+
+
+def _shell_turns(
+    rng: random.Random, harness: str, tool: ShellTool, index: int, command: str, output: str = ""
+) -> tuple[tuple[str, Any], ...]:
+    """An assistant turn calling the shell tool with `command`, and the harness's result: `output`,
+    or what it sends when a command printed nothing."""
     call = {
         "id": f"call_{index}_{rng.randrange(16**8):08x}",
         "type": "function",
         "function": {"name": tool.name, "arguments": json.dumps({tool.command_arg: command, **tool.extra})},
     }
-    result = EMPTY_RESULT.get(harness, "(no output)").format(
+    result = output or EMPTY_RESULT.get(harness, "(no output)").format(
         hex=f"{rng.randrange(16**6):06x}", d=rng.randint(10, 99), cmd=command, pid=rng.randint(100, 9999)
     )
-    return Example(
-        file_task_prompt(word),
-        (
-            ("assistant", {"role": "assistant", "content": "", "tool_calls": [call]}),
-            ("tool", {"role": "tool", "tool_call_id": call["id"], "content": result}),
-            ("assistant", {"role": "assistant", "content": rng.choice(_DONE)}),
-        ),
+    return (
+        ("assistant", {"role": "assistant", "content": "", "tool_calls": [call]}),
+        ("tool", {"role": "tool", "tool_call_id": call["id"], "content": result}),
     )
+
+
+def tool_task_example(rng: random.Random, harness: str, tool: ShellTool, task: Task, index: int) -> Example:
+    """A demonstration of a `tools` arithmetic task (tasks/arith.py): the product computed by the
+    shell into the result file; or the data file printed, its item copied into the result file.
+    Then a short closing reply."""
+    a, op, b = task.extra["problem"]
+    assert task.answer_check is not None  # a `tools` task is scored from its result file
+    out = task.answer_check.params["path"]
+    if op == "*":
+        turns = _shell_turns(rng, harness, tool, index, f"echo $(({a} * {b})) > {out}")
+    else:
+        shown = _shell_turns(rng, harness, tool, index, "cat data.txt", "\n".join(task.extra["lines"]))
+        turns = shown + _shell_turns(rng, harness, tool, index + 1, f"echo {a} > {out}")
+    return Example(
+        task.problem_statement, (*turns, ("assistant", {"role": "assistant", "content": rng.choice(_WROTE)}))
+    )
+
+
+def tool_task_examples(
+    harness: str, tools: list[dict[str, Any]], tasks: list[Task], seed: int
+) -> list[Example]:
+    """One demonstration of each task (the `tools` family's train split)."""
+    rng = random.Random(seed)
+    tool = shell_tool(tools)
+    return [tool_task_example(rng, harness, tool, task, 2 * i) for i, task in enumerate(tasks)]
 
 
 def examples(harness: str, tools: list[dict[str, Any]], seed: int, count: int) -> list[Example]:

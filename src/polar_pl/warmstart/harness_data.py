@@ -106,7 +106,7 @@ def lcp(seqs: list[list[int]]) -> int:
     return n
 
 
-def _workdir(rng: random.Random) -> str:
+def sandbox_workdir(rng: random.Random) -> str:
     return f"/tmp/polar-sbx-default-{rng.randrange(36**8):08x}/workspace"
 
 
@@ -121,7 +121,7 @@ def long_groups(
     rng = random.Random(seed)
     memo: dict[str, str] = {}
     by_task = task_examples(prompt.harness, prompt.tools, seed, n_upper, per_task)
-    workdir = _workdir(rng)
+    workdir = sandbox_workdir(rng)
     ctx = {t: render_chat(tok, prompt.with_task(t, workdir), prompt.tools)[1] for t in by_task}
     shared = lcp(list(ctx.values()))
     if max(len(c) for c in ctx.values()) - shared <= MAX_SEGMENT_PROMPT:
@@ -129,12 +129,12 @@ def long_groups(
         for ex in examples(prompt.harness, prompt.tools, seed + 2, shared_rows):
             if ex.task not in ctx:
                 ctx[ex.task] = render_chat(tok, prompt.with_task(ex.task, workdir), prompt.tools)[1]
-            group.rows.append(_segment(tok, ctx[ex.task][shared:], ex, memo))
+            group.rows.append(segment_row(tok, ctx[ex.task][shared:], ex, memo))
         return [group]
     groups = []
     few = task_examples(prompt.harness, prompt.tools, seed, PER_TASK_UPPER, per_task, PER_TASK_FILE_WORDS)
     for task, exs in few.items():
-        ids = render_chat(tok, prompt.with_task(task, _workdir(rng)), prompt.tools)[1]
+        ids = render_chat(tok, prompt.with_task(task, sandbox_workdir(rng)), prompt.tools)[1]
         groups.append(per_task_group("long", tok, ids, exs, memo, task))
     return groups
 
@@ -154,7 +154,7 @@ def short_group(tok, prompt: HarnessPrompt, seed: int, count: int) -> Group:
             ctx[ex.task] = render_chat(tok, messages, tools)[1]
     shared = lcp(list(ctx.values()))
     group = Group("short", next(iter(ctx.values()))[:shared])
-    group.rows = [_segment(tok, ctx[ex.task][shared:], ex, memo) for ex in exs]
+    group.rows = [segment_row(tok, ctx[ex.task][shared:], ex, memo) for ex in exs]
     return group
 
 
@@ -166,10 +166,10 @@ def per_task_group(
     the prefix the answer's first token would never be trained (measured: Claude Code's warm
     model then opened every answer with junk echoed from the request, "day ..." after "Today's
     date")."""
-    return Group(family, request[:-1], [_segment(tok, request[-1:], ex, memo) for ex in exs], task=task)
+    return Group(family, request[:-1], [segment_row(tok, request[-1:], ex, memo) for ex in exs], task=task)
 
 
-def _segment(tok, prompt_ids: list[int], ex: Example, memo: dict[str, str]) -> tuple[list[int], list[int]]:
+def segment_row(tok, prompt_ids: list[int], ex: Example, memo: dict[str, str]) -> tuple[list[int], list[int]]:
     ids, labels = tail_tokens(tok, *render_tail(tok, ex, memo))
     return prompt_ids + ids, [IGNORE] * len(prompt_ids) + labels
 
@@ -193,7 +193,7 @@ def probe_contexts(tok, prompt: HarnessPrompt, seed: int) -> list[tuple[str, lis
     rng = random.Random(seed + 5)
     tasks = list(task_examples(prompt.harness, prompt.tools, seed, 2, 1))
     picked = [t for t in tasks if "answer.txt" in t][:2] + [t for t in tasks if "answer.txt" not in t][:2]
-    return [(t, render_chat(tok, prompt.with_task(t, _workdir(rng)), prompt.tools)[1]) for t in picked]
+    return [(t, render_chat(tok, prompt.with_task(t, sandbox_workdir(rng)), prompt.tools)[1]) for t in picked]
 
 
 @torch.no_grad()

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from polar_pl.preflight import PRETRAINED_RECORD
 from polar_pl.sandbox.image import default_harness_prefix
 from polar_pl.tinymodel.build import BUILD_RECORD, build_tiny_model, init_tiny_model, save_tiny_model
 from polar_pl.utils.locks import build_dir
@@ -38,6 +39,8 @@ def ensure_warm_model(cfg: DictConfig) -> Path:
     multi-turn check's (trained on the case task's note-taking sessions)."""
     ws = cfg.warm_start
     check_warm_start(ws)
+    if ws.get("tools"):
+        return ensure_tools_model(cfg)
     if ws.get("harness"):
         prefix = default_harness_prefix(cfg.sandbox.get("harness_prefix") or None)  # "": sandbox=docker's
         return ensure_harness_model(
@@ -55,7 +58,11 @@ def ensure_warm_model(cfg: DictConfig) -> Path:
 
 def check_warm_start(ws: DictConfig) -> None:
     """Refuse a `warm_start` value out of range before anything is built, naming its key."""
-    if ws.get("harness"):
+    if ws.get("tools"):
+        for key in ("steps", "tasks", "lr"):
+            if float(ws.tools.get(key, 0)) <= 0:
+                raise ValueError(f"warm_start.tools.{key} must be positive, got {ws.tools.get(key)}")
+    elif ws.get("harness"):
         if float(ws.get("minutes", 3.0)) <= 0:
             raise ValueError(f"warm_start.minutes must be positive, got {ws.minutes}")
         if ws.get("case") is not None and not 0.0 <= float(ws.case) <= 1.0:
@@ -225,6 +232,110 @@ def ensure_harness_model(
     return build_harness_model(
         out, harness, base, harness_prefix, minutes=minutes, extra_args=extra_args, if_missing=True
     )
+
+
+def ensure_tools_model(cfg: DictConfig) -> Path:
+    """`cfg.model_dir` after the tool cold start that `cfg.warm_start` describes (the pretrained
+    base under `warm_start.base` built first when missing), built if it is missing."""
+    from polar_pl.pretrained.smollm2 import build_smollm2
+
+    ws = cfg.warm_start
+    out = Path(cfg.model_dir)
+    if (out / "config.json").exists():
+        return out
+    prefix = default_harness_prefix(cfg.sandbox.get("harness_prefix") or None)
+    if prefix is None:
+        raise ValueError(
+            f"model_dir {out} is missing and building it needs the {ws.harness} CLI: set "
+            f"POLAR_HARNESS_PREFIX (polar-pl harness install {ws.harness} --prefix DIR)"
+        )
+    base = Path(ws.base)
+    if not (base / "config.json").exists():
+        print(f"polar-pl: building the pretrained model at {base} (once, ~30 s)", flush=True)
+        build_smollm2(base, if_missing=True)
+    print(
+        f"polar-pl: the tool-use cold start of {base.name} inside {ws.harness}'s request at {out} "
+        f"(once: {ws.tools.steps} steps on {ws.tools.tasks} demonstrations)",
+        flush=True,
+    )
+    return build_tools_model(
+        out, ws.harness, base, prefix, steps=int(ws.tools.steps), lr=float(ws.tools.lr), n_tasks=int(ws.tools.tasks),
+        seed=int(ws.tools.get("seed", 0)), extra_args=cfg.harness.get("extra_args") or (),
+        bf16=bool(ws.tools.get("bf16", False)), workdir=cfg.sandbox.get("workspace_alias"), if_missing=True,
+    )  # fmt: skip
+
+
+def build_tools_model(
+    out_dir: str | os.PathLike[str],
+    harness: str,
+    base_dir: str | os.PathLike[str],
+    harness_prefix: str | os.PathLike[str],
+    steps: int,
+    lr: float,
+    n_tasks: int,
+    seed: int = 0,
+    extra_args: Sequence[str] = (),
+    bf16: bool = False,
+    workdir: str | None = None,
+    if_missing: bool = False,
+) -> Path:
+    """A copy of the real model at `base_dir` (an HF folder) after the tool-use cold start: `steps`
+    steps on demonstrations of `n_tasks` train tasks of the `tools` family inside `harness`'s
+    captured request (tools_coldstart.py), kept as `harness_prompt.json`; workdir: the working
+    folder the CLI will see (sandbox.workspace_alias). The build record (the base's, plus
+    `tools_cold_start`) says what was done."""
+    if steps < 1 or n_tasks < 1 or lr <= 0:
+        raise ValueError(f"steps, n_tasks and lr must be positive, got {steps}, {n_tasks}, {lr}")
+    return build_dir(
+        out_dir, if_missing,
+        lambda tmp: _build_tools_into(tmp, harness, Path(base_dir), Path(harness_prefix), steps, lr, n_tasks, seed,
+                                      tuple(extra_args), bf16, workdir),
+    )  # fmt: skip
+
+
+def _build_tools_into(
+    out: Path,
+    harness: str,
+    base: Path,
+    prefix: Path,
+    steps: int,
+    lr: float,
+    n_tasks: int,
+    seed: int,
+    extra_args: tuple[str, ...],
+    bf16: bool,
+    workdir: str | None,
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from polar_pl.warmstart.harness_capture import capture_harness_prompt
+    from polar_pl.warmstart.tools_coldstart import cold_start_tools
+
+    started = time.monotonic()
+    if not (base / "config.json").exists():
+        raise FileNotFoundError(f"no base model at {base}")
+    prompt = capture_harness_prompt(harness, base, prefix, extra_args=extra_args)
+    capture_s = time.monotonic() - started
+    for f in base.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copy(f, out / f.name)
+    tok = AutoTokenizer.from_pretrained(str(base))
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    torch.manual_seed(seed)
+    report = cold_start_tools(
+        model, tok, prompt, steps=steps, lr=lr, n_tasks=n_tasks, seed=seed, bf16=bf16, workdir=workdir
+    )
+    model.save_pretrained(out)
+    (out / "harness_prompt.json").write_text(json.dumps(prompt.to_dict(), indent=1) + "\n", encoding="utf-8")
+    record = json.loads((base / PRETRAINED_RECORD).read_text()) if (base / PRETRAINED_RECORD).exists() else {}
+    record.update(
+        base=str(base),
+        harness_extra_args=list(extra_args),
+        tools_cold_start={**report, "capture_seconds": round(capture_s, 1)},
+        build_seconds=round(time.monotonic() - started, 1),
+    )
+    (out / PRETRAINED_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
 def build_multiturn_model(
