@@ -38,7 +38,9 @@ export POLAR_HARNESS_PREFIX := $(abspath $(HARNESS_PREFIX))
 
 # A config that trains a warm-started model (experiment=cli_sanity, cli_tiny, multiturn) gets it built
 # first: train.py refuses to start without it. Nothing to build: a second, and nothing printed.
-train: env model sandbox-deps $(if $(filter-out mini,$(TRAIN_HARNESS)),harness-clis)
+# experiment=smollm2_tools and the cli_* recipes run a CLI (pi unless harness= says otherwise)
+TRAIN_CLI := $(filter-out mini,$(TRAIN_HARNESS))$(filter experiment=smollm2_tools experiment=cli_%,$(ARGS))
+train: env model sandbox-deps $(if $(TRAIN_CLI),harness-clis)
 	$(BIN)/polar-pl warm-start $(ARGS)
 	$(BIN)/python train.py $(ARGS)
 
