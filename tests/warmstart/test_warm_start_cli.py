@@ -61,3 +61,18 @@ def test_a_sweep_builds_each_runs_model(capsys):
     assert sweep([]) == [[]]
     assert main(["warm-start", "-m", "harness=mini,pi", "steps=1,2"]) == 0
     assert capsys.readouterr() == ("", "")
+
+
+def test_the_tool_cold_start_is_the_one_train_py_would_load_and_bad_values_name_their_key(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("POLAR_MODEL_CACHE", "/models")
+    cfg = compose_config(["experiment=smollm2_tools"])
+    assert (
+        cfg.model_dir == "/models/smollm2-135m-instruct-pi-tools"
+        and cfg.sandbox.workspace_alias == "/workspace"
+    )
+    assert cfg.warm_start.harness == "pi" and cfg.warm_start.tools.steps > 0
+    proc = warm_start("experiment=smollm2_tools", f"model_dir={tmp_path / 'm'}", "warm_start.tools.steps=0")
+    assert proc.returncode == 1 and "warm_start.tools.steps must be positive" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "m").exists()
