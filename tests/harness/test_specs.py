@@ -108,12 +108,13 @@ def test_a_harness_only_says_how_to_launch_its_cli(name, monkeypatch):
     assert cfg.datamodule == base.datamodule and cfg.model_dir == base.model_dir and cfg.warm_start is None
     for experiment in ("smollm2", "smollm2_tools"):
         real = _composed(f"experiment={experiment}", f"harness={name}")
-        alone = _composed(f"experiment={experiment}")
+        # (read before the next compose: `${hydra:runtime.choices.harness}` resolves against the last one)
         if experiment == "smollm2":
             assert real.model_dir == "/models/smollm2-135m-instruct" and real.pretrained == "smollm2"
         else:  # the pretrained model after the tool-use cold start inside this CLI's request
             assert real.model_dir == f"/models/smollm2-135m-instruct-{name}-tools"
             assert real.warm_start.base == "/models/smollm2-135m-instruct" and real.warm_start.harness == name
+        alone = _composed(f"experiment={experiment}")
         assert real.module.lr == alone.module.lr and real.module.lr < 1e-4
         assert real.datamodule == alone.datamodule and real.datamodule.gateway_options.max_tokens_cap < 128
         assert instantiate(real.harness).name == name
