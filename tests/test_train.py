@@ -109,10 +109,12 @@ def curve(values: list[float]) -> list[float]:
 # bench/cli_learning.py --harness H [--experiment E] --seed N (push run of 8 steps, control of 3).
 CLI_CHECKS = [
     # pi, seeds 0-2: start 0.66-0.71, push's last 3 steps 0.84-0.94 (+0.13 to +0.28), each case
-    # 0.80-0.95; a clean-clone CI run then ended capitals at 0.746 (curve 0.69 -> 0.83, lead met)
-    # against a bar of 0.75. 0.65 sits 2 sd under those four runs' mean (0.84) and above what
-    # ignoring the prompt allows for both cases at once (their sum <= 1).
-    pytest.param("pi", "cli_sanity", 0.1, 0.65, 12, id="pi"),  # 3 epochs a step, a push each
+    # 0.80-0.95. Then a clean-clone CI run ended capitals at 0.746 (curve 0.69 -> 0.83, lead > 0.1)
+    # against a bar of 0.75, and a run alone on an idle machine led by +0.092 (control 0.77, 0.69;
+    # push 0.65 -> 0.76-0.88) against a bar of 0.1: the bars sat at the edge of what this check
+    # does. Lead 0.05 and each case 0.65: ~1.5-2 sd under the five runs' means (+0.16, 0.84), and
+    # both cases over 0.65 is still what ignoring the prompt cannot reach (their sum <= 1).
+    pytest.param("pi", "cli_sanity", 0.05, 0.65, 12, id="pi"),  # 3 epochs a step, a push each
     # Claude Code on its lean request (--system-prompt, --tools Bash): the task sits before Claude
     # Code's environment block, farther from the answer; lr 2e-3, groups of 16, a push a step.
     # Seeds 1-4 of this config (bench/cli_learning.py, nice 5, machine at load 24-42): start
