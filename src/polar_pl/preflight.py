@@ -18,14 +18,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from polar_pl.errors import ConfigError
+from polar_pl.pretrained.smollm2 import BUILD_RECORD as PRETRAINED_RECORD  # also the tool cold start's
 from polar_pl.sandbox.image import default_harness_prefix
 
 # What a tiny model's folder records about its build (polar_pl/tinymodel/build.py), read without
 # importing it: that module loads torch.
 BUILD_RECORD = "tinymodel.json"  # a tiny model's (tinymodel/build.py)
-PRETRAINED_RECORD = (
-    "polar_model.json"  # a pretrained model's, and its tool cold start's (pretrained/smollm2.py)
-)
 
 
 def preflight(cfg: DictConfig) -> None:

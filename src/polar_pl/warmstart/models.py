@@ -25,7 +25,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from polar_pl.preflight import PRETRAINED_RECORD
+from polar_pl.pretrained.smollm2 import BUILD_RECORD as PRETRAINED_RECORD
 from polar_pl.sandbox.image import default_harness_prefix
 from polar_pl.tinymodel.build import BUILD_RECORD, build_tiny_model, init_tiny_model, save_tiny_model
 from polar_pl.utils.locks import build_dir
