@@ -3,7 +3,7 @@
 python train.py                                   # CPU default: tiny model, mini harness
 python train.py harness=claude_code merge=prefix
 python train.py -m harness=claude_code,codex,qwen_code,pi
-python train.py experiment=sanity                 # the learning-sanity run
+python train.py experiment=smollm2_arith          # a real model (SmolLM2-135M-Instruct), held-out eval
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 Reads the run's csv/metrics.csv (one row with `rollout/reward_mean` per step), prints the reward of
 every step, and exits 1 unless the mean of the last steps beats the mean of the first steps by
 `--margin`. The window is a quarter of the run (at least 1 step, at most 5), so the check holds
-whatever `make train` trains by default: the tiny model's 20 steps or a real model's run.
+whatever `make train` trains by default: the tiny model's 30 steps or a real model's run.
 
     python3 .ci/reward_rose.py                      # the newest run under outputs/
     python3 .ci/reward_rose.py outputs/2026-12-03/05-41-00 --margin 0.1

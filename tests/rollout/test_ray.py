@@ -101,7 +101,10 @@ def test_node_killed_mid_run_loses_no_group_and_retries_its_sessions(ray_cluster
           f"{ {k: v for k, v in m.items() if k.startswith('rollout/')} }; datamodule {counters}")  # fmt: skip
     assert in_flight >= 2
     assert m["rollout/workers_lost"] == 1 and m["rollout/workers_alive"] == 2
-    assert m["rollout/sessions_retried"] >= in_flight  # every session it held ran again elsewhere
+    # the sessions it held when the loss was seen ran again elsewhere; some of the `in_flight` read
+    # above may have finished in the seconds before that (a CI run: 4 read, 2 retried): that none
+    # was lost is what the counts below check
+    assert m["rollout/sessions_retried"] >= 1
     assert m["rollout/sessions_masked"] == 0  # retries were enough
     groups = [g for b in batches for g in set(b.group_ids)]
     assert len(groups) == len(set(groups)) == 6  # every group once, none twice

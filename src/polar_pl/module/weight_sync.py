@@ -12,7 +12,7 @@ Implementations:
   engine, and vLLM on CPU or any engine without a collective);
 - `VLLMWeightTransferSync`: vLLM's native weight-transfer routes (init / start / update / finish)
   over NCCL or CUDA IPC. GPU only; see its docstring for what is and is not exercised;
-- `NoSync`: pushes nothing (the `sanity_no_push` experiment): weights and version stay put.
+- `NoSync`: pushes nothing (the control run, `module/weight_sync=none`): weights and version stay put.
 
 With LoRA (`module.lora`) the module pushes its `PeftModel`, and `EmbeddedStateDictSync` and
 `DiskSync` send the adapter alone: its A / B tensors and adapter_config.json, in memory

@@ -52,6 +52,7 @@ class ReplicaPool:
         self.replicas = [Replica(u.rstrip("/").removesuffix("/v1"), model=model) for u in urls]
         self._fixed_model = model
         self._tiebreak = {id(r): i for i, r in enumerate(random.sample(self.replicas, len(self.replicas)))}
+        self._placed = {id(r): 0 for r in self.replicas}  # sessions ever placed: idle replicas take turns
         self._client = client
         self._sticky: dict[str, Replica] = {}
         self._health_interval = health_interval
@@ -63,10 +64,13 @@ class ReplicaPool:
         if rep is not None and rep.healthy:
             return rep
         healthy = [r for r in self.replicas if r.healthy] or [r for r in self.replicas if not r.removed]
-        best = min(healthy, key=lambda r: (r.inflight, len(r.sessions), self._tiebreak[id(r)]))
+        best = min(
+            healthy, key=lambda r: (r.inflight, len(r.sessions), self._placed[id(r)], self._tiebreak[id(r)])
+        )
         if rep is not None:
             rep.sessions.discard(session_id)
         best.sessions.add(session_id)
+        self._placed[id(best)] += 1
         self._sticky[session_id] = best
         return best
 
