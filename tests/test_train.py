@@ -236,10 +236,13 @@ def test_vllm_engine_with_disk_weight_updates_matches_the_trainer(tiny_model_dir
         "engine.dtype=float32",
         "module/weight_sync=disk",
         "datamodule.max_staleness=0",
+        # groups of 2: both answers often score alike, and a step without signal neither trains
+        # nor pushes (a CI run's third step: versions [1, 2, 2]); here every step pushes
+        "module.filter_zero_variance=false",
         "steps=3",
         f"hydra.run.dir={run}",
     )
-    rows = [r for r in metrics(run) if r.get("train/logprob_gap_mean")]
+    rows = [r for r in metrics(run) if r.get("rollout/reward_mean")]
     assert len(rows) == 3
     gaps = [float(r["train/logprob_gap_mean"]) for r in rows]
     stale = [float(r["train/staleness_max"]) for r in rows]

@@ -5,12 +5,15 @@ to run per mutant.)"""
 
 from __future__ import annotations
 
+import csv
 import functools
 import logging
+import math
 
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger
 from small_model import small_model
 from synthetic import row
 from torch.utils.data import DataLoader
@@ -68,9 +71,9 @@ class NoTarget(Batches):
     push_target = None
 
 
-def fit(module: GRPOModule, dm: L.LightningDataModule, steps: int = 1) -> L.Trainer:
+def fit(module: GRPOModule, dm: L.LightningDataModule, steps: int = 1, logger=False) -> L.Trainer:
     trainer = L.Trainer(
-        accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False,
+        accelerator="cpu", max_steps=steps, logger=logger, log_every_n_steps=1, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     trainer.fit(module, datamodule=dm)
@@ -171,6 +174,22 @@ def test_skipped_batches_are_counted_logged_and_reported(caplog) -> None:
     assert m["train/skipped_batches"] == 2.0 and m["train/filtered_groups_frac"] == 1.0
     assert caplog.messages[-1] == "skipped a batch: no trainable tokens (2 skipped so far)"
     assert module.skipped_batches == 2 and module.optimizer_steps == 0
+
+
+def test_a_skipped_step_logs_nan_not_the_step_befores_values(tmp_path) -> None:
+    """Lightning logs a key's last value again at a step that does not log it: a skipped step's
+    row repeated the trained step's loss and logprob gap (a CI run read a push that never happened
+    from it), and a skip's train/skipped stuck to every later row."""
+    flat = [row("a0", "a", 1.0, [(2, 5)], 6), row("a1", "a", 1.0, [(1, 4)], 5)]  # no signal: skipped
+    batches = [collate(ROWS, token_budget=16), collate(flat, token_budget=16), collate(ROWS, token_budget=16)]
+    engine = Engine()
+    module = GRPOModule(model=small_model(), lr=1e-2, weight_sync=Sync())
+    fit(module, Batches(batches, engine), steps=2, logger=CSVLogger(tmp_path, name="", version=""))
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    assert [r["train/skipped"] for r in rows] == ["0.0", "1.0", "0.0"]
+    assert [r["train/policy_version"] for r in rows] == ["1.0", "1.0", "2.0"]
+    assert rows[1]["train/loss"] == rows[1]["train/logprob_gap_mean"] == "nan"
+    assert all(math.isfinite(float(r["train/loss"])) for r in (rows[0], rows[2]))
 
 
 def test_rollout_metrics_without_a_trainer() -> None:

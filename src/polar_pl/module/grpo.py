@@ -189,6 +189,7 @@ class GRPOModule(L.LightningModule):
         self.optimizer_steps = 0  # over the whole run (checkpointed)
         self.skipped_batches = 0
         self.own_version = 0  # pushes done, when there is no weight sync to ask
+        self._logged: set[str] = set()  # every key training_step has logged
 
     # ---- Lightning hooks ------------------------------------------------------------------
     def configure_optimizers(self) -> torch.optim.Optimizer | OptimizerLRSchedulerConfig:
@@ -255,6 +256,12 @@ class GRPOModule(L.LightningModule):
         metrics = self._rollout_metrics(batch)
         # a LightningOptimizer, at runtime a subclass of the optimizer's own class
         metrics.update(self.update(batch, self.optimizers(), self.lr_schedulers()))  # type: ignore[arg-type]
+        metrics.setdefault("train/skipped", 0.0)
+        # Lightning logs a key's last value again at every later step that does not log it: a
+        # skipped step would repeat the step before's loss and logprob gap, and a skip's
+        # train/skipped would stick. A key this step did not measure is logged as NaN (a gap).
+        metrics.update({k: float("nan") for k in self._logged - metrics.keys()})
+        self._logged |= metrics.keys()
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
 
     # ---- the GRPO step --------------------------------------------------------------------
