@@ -65,14 +65,17 @@ def memorize(src: Path, out: Path, messages, tools, reply: str, steps: int = 400
     model.train()
     for step in range(steps):
         out_ = model(input_ids=ids, labels=labels)
+        # checked before the step, so the weights saved are the weights checked (checking the
+        # forward before an Adam step and saving the weights after it let a CI run's saved model
+        # write `"_file",` where it had been checked to write `"content":`)
+        logits = out_.logits[0, len(prompt) - 1 : -1].detach()
+        margin = logits.softmax(-1).max(-1).values.min()
+        if bool((logits.argmax(-1) == ids[0, len(prompt) :]).all()) and float(margin) > 0.6:
+            print(f"memorized in {step} steps")
+            break
         opt.zero_grad()
         out_.loss.backward()
         opt.step()
-        pred = out_.logits[0, len(prompt) - 1 : -1].argmax(-1)
-        margin = out_.logits[0, len(prompt) - 1 : -1].detach().softmax(-1).max(-1).values.min()
-        if bool((pred == ids[0, len(prompt) :]).all()) and float(margin) > 0.6:
-            print(f"memorized in {step + 1} steps")
-            break
     else:
         raise RuntimeError("the tiny model did not memorize the tool-call reply")
     model.eval()

@@ -5,7 +5,9 @@ Observed and copied behaviour (checked against vLLM in tests/engine/test_vllm_re
 - the output starts in the reasoning state (thinking is on unless the request passes
   `chat_template_kwargs: {"enable_thinking": false}`): text before any `</think>` is reasoning,
   even without an opening `<think>`; `<think>` itself is dropped;
-- `</think>` ends reasoning (later `</think>`s are dropped); `<tool_call>` ends it implicitly;
+- `</think>` ends reasoning; `<tool_call>` ends it implicitly. A later `</think>` is dropped from a
+  finished message but kept in streamed deltas (vLLM streams the text after the end as it comes:
+  seen in a forced tool call's streamed arguments, tests/engine/test_vllm_reasoning.py);
 - the text after it is content, verbatim (whitespace kept), and goes through the tool parser;
 - empty reasoning / content are None; the message field is `reasoning` (vLLM 0.32 sends no
   `reasoning_content`); streamed deltas carry {"reasoning": ...} and {"content": ...}.
@@ -71,7 +73,7 @@ class ReasoningStream:
             content = None
         else:
             reasoning = current_text[: end[0]].replace(THINK_START, "")
-            content = current_text[end[1] :].replace(THINK_END, "")
+            content = current_text[end[1] :]  # streamed, a later </think> stays (vLLM's deltas keep it)
         new = reasoning[self.sent_reasoning :]
         self.sent_reasoning = max(self.sent_reasoning, len(reasoning))
         return new or None, content
