@@ -50,9 +50,14 @@ train: env model sandbox-deps $(if $(TRAIN_CLI),harness-clis)
 # Claude Code's check on groups of 16: 1628 s. tests/scheduling.py keeps tests that share an
 # expensive fixture on one worker and starts the longest first.
 PYTEST_XDIST := -n 3
+# The suite runs many torch processes on the 2 cores at once. GNU OpenMP's idle threads spin before
+# they sleep, and a crowded core spends its slices spinning: four copies of a tiny-model-sized
+# workload at once took 87 s by default, 20 s with a spin count of 1000, and the same 3.5 s alone
+# either way (bench/omp_spin.py). Children (engines, vLLM, train.py) inherit it.
+TEST_OMP := GOMP_SPINCOUNT=1000
 
 test: test-env model $(MULTITURN_MODEL)/config.json $(PI_CASE_MODEL)/config.json $(CLAUDE_CASE_MODEL)/config.json vllm-env harness-clis sandbox-deps docker-deps browser-deps
-	$(BIN)/python -m pytest -q -ra $(PYTEST_XDIST) $(PYTEST_ARGS)
+	$(TEST_OMP) $(BIN)/python -m pytest -q -ra $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 env: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -137,6 +142,6 @@ lint: test-env
 	$(BIN)/mypy
 
 fast-tests: test-env model sandbox-deps
-	$(BIN)/python -m pytest -q -ra -n 4 --fast $(PYTEST_ARGS)
+	$(TEST_OMP) $(BIN)/python -m pytest -q -ra -n 4 --fast $(PYTEST_ARGS)
 
 check: lint fast-tests
