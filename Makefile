@@ -53,7 +53,8 @@ PYTEST_XDIST := -n 3
 # The suite runs many torch processes on the 2 cores at once. GNU OpenMP's idle threads spin before
 # they sleep, and a crowded core spends its slices spinning: four copies of a tiny-model-sized
 # workload at once took 87 s by default, 20 s with a spin count of 1000, and the same 3.5 s alone
-# either way (bench/omp_spin.py). Children (engines, vLLM, train.py) inherit it.
+# either way (bench/omp_spin.py). The whole suite gained less: .ci/run 40.0 -> 38.7 min, one run
+# each, within run-to-run spread. Children (engines, vLLM, train.py) inherit it.
 TEST_OMP := GOMP_SPINCOUNT=1000
 
 test: test-env model $(MULTITURN_MODEL)/config.json $(PI_CASE_MODEL)/config.json $(CLAUDE_CASE_MODEL)/config.json vllm-env harness-clis sandbox-deps docker-deps browser-deps
