@@ -155,6 +155,9 @@ def test_cli_learns_to_read_the_prompt_against_a_no_push_control(
     )
     r_push, r_control = rewards_by_step(push), rewards_by_step(control)
     print(f"{harness} case reward by step: push {curve(r_push)}, control {curve(r_control)}")
+    for key in ("rollout/reward_by_check/uppercase_fraction", "rollout/reward_by_check/lowercase_fraction",
+                "train/kl", "train/logprob_gap_mean", "train/staleness_mean"):  # fmt: skip
+        print(f"  push {key}: {curve(column(push, key))}")  # what a failure needs explained
     _, measured = start_and_lead(r_push, r_control)
     assert measured > lead, (r_push, r_control)
     # Both cases, last 3 steps: answers that ignore the prompt have capitals + lowercase rewards
