@@ -119,7 +119,7 @@ CLI_CHECKS = [
     # over 0.6 (a sum over 1.2, ~4 sd of a step's noise away) still proves the prompt is read.
     pytest.param("pi", "cli_sanity", 0.05, 0.6, 12, id="pi"),  # 3 epochs a step, a push each
     # Claude Code on its lean request (--system-prompt, --tools Bash): the task sits before Claude
-    # Code's environment block, farther from the answer; lr 2e-3, groups of 16, a push a step.
+    # Code's environment block, farther from the answer; groups of 16, a push a step.
     # Seeds 1-4 of this config (bench/cli_learning.py, nice 5, machine at load 24-42): start
     # 0.50-0.69, push's last 3 steps lead it by +0.21 to +0.30; capitals over the last 3 steps
     # 0.76-0.89 (mean 0.81, sd 0.06), lowercase 0.83-0.94. With a push per epoch and stale rows
