@@ -119,17 +119,11 @@ CLI_CHECKS = [
     # over 0.6 (a sum over 1.2, ~4 sd of a step's noise away) still proves the prompt is read.
     pytest.param("pi", "cli_sanity", 0.05, 0.6, 12, id="pi"),  # 3 epochs a step, a push each
     # Claude Code on its lean request (--system-prompt, --tools Bash): the task sits before Claude
-    # Code's environment block, farther from the answer; groups of 16, a push a step.
-    # Seeds 1-4 of this config (bench/cli_learning.py, nice 5, machine at load 24-42): start
-    # 0.50-0.69, push's last 3 steps lead it by +0.21 to +0.30; capitals over the last 3 steps
-    # 0.76-0.89 (mean 0.81, sd 0.06), lowercase 0.83-0.94. With a push per epoch and stale rows
-    # dropped (the earlier config, 4 more seeds and CI) capitals ended 0.49-0.92: the bar of 0.7
-    # failed a fresh machine. 0.6 sits 3 sd under this config's mean and above what ignoring the
-    # prompt allows for both cases at once (their sum <= 1). A CI run then went 0.65 -> 0.46 after the
-    # first push and never recovered (lead -0.08): Adam's first updates jumped; now the lr warms up
-    # (seeds 0-3 alone: last 3 steps 0.73-0.87, each case 0.68-0.90; docs/measurements.md). It still
-    # failed 2 of the last 4 clean-clone CI runs (one case sinks), with and without it. Now lr 1e-3
-    # over 10 steps (gentler steps; seeds 0-1 alone: lead ~+0.2, each case 0.73-0.90).
+    # Code's environment block, farther from the answer; groups of 16, a push a step, lr 1e-3 warmed
+    # up over 10 steps (seeds 0-1 alone: lead ~+0.2, each case 0.73-0.90). Its lr 2e-3 predecessor
+    # led by +0.21 to +0.30 alone but failed 2 of 4 clean-clone CI runs, one case sinking. 0.6 sits
+    # above what ignoring the prompt allows for both cases at once (their sum <= 1). History and
+    # seeds: docs/measurements.md.
     pytest.param("claude_code", "cli_sanity_claude_code", 0.1, 0.6, 6, id="claude_code"),  # a push a step
 ]
 
