@@ -18,6 +18,7 @@ writes to the channel before `ready` is a protocol violation the supervisor repo
 import importlib.abc
 import importlib.util
 import json
+import marshal
 import os
 import signal
 import sys
@@ -90,8 +91,11 @@ class VerifiedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):
         origin = module.__spec__.origin
         module.__file__ = origin
-        source = self.files[origin[len(self.prefix) :]]
-        exec(compile(source, origin, "exec", dont_inherit=True), module.__dict__)
+        rel = origin[len(self.prefix) :]
+        code = self.files.code(rel) if isinstance(self.files, ZipFiles) else None
+        if code is None:
+            code = compile(self.files[rel], origin, "exec", dont_inherit=True)
+        exec(code, module.__dict__)
 
     def get_source(self, name):
         base = name.replace(".", "/")
@@ -100,14 +104,25 @@ class VerifiedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 class ZipFiles:
-    """The bundle's files by name, decompressed on first use (a test process imports a fraction)."""
+    """The bundle's files by name, decompressed on first use (a test process imports a fraction),
+    and their compiled code where it was compiled for this interpreter (pytest_bundle.py)."""
 
     def __init__(self, data):
         import io
         import zipfile
 
         self.zip = zipfile.ZipFile(io.BytesIO(data))
-        self.names = frozenset(n for n in self.zip.namelist() if n.endswith(".py"))
+        listed = self.zip.namelist()
+        self.names = frozenset(n for n in listed if n.endswith(".py"))
+        self.compiled = frozenset(n for n in listed if n.endswith(".pyc"))
+
+    def code(self, name):
+        if name + "c" not in self.compiled:
+            return None
+        data = self.zip.read(name + "c")
+        if data[:4] != importlib.util.MAGIC_NUMBER:
+            return None
+        return marshal.loads(data[4:])
 
     def __contains__(self, name):
         return name in self.names
