@@ -217,8 +217,10 @@ def test_resume_continues_step_count_and_task_cursor(tiny_model_dir, tmp_path):
     # Checkpoints follow optimiser steps: a batch whose group of 2 scored alike trains nothing
     # (skipped, global step unchanged) and is not saved, so the last one may hold batch 1 alone.
     done = dm_state["batches_done"]
-    skipped = [r for r in metrics(first) if r.get("train/skipped") and int(r["step"]) < done]
-    assert done >= 1 and state["global_step"] == done - sum(float(r["train/skipped"]) for r in skipped)
+    skipped = sum(
+        float(r["train/skipped"]) for r in metrics(first) if r.get("train/skipped") and int(r["step"]) < done
+    )
+    assert done >= 1 and state["global_step"] == done - skipped
     cursor = dm_state["service"]
     trained = set(range(cursor["start_seq"])) | set(cursor["skip_seqs"])
     assert len(trained) == done  # one group per step, each committed
