@@ -4,10 +4,12 @@ start of its shutdown (the gateway's, which aborts its calls in flight there).""
 
 from __future__ import annotations
 
+import random
 import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Self
 
 import uvicorn
@@ -28,8 +30,31 @@ class Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# Ray gives its workers ports 10002-19999 by default
+_LOWEST = 20000
+_RNG = random.SystemRandom()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
+    """A free port below the kernel's ephemeral range, drawn at random. A port the kernel assigned
+    (bind to port 0) is a port it hands out again, to the next outgoing connection or port-0 bind:
+    a server started as a process (vLLM imports for ~20 s before it binds) then finds it taken
+    ("Address already in use", seen in CI). Drawn with the system's randomness: a seeded `random`
+    would give every process of a seeded run the same port."""
+    try:
+        lo = int(_EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        lo = 0
+    for _ in range(100 if lo - _LOWEST >= 1000 else 0):
+        port = _RNG.randrange(_LOWEST, lo)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no room below the range: the kernel's pick
         s.bind((host, 0))
         return s.getsockname()[1]
 
