@@ -43,18 +43,19 @@ def free_port(host: str = "127.0.0.1") -> int:
     ("Address already in use", seen in CI). Drawn with the system's randomness: a seeded `random`
     would give every process of a seeded run the same port."""
     try:
-        lo = int(_EPHEMERAL.read_text().split()[0])
+        ephemeral_lo = int(_EPHEMERAL.read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        lo = 0
-    for _ in range(100 if lo - _LOWEST >= 1000 else 0):
-        port = _RNG.randrange(_LOWEST, lo)
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:  # no room below the range: the kernel's pick
+        ephemeral_lo = 0
+    if ephemeral_lo - _LOWEST >= 1000:
+        for _ in range(100):
+            port = _RNG.randrange(_LOWEST, ephemeral_lo)
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket() as s:  # no room below the range (or all taken): the kernel's pick
         s.bind((host, 0))
         return s.getsockname()[1]
 
