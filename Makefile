@@ -47,8 +47,12 @@ train: env model sandbox-deps $(if $(TRAIN_CLI),harness-clis)
 # Three xdist workers on the 2-core machine: much of the suite waits on processes (CLIs,
 # sandboxes, servers, Docker), not on the CPU. With the same suite pytest took 2260 s serial,
 # 1756 s on -n 2 and 1460 s on -n 3 here (the CPU then busy throughout); the whole suite now, with
-# Claude Code's check on groups of 16: 1628 s. tests/scheduling.py keeps tests that share an
-# expensive fixture on one worker and starts the longest first.
+# Claude Code's check on groups of 16: 1628 s. With the real-model tests (AVX2-only CPU): 2305 s on
+# -n 3, 2219 s on -n 4 with vmstat showing 0% idle all along: a fourth worker buys nothing, only
+# less CPU work shortens the suite (`time` said ~52% busy: it counts only the processes it waits
+# for, not dockerd, the containers or kernel threads).
+# tests/scheduling.py keeps tests that share an expensive fixture on one worker and starts the
+# longest first.
 PYTEST_XDIST := -n 3
 # The suite runs many torch processes on the 2 cores at once. GNU OpenMP's idle threads spin before
 # they sleep, and a crowded core spends its slices spinning: four copies of a tiny-model-sized
