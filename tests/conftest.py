@@ -6,12 +6,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import cpu_report
 import pytest
-from fixture_paths import MULTITURN_MODEL, REAL_MODEL, REPO, TINY_MODEL
+import scheduling
 
-# How xdist workers split the suite, and the durations that order it (scheduling.py)
+# How xdist workers split the suite, and the durations that order it (scheduling.py); each test's
+# CPU seconds on request (cpu_report.py)
+from cpu_report import pytest_runtest_protocol  # noqa: F401
+from fixture_paths import MULTITURN_MODEL, REAL_MODEL, REPO, TINY_MODEL
 from scheduling import (  # noqa: F401
-    pytest_addoption,
     pytest_collection_modifyitems,
     pytest_configure,
     pytest_runtest_logreport,
@@ -23,6 +26,11 @@ from scheduling import (  # noqa: F401
 # a second (TLS, TCP) engine as the remote host, a local registry, per-task images built here.
 from polar_pl.testing.hosts import dep_images, registry, remote_docker_engine  # noqa: F401
 from polar_pl.testing.sandbox import docker_engine, docker_image, no_sandbox_leftovers  # noqa: F401
+
+
+def pytest_addoption(parser):
+    scheduling.pytest_addoption(parser)
+    cpu_report.pytest_addoption(parser)
 
 
 @pytest.fixture(scope="session")
