@@ -3,8 +3,10 @@
 The suite is CPU-bound on the 2-core machine (both cores busy from its first test to its last), so
 its length follows the CPU its tests spend, not their wall time (`--durations`, which mostly shows
 who waited longest). A test's figure counts its worker process and every child the test waited for
-(train.py runs, CLIs, sandboxes, vLLM servers); a daemon it left running (dockerd, a session
-fixture's server until the session ends) is counted by whoever reaps it. Summed per file:
+(train.py runs and everything they waited for, vLLM servers, CLIs). It misses processes left to
+init (a sandbox's, when the sandbox is killed: BSD process accounting, `accton`, sees those) and
+credits a long-lived child (a module's server, dockerd) to the test during which it was reaped.
+Summed per file:
 `python tests/cpu_report.py FILE`.
 """
 
