@@ -6,8 +6,7 @@ who waited longest). A test's figure counts its worker process and every child t
 (train.py runs and everything they waited for, vLLM servers, CLIs). It misses processes left to
 init (a sandbox's, when the sandbox is killed: BSD process accounting, `accton`, sees those) and
 credits a long-lived child (a module's server, dockerd) to the test during which it was reaped.
-Summed per file:
-`python tests/cpu_report.py FILE`.
+Summed per file: `python tests/cpu_report.py FILE`.
 """
 
 from __future__ import annotations
