@@ -120,7 +120,8 @@ CLI_CHECKS = [
     pytest.param("pi", "cli_sanity", 0.05, 0.6, 12, id="pi"),  # 3 epochs a step, a push each
     # Claude Code on its lean request (--system-prompt, --tools Bash): the task sits before Claude
     # Code's environment block, farther from the answer; groups of 16, a push a step, lr 1e-3 warmed
-    # up over 10 steps (seeds 0-1 alone: lead ~+0.2, each case 0.73-0.90). Its lr 2e-3 predecessor
+    # up over 10 steps (seeds 0-1 alone: lead ~+0.2, each case 0.73-0.90; every workspace at
+    # /workspace, seeds 0-3: last three 0.88-0.94, each case 0.83-0.98). Its lr 2e-3 predecessor
     # led by +0.21 to +0.30 alone but failed 2 of 4 clean-clone CI runs, one case sinking. 0.6 sits
     # above what ignoring the prompt allows for both cases at once (their sum <= 1). History and
     # seeds: docs/measurements.md.
