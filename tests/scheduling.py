@@ -9,10 +9,8 @@ Two rules keep that safe and short:
   by name, a module or package fixture by module), and items whose keys connect form one unit
   that a single worker runs. So one vLLM server per module, one Ray cluster, one `short_run`, one
   batch of reward-hacking scores: never started twice. Fixtures that only read what `make test`
-  built (`PER_WORKER`) are not keys. Docker is reached through `getfixturevalue` by
-  backend-parametrized tests, which no static closure shows: a test with a `docker` parameter or
-  a `docker` word in its name joins `docker_engine`'s unit, so one worker starts dockerd and
-  imports the sandbox images (a second dockerd's tree cost 120-180 CPU s in a clean-clone run).
+  built (`PER_WORKER`) are not keys. (Docker is reached through `getfixturevalue` by
+  backend-parametrized tests, which no static closure shows: each worker has its own dockerd.)
 - Units (a group, or a lone test) go out longest first, by the durations measured in an earlier
   run (`durations.json`, refreshed with `pytest --store-durations`); a test it does not know
   counts as `UNKNOWN_S`. The 10-minute CLI learning checks then start at once instead of
@@ -44,7 +42,6 @@ from xdist.scheduler import LoadScopeScheduling
 DURATIONS = "tests/durations.json"  # below the rootdir
 UNITS_ENV = "POLAR_XDIST_UNITS"  # the file where workers publish nodeid -> unit
 UNKNOWN_S = 0.5
-DOCKER = "docker_engine"  # the session fixture that starts dockerd (polar_pl.testing.sandbox)
 FAST_UNIT_S = 5.0
 # Session fixtures that cost nothing per worker: paths to models and CLIs `make test` built, the
 # per-process leftover check.
@@ -68,10 +65,6 @@ def shared_keys(item: pytest.Item, root: Path) -> set[str]:
         if not source.startswith(f"{root}{os.sep}") or "site-packages" in source:
             continue  # a plugin's (pytest-asyncio's session event loop): per worker by design
         keys.add(name if fd.scope == "session" else item.nodeid.split("::")[0])
-    callspec = getattr(item, "callspec", None)
-    words = getattr(item, "originalname", item.name).split("_")
-    if "docker" in words or (callspec is not None and "docker" in callspec.id.split("-")):
-        keys.add(DOCKER)
     return keys
 
 

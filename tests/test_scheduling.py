@@ -58,14 +58,6 @@ def test_tok_here_too(tok): where("test_tok_here_too")
 def test_slow(): where("test_slow")
 def test_server_again(server): where("test_server_again")
 """,
-    "test_d": """
-import pytest
-from conftest import where
-@pytest.mark.parametrize("backend", ["local", "docker"])
-def test_backend(backend): where(f"test_backend[{backend}]")
-def test_cleanup_docker(): where("test_cleanup_docker")
-def test_dockerfile_lint(): where("test_dockerfile_lint")
-""",
 }
 
 
@@ -98,22 +90,18 @@ def test_shared_fixtures_connect_into_units_and_cheap_ones_do_not(items, suite):
         by_unit.setdefault(unit, set()).add(nodeid)
     # registry needs server: one unit across two modules; a module fixture groups the users in its
     # module only (one instance per module anyway)
-    # Docker, reached through getfixturevalue: a `docker` parameter or word in the name is one unit
     assert sorted(names(items, u) for u in by_unit.values()) == [
-        ["test_backend[docker]", "test_cleanup_docker"],
         ["test_registry", "test_server_again", "test_uses_server"],
         ["test_tok_here_too"],
         ["test_tok_one", "test_tok_two"],
     ]
     # tiny_model_dir is read-only per worker (PER_WORKER); no fixture: no unit
-    alone = {"test_plain", "test_model_only", "test_slow", "test_backend[local]", "test_dockerfile_lint"}
-    assert not alone & set(names(items, got))
+    assert not {"test_plain", "test_model_only", "test_slow"} & set(names(items, got))
 
 
 def test_fixtures_outside_the_rootdir_group_nothing(items, suite, tmp_path):
-    """A plugin's session fixture (pytest-asyncio's event loop) is per worker by design; the Docker
-    unit is by name."""
-    assert set(scheduling.groups(items, tmp_path / "elsewhere").values()) == {scheduling.DOCKER}
+    """A plugin's session fixture (pytest-asyncio's event loop) is per worker by design."""
+    assert scheduling.groups(items, tmp_path / "elsewhere") == {}
 
 
 def test_units_run_longest_first_and_stay_whole(items, suite):
@@ -146,12 +134,11 @@ def test_two_workers_keep_each_unit_on_one_worker(suite):
     """xdist's default (load) scheduling deals the first tests out in chunks of two, the server's
     three tests to both workers: this fails without SharedFixtureScheduling."""
     result = suite.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=13)
+    result.assert_outcomes(passed=9)
     worker = dict(line.split() for line in (suite.path / "where.txt").read_text().splitlines())
     assert set(worker.values()) == {"gw0", "gw1"}  # both worked
     assert worker["test_uses_server"] == worker["test_registry"] == worker["test_server_again"]
     assert worker["test_tok_one"] == worker["test_tok_two"]
-    assert worker["test_backend[docker]"] == worker["test_cleanup_docker"]
 
 
 def test_store_merges_and_drops_short_tests(tmp_path):
