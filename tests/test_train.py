@@ -299,6 +299,21 @@ def test_real_model_trains_a_few_steps_with_held_out_eval_and_export(smollm2_mod
     assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
 
 
+def test_time_budget_ends_the_run_and_its_end_callbacks_still_run(tiny_model_dir, tmp_path):
+    """`trainer.max_time` bounds the training loop's wall time (experiment=smollm2_arith uses it):
+    a run asked for 1000 steps stops after the step that crosses the budget, exits cleanly and
+    still exports its final policy."""
+    run = tmp_path / "budget"
+    train(
+        "debug=fast", "steps=1000", "trainer.max_time=00:00:00:10",
+        "+callbacks.export_model._target_=polar_pl.module.export.ExportModel",
+        f"+callbacks.export_model.out_dir={run}/model", f"hydra.run.dir={run}",
+    )  # fmt: skip
+    steps = [r for r in metrics(run) if r.get("time/step_s")]
+    assert 1 <= len(steps) < 1000
+    assert (run / "model" / "config.json").exists()
+
+
 def test_lora_run_pushes_the_adapter_and_exports_it(tiny_model_dir, tmp_path):
     """`train.py module.lora.rank=4`: every step pushes the adapter alone (a fraction of the full
     weights' bytes), the engine's logprobs of fresh samples equal the trainer's, and the run ends
