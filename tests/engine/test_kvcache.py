@@ -131,3 +131,40 @@ def test_prefix_cache_budget_and_covered_entries():
     cache.insert([8] * 10, kv(10))  # evicts [1..5]
     assert cache.lookup([1, 2, 3, 4, 5, 6]) == (0, None)
     assert cache.lookup([9] * 12)[0] == 10
+
+
+def test_requests_admitted_together_join_the_batch_in_one_merge_and_decode_as_alone(backends, tiny_model_dir):
+    """Requests waiting when the scheduler turns are all admitted in that turn and their rows are
+    merged into the batch cache with one copy (prompts of different lengths, n=2 among them):
+    each decodes the same greedy tokens and logprobs as alone."""
+    _, plain = backends
+    prompts = [[(i * 13) % 600 + 25 for i in range(k)] for k in (9, 40, 23)]
+    alone = [_generate(plain, p, n=10) for p in prompts]
+    together = TransformersBackend(tiny_model_dir, num_threads=1, prefill_chunk=16, prefix_cache_mb=0)
+
+    async def go():
+        async def one(i: int, prompt: list[int]):
+            params = SamplingParams(max_tokens=10, temperature=0.0, logprobs=0, ignore_eos=True, n=1 + (i == 1))
+            out: dict[int, tuple[list[int], list[float]]] = {}
+            async for deltas in together.generate(GenerationRequest(f"t{i}", tuple(prompt), params)):
+                for d in deltas:
+                    ids, lps = out.setdefault(d.index, ([], []))
+                    ids += d.token_ids
+                    lps += [lp.logprob for lp in d.logprobs]
+            return out
+
+        tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
+        while len(together._scheduler._waiting) < len(prompts):  # all submitted, none admitted
+            await asyncio.sleep(0.01)
+        together.start()
+        return await asyncio.gather(*tasks)
+
+    try:
+        results = asyncio.run(go())
+    finally:
+        together.close()
+    assert together.stats.max_batch_size == 4  # 1 + 2 + 1 rows in one batch from the first step
+    for out, (ref_ids, ref_lps) in zip(results, alone, strict=True):
+        for ids, lps in out.values():
+            assert ids == ref_ids
+            assert max(abs(a - b) for a, b in zip(lps, ref_lps, strict=True)) < 1e-4

@@ -4,7 +4,8 @@ together, with a shared left-padded KV cache.
 Each loop iteration:
 1. applies a pending weight update (between steps, so no forward pass sees half-loaded weights);
 2. admits waiting requests: prefill (chunked) each prompt once, sample its first token, copy
-   its KV n times for n choices, and merge it into the running batch;
+   its KV n times for n choices, then merge every request admitted in this turn into the
+   running batch in one copy of the batch cache;
 3. runs ONE forward pass over all active sequences (B, 1) with the padded cache, samples a token
    per sequence and hands each request its deltas;
 4. drops finished or aborted sequences from the batch.
@@ -50,6 +51,16 @@ class _Req:
     seqs: list[_Seq] = field(default_factory=list)
     aborted: bool = False
     closed: bool = False  # the end-of-request sentinel was sent
+
+
+@dataclass(slots=True)
+class _Joining:
+    """A request's rows still generating after its first token, with the prompt's KV."""
+
+    req: _Req
+    seqs: list[_Seq]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, (len(seqs), H, length, D)
+    length: int
 
 
 class Scheduler:
@@ -155,12 +166,21 @@ class Scheduler:
             for fn, _ in exclusive:
                 fn()
             with torch.inference_mode():
+                joining: list[_Joining] = []
                 for req in admit:
                     try:
-                        self._admit(req)
+                        if (j := self._admit(req)) is not None:
+                            joining.append(j)
                     except Exception as exc:
                         req.closed = True
                         req.sink(exc)
+                if joining:  # one copy of the batch cache for every request admitted this turn
+                    try:
+                        self._merge(joining)
+                    except Exception as exc:  # the batch is as it was: only these requests fail
+                        for j in joining:
+                            j.req.closed = True
+                            j.req.sink(exc)
                 try:
                     if self._seqs:
                         self._decode_step()
@@ -169,16 +189,18 @@ class Scheduler:
             self._retire()
         self._fail_all(RuntimeError("engine stopped"))
 
-    def _admit(self, req: _Req) -> None:
+    def _admit(self, req: _Req) -> _Joining | None:
+        """Prefill the request and sample each choice's first token; returns its rows still
+        generating, with their KV, to merge into the batch (None: nothing left to run)."""
         self.stats.requests += 1
         self._running.append(req)
         if req.aborted:
-            return
+            return None
         prompt = list(req.request.prompt_ids)
         params = req.request.params
         cache, logits = self._prefill(req, prompt)
         if logits is None:
-            return
+            return None
         n = params.n
         seqs = [
             _Seq(SequenceOutput(self.tokenizer, params, self.eos_token_ids, i), None, len(prompt) + 1, -1)
@@ -201,11 +223,10 @@ class Scheduler:
         req.seqs = seqs
         self._emit(req)
         live = [s for s in seqs if not s.out.finished]
-        if live:
-            kv = [
-                (k.expand(len(live), -1, -1, -1), v.expand(len(live), -1, -1, -1)) for k, v in cache_kv(cache)
-            ]
-            self._merge(req, live, kv, len(prompt))
+        if not live:
+            return None
+        kv = [(k.expand(len(live), -1, -1, -1), v.expand(len(live), -1, -1, -1)) for k, v in cache_kv(cache)]
+        return _Joining(req, live, kv, len(prompt))
 
     def _prefill(self, req: _Req, prompt: list[int]) -> tuple[DynamicCache, torch.Tensor | None]:
         """KV and last-position logits of the prompt: the longest cached prefix is reused, the
@@ -226,31 +247,30 @@ class Scheduler:
         self.stats.extra.update(self.prefix_cache.stats())
         return cache, logits
 
-    def _merge(
-        self, req: _Req, seqs: list[_Seq], kv: list[tuple[torch.Tensor, torch.Tensor]], t_new: int
-    ) -> None:
-        """Append rows to the batch cache, left-padding whichever side is shorter."""
-        b_new = len(seqs)
-        new_mask = torch.ones(b_new, t_new, dtype=torch.long, device=self.device)
-        if self._cache is None:
-            layers = [(k.contiguous(), v.contiguous()) for k, v in kv]
-            mask = new_mask
-        else:
+    def _merge(self, joining: list[_Joining]) -> None:
+        """Append the rows of newly admitted requests to the batch cache in one copy, left-padding
+        every part to the longest."""
+        t = max(j.length for j in joining)
+        if self._cache is not None:
             assert self._mask is not None  # set together with _cache
-            t_old = self._mask.shape[1]
-            t = max(t_old, t_new)
-            layers = []
-            for (k_old, v_old), (k_new, v_new) in zip(cache_kv(self._cache), kv, strict=True):
-                layers.append(
-                    (
-                        torch.cat([_left_pad(k_old, t), _left_pad(k_new, t)], dim=0),
-                        torch.cat([_left_pad(v_old, t), _left_pad(v_new, t)], dim=0),
-                    )
-                )
-            mask = torch.cat([_left_pad(self._mask, t), _left_pad(new_mask, t)], dim=0)
+            t = max(t, self._mask.shape[1])
+            parts = [(cache_kv(self._cache), self._mask)]
+        else:
+            parts = []
+        for j in joining:
+            ones = torch.ones(len(j.seqs), j.length, dtype=torch.long, device=self.device)
+            parts.append((j.kv, ones))
+        layers = [
+            (
+                torch.cat([_left_pad(kv[layer][0], t) for kv, _ in parts], dim=0),
+                torch.cat([_left_pad(kv[layer][1], t) for kv, _ in parts], dim=0),
+            )
+            for layer in range(len(joining[0].kv))
+        ]
         self._cache = batch_cache(layers)
-        self._mask = mask
-        self._seqs.extend((req, s) for s in seqs)
+        self._mask = torch.cat([_left_pad(mask, t) for _, mask in parts], dim=0)
+        for j in joining:
+            self._seqs.extend((j.req, s) for s in j.seqs)
 
     def _decode_step(self) -> None:
         rows = self._seqs
