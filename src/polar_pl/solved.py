@@ -31,5 +31,7 @@ class StopWhenSolved(L.Callback):
         rate = trainer.callback_metrics.get("rollout/pass_rate")
         self.streak = self.streak + 1 if rate is not None and float(rate) >= 1.0 else 0
         if self.streak >= self.patience and not trainer.should_stop:
-            log.info("every rollout passed for %d steps in a row: nothing left to learn, the run ends", self.streak)
+            log.info(
+                "every rollout passed for %d steps in a row: nothing left to learn, the run ends", self.streak
+            )
             trainer.should_stop = True

@@ -144,7 +144,9 @@ def test_requests_admitted_together_join_the_batch_in_one_merge_and_decode_as_al
 
     async def go():
         async def one(i: int, prompt: list[int]):
-            params = SamplingParams(max_tokens=10, temperature=0.0, logprobs=0, ignore_eos=True, n=1 + (i == 1))
+            params = SamplingParams(
+                max_tokens=10, temperature=0.0, logprobs=0, ignore_eos=True, n=1 + (i == 1)
+            )
             out: dict[int, tuple[list[int], list[float]]] = {}
             async for deltas in together.generate(GenerationRequest(f"t{i}", tuple(prompt), params)):
                 for d in deltas:
