@@ -176,3 +176,18 @@ class PrefixCache:
 
 def _is_prefix(a: torch.Tensor, b: torch.Tensor) -> bool:
     return len(a) <= len(b) and bool(torch.equal(a, b[: len(a)]))
+
+
+def cat_left_padded(parts: list[torch.Tensor], t: int) -> torch.Tensor:
+    """Rows of caches (B, H, T, D) or masks (B, T), each left-padded with zeros to length t along
+    T, stacked along B."""
+    dim = 2 if parts[0].dim() == 4 else 1
+    padded = []
+    for x in parts:
+        missing = t - x.shape[dim]
+        if missing:
+            shape = list(x.shape)
+            shape[dim] = missing
+            x = torch.cat([torch.zeros(shape, dtype=x.dtype, device=x.device), x], dim=dim)
+        padded.append(x)
+    return torch.cat(padded, dim=0)

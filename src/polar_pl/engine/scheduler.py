@@ -28,7 +28,7 @@ from transformers import DynamicCache
 from polar_pl.engine.backend import BackendStats, GenerationRequest, SeqDelta
 from polar_pl.engine.constrain import ConstraintState
 from polar_pl.engine.detok import SequenceOutput
-from polar_pl.engine.kvcache import PrefixCache, batch_cache, cache_kv, with_cache
+from polar_pl.engine.kvcache import PrefixCache, batch_cache, cache_kv, cat_left_padded, with_cache
 from polar_pl.engine.sampling import make_generator, sample_batch
 
 Sink = Callable[[list[SeqDelta] | BaseException | None], object]
@@ -260,15 +260,13 @@ class Scheduler:
         for j in joining:
             ones = torch.ones(len(j.seqs), j.length, dtype=torch.long, device=self.device)
             parts.append((j.kv, ones))
+        per_layer = zip(*(kv for kv, _ in parts), strict=True)  # each layer's (k, v) of every part
         layers = [
-            (
-                torch.cat([_left_pad(kv[layer][0], t) for kv, _ in parts], dim=0),
-                torch.cat([_left_pad(kv[layer][1], t) for kv, _ in parts], dim=0),
-            )
-            for layer in range(len(joining[0].kv))
+            (cat_left_padded([k for k, _ in kvs], t), cat_left_padded([v for _, v in kvs], t))
+            for kvs in per_layer
         ]
         self._cache = batch_cache(layers)
-        self._mask = torch.cat([_left_pad(mask, t) for _, mask in parts], dim=0)
+        self._mask = cat_left_padded([mask for _, mask in parts], t)
         for j in joining:
             self._seqs.extend((j.req, s) for s in j.seqs)
 
@@ -396,17 +394,6 @@ def set_thread_local_num_threads(n: int) -> None:
     restore = threading.Thread(target=torch.set_num_threads, args=(default,), name="num-threads-restore")
     restore.start()
     restore.join()
-
-
-def _left_pad(x: torch.Tensor, t: int) -> torch.Tensor:
-    """Left-pad dim 2 (cache: (B, H, T, D)) or dim 1 (mask: (B, T)) with zeros up to length t."""
-    dim = 2 if x.dim() == 4 else 1
-    missing = t - x.shape[dim]
-    if missing == 0:
-        return x
-    shape = list(x.shape)
-    shape[dim] = missing
-    return torch.cat([torch.zeros(shape, dtype=x.dtype, device=x.device), x], dim=dim)
 
 
 def _call(fn: Callable[[], object]) -> object:
