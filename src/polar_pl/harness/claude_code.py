@@ -10,6 +10,7 @@ class ClaudeCode(NpmHarness):
     name = "claude_code"
     package = "@anthropic-ai/claude-code"
     bin = "claude"
+    on_node = False  # npm installs a native executable
     pinned = "2.1.332"
     providers = ("anthropic",)
 
@@ -31,7 +32,7 @@ class ClaudeCode(NpmHarness):
             "CLAUDE_CONFIG_DIR": f"{paths.home}/.claude",
         }
         argv = (
-            self.executable(paths.harness_prefix), "-p", prompt, "--model", session.model,
+            *self.command(paths.harness_prefix), "-p", prompt, "--model", session.model,
             "--dangerously-skip-permissions", *self.extra_args,
         )  # fmt: skip
         return LaunchPlan(argv=argv, env=env, log_dirs=(f"{paths.home}/.claude/projects",))

@@ -47,7 +47,7 @@ class Codex(NpmHarness):
         answer = f"{codex_home}/last-message.txt"
         env = QUIET_ENV | {"CODEX_HOME": codex_home, "POLAR_API_KEY": session.token}
         argv = (
-            self.executable(paths.harness_prefix), "exec", "--dangerously-bypass-approvals-and-sandbox",
+            *self.command(paths.harness_prefix), "exec", "--dangerously-bypass-approvals-and-sandbox",
             "--skip-git-repo-check", "--output-last-message", answer, *self.extra_args, prompt,
         )  # fmt: skip
         files = {f"{codex_home}/config.toml": config_toml(session.base_url, session.model).encode()}

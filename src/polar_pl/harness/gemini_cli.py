@@ -28,7 +28,7 @@ class GeminiCli(NpmHarness):
         }
         # -m pins the model: without it the CLI first asks a router model which one to use.
         argv = (
-            self.executable(paths.harness_prefix),
+            *self.command(paths.harness_prefix),
             "--yolo",
             "-m",
             session.model,

@@ -17,6 +17,7 @@ class OpenCode(NpmHarness):
     name = "opencode"
     package = "opencode-ai"
     bin = "opencode"
+    on_node = False  # npm installs a native executable
     pinned = "1.18.33"
     providers = ("openai_chat", "anthropic", "openai_responses")
 
@@ -51,7 +52,7 @@ class OpenCode(NpmHarness):
             "XDG_STATE_HOME": f"{paths.home}/.local/state",
         }
         argv = (
-            self.executable(paths.harness_prefix), "run", "-m", f"polar/{session.model}",
+            *self.command(paths.harness_prefix), "run", "-m", f"polar/{session.model}",
             "--print-logs", *self.extra_args, prompt,
         )  # fmt: skip
         return LaunchPlan(

@@ -40,7 +40,7 @@ class Pi(NpmHarness):
             "PI_CODING_AGENT_DIR": agent_dir,
         }
         argv = (
-            self.executable(paths.harness_prefix), "--provider", "polar", "--model", session.model,
+            *self.command(paths.harness_prefix), "--provider", "polar", "--model", session.model,
             *self.extra_args, "-p", prompt,
         )  # fmt: skip
         return LaunchPlan(

@@ -44,7 +44,7 @@ class QwenCode(NpmHarness):
             "security": {"auth": {"selectedType": AUTH_TYPE[self.provider]}},
         }
         argv = (
-            self.executable(paths.harness_prefix), "--yolo", "--auth-type", AUTH_TYPE[self.provider],
+            *self.command(paths.harness_prefix), "--yolo", "--auth-type", AUTH_TYPE[self.provider],
             "-m", session.model, *self.extra_args, "-p", prompt,
         )  # fmt: skip
         return LaunchPlan(
