@@ -87,14 +87,15 @@ def backends(tiny_model_dir):
 def test_prefix_cache_reuses_a_shared_prompt_exactly(backends):
     """A prompt that starts with an earlier one (the next turn of a harness session, or a sibling
     session with the same system prompt) prefills only its tail, with the same greedy tokens and
-    logprobs as a full prefill."""
+    logprobs as a full prefill. A prompt's last token is computed in the batch's decode step, so
+    what is cached of it is all but that token."""
     cached, plain = backends
     base = [(i * 37) % 700 + 20 for i in range(90)]
     turn2 = base + [5, 6, 7, 8, 9, 10]
     sibling = base[:70] + [11, 12, 13]
     _generate(cached, base)
     hits = cached.stats.extra["prefix_cache_hit_tokens"]
-    for prompt, reused in ((turn2, len(base)), (sibling, 70)):
+    for prompt, reused in ((turn2, len(base) - 1), (sibling, 70)):
         ids, lps = _generate(cached, prompt)
         ref_ids, ref_lps = _generate(plain, prompt)
         assert ids == ref_ids
@@ -170,3 +171,55 @@ def test_requests_admitted_together_join_the_batch_in_one_merge_and_decode_as_al
         for ids, lps in out.values():
             assert ids == ref_ids
             assert max(abs(a - b) for a, b in zip(lps, ref_lps, strict=True)) < 1e-4
+
+
+def test_a_cached_prompts_first_token_needs_no_forward_pass_of_its_own(backends, tiny_model_dir):
+    """A group's attempts share their prompt. The first prefills all of it but the last token and
+    caches that; the others find it all cached and cost no forward pass before the batch's: every
+    row's first token is sampled in the decode step with everyone else's. Five requests of one
+    30-token prompt admitted together (16-token chunks, 6 tokens each): 2 prefill chunks and 6
+    decode steps in all (it was 2 + 4 + 5), each row decoding as alone."""
+    _, plain = backends
+    prompt = [(i * 29) % 650 + 21 for i in range(30)]
+    ref_ids, ref_lps = _generate(plain, prompt, n=6)
+    backend = TransformersBackend(tiny_model_dir, num_threads=1, prefill_chunk=16)
+    forwards = []
+    backend.model.register_forward_hook(lambda module, args, output: forwards.append(1))
+
+    async def go():
+        async def one(i: int):
+            params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0, ignore_eos=True)
+            ids, lps = [], []
+            async for deltas in backend.generate(GenerationRequest(f"g{i}", tuple(prompt), params)):
+                for d in deltas:
+                    ids += d.token_ids
+                    lps += [lp.logprob for lp in d.logprobs]
+            return ids, lps
+
+        tasks = [asyncio.create_task(one(i)) for i in range(5)]
+        while len(backend._scheduler._waiting) < 5:  # all submitted, none admitted
+            await asyncio.sleep(0.01)
+        backend.start()
+        return await asyncio.gather(*tasks)
+
+    try:
+        results = asyncio.run(go())
+    finally:
+        backend.close()
+    assert len(forwards) == 2 + 6 and backend.stats.max_batch_size == 5
+    for ids, lps in results:
+        assert ids == ref_ids
+        assert max(abs(a - b) for a, b in zip(lps, ref_lps, strict=True)) < 1e-4
+
+
+def test_a_one_token_prompt_decodes_as_the_model_without_a_cache(backends):
+    """A one-token prompt has no context to prefill: its row joins the batch with an empty KV."""
+    _, plain = backends
+    ids, lps = _generate(plain, [42], n=5)
+    context = [42]
+    with torch.inference_mode():
+        for tok, lp in zip(ids, lps, strict=True):
+            logits = plain.model(input_ids=torch.tensor([context])).logits[0, -1].float()
+            assert tok == int(logits.argmax())
+            assert abs(float(torch.log_softmax(logits, -1)[tok]) - lp) < 1e-4
+            context.append(tok)

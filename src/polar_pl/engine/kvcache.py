@@ -19,7 +19,7 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (B, H, T, D)
@@ -93,6 +93,15 @@ def batch_cache(layers: KV) -> DynamicCache:
     cache = DynamicCache()
     cache.layers = [GrowingLayer(k, v) for k, v in layers]
     return cache
+
+
+def empty_kv(model: PreTrainedModel) -> KV:
+    """Per layer, keys and values of no positions (1, H, 0, D): a one-token prompt's context."""
+    c = model.config
+    heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    none = torch.empty(1, heads, 0, dim, dtype=model.dtype, device=model.device)
+    return [(none, none) for _ in range(c.num_hidden_layers)]
 
 
 def cache_kv(cache: DynamicCache) -> KV:

@@ -3,11 +3,11 @@ together, with a shared left-padded KV cache.
 
 Each loop iteration:
 1. applies a pending weight update (between steps, so no forward pass sees half-loaded weights);
-2. admits waiting requests: prefill (chunked) each prompt once, sample its first token, copy
-   its KV n times for n choices, then merge every request admitted in this turn into the
-   running batch in one copy of the batch cache;
+2. admits waiting requests: prefill (chunked) each prompt but its last token, copy that KV n
+   times for n choices, then merge every request admitted in this turn into the running batch
+   in one copy of the batch cache; each new row's pending token is its prompt's last one;
 3. runs ONE forward pass over all active sequences (B, 1) with the padded cache, samples a token
-   per sequence and hands each request its deltas;
+   per sequence (a new row's first) and hands each request its deltas;
 4. drops finished or aborted sequences from the batch.
 
 Shapes: the cache holds, per layer, keys/values (B, H_kv, T, D) where T is the longest context in
@@ -28,7 +28,15 @@ from transformers import DynamicCache
 from polar_pl.engine.backend import BackendStats, GenerationRequest, SeqDelta
 from polar_pl.engine.constrain import ConstraintState
 from polar_pl.engine.detok import SequenceOutput
-from polar_pl.engine.kvcache import PrefixCache, batch_cache, cache_kv, cat_left_padded, with_cache
+from polar_pl.engine.kvcache import (
+    KV,
+    PrefixCache,
+    batch_cache,
+    cache_kv,
+    cat_left_padded,
+    empty_kv,
+    with_cache,
+)
 from polar_pl.engine.sampling import make_generator, sample_batch
 
 Sink = Callable[[list[SeqDelta] | BaseException | None], object]
@@ -55,7 +63,7 @@ class _Req:
 
 @dataclass(slots=True)
 class _Joining:
-    """A request's rows still generating after its first token, with the prompt's KV."""
+    """A request's rows, with the KV of its prompt but the last token (each row's pending one)."""
 
     req: _Req
     seqs: list[_Seq]
@@ -190,62 +198,50 @@ class Scheduler:
         self._fail_all(RuntimeError("engine stopped"))
 
     def _admit(self, req: _Req) -> _Joining | None:
-        """Prefill the request and sample each choice's first token; returns its rows still
-        generating, with their KV, to merge into the batch (None: nothing left to run)."""
+        """The request's rows, to merge into the batch, with the KV of its prompt but the last
+        token: that token is each row's pending one, so the batch's next decode step computes the
+        first token's logits with everyone else's instead of a forward pass of its own for every
+        request (a group's attempts share their prompt, cached but for that token). None: aborted."""
         self.stats.requests += 1
         self._running.append(req)
         if req.aborted:
             return None
         prompt = list(req.request.prompt_ids)
+        if not prompt:
+            raise ValueError("empty prompt")
         params = req.request.params
-        cache, logits = self._prefill(req, prompt)
-        if logits is None:
+        kv = self._prefill(req, prompt)
+        if kv is None:
             return None
         n = params.n
         seqs = [
-            _Seq(SequenceOutput(self.tokenizer, params, self.eos_token_ids, i), None, len(prompt) + 1, -1)
+            _Seq(SequenceOutput(self.tokenizer, params, self.eos_token_ids, i),
+                 make_generator(params, i, self.device), len(prompt), prompt[-1])
             for i in range(n)
-        ]
-        for i, s in enumerate(seqs):
-            s.generator = make_generator(params, i, self.device)
-            if params.tool_grammar is not None:
+        ]  # fmt: skip
+        if params.tool_grammar is not None:
+            for s in seqs:
                 s.constraint = ConstraintState(params.tool_grammar, params.tool_grammar.initial())
-        logits = self._constrain(logits.expand(n, -1), [(req, s) for s in seqs])
-        tokens, lps = sample_batch(logits, [params] * n, [s.generator for s in seqs])
-        self.stats.steps += 1
-        self.stats.tokens_generated += n
-        for s, tok, lp in zip(seqs, tokens, lps, strict=True):
-            s.last_token = tok
-            s.out.append(tok, lp)
-            if s.constraint is not None:
-                assert self._token_texts is not None  # _constrain built it for this row
-                s.constraint.update(self._token_texts[tok])
         req.seqs = seqs
-        self._emit(req)
-        live = [s for s in seqs if not s.out.finished]
-        if not live:
-            return None
-        kv = [(k.expand(len(live), -1, -1, -1), v.expand(len(live), -1, -1, -1)) for k, v in cache_kv(cache)]
-        return _Joining(req, live, kv, len(prompt))
+        kv = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv]
+        return _Joining(req, seqs, kv, len(prompt) - 1)
 
-    def _prefill(self, req: _Req, prompt: list[int]) -> tuple[DynamicCache, torch.Tensor | None]:
-        """KV and last-position logits of the prompt: the longest cached prefix is reused, the
-        rest is computed in chunks. None logits: aborted (or stopping) between chunks."""
-        if not prompt:
-            raise ValueError("empty prompt")
+    def _prefill(self, req: _Req, prompt: list[int]) -> KV | None:
+        """KV of the prompt but its last token: the longest cached prefix (never longer) is reused,
+        the rest is computed in chunks. None: aborted (or stopping) between chunks."""
+        context = prompt[:-1]
         cached, kv = self.prefix_cache.lookup(prompt)
-        cache = DynamicCache(ddp_cache_data=kv) if kv is not None else DynamicCache()
-        logits = None
-        for start in range(cached, len(prompt), self.prefill_chunk):
-            if req.aborted or self._stop:  # a long prefill gives way to an abort between chunks
-                return cache, None
-            chunk = torch.tensor([prompt[start : start + self.prefill_chunk]], device=self.device)
-            logits = self.model(
-                input_ids=chunk, **with_cache(self.model, cache), use_cache=True, logits_to_keep=1
-            ).logits[:, -1]
-        self.prefix_cache.insert(prompt, cache_kv(cache))
+        if cached < len(context):
+            cache = DynamicCache(ddp_cache_data=kv) if kv is not None else DynamicCache()
+            for start in range(cached, len(context), self.prefill_chunk):
+                if req.aborted or self._stop:  # a long prefill gives way to an abort between chunks
+                    return None
+                chunk = torch.tensor([context[start : start + self.prefill_chunk]], device=self.device)
+                self.model(input_ids=chunk, **with_cache(self.model, cache), use_cache=True, logits_to_keep=1)
+            kv = cache_kv(cache)
+            self.prefix_cache.insert(context, kv)
         self.stats.extra.update(self.prefix_cache.stats())
-        return cache, logits
+        return kv if kv is not None else empty_kv(self.model)
 
     def _merge(self, joining: list[_Joining]) -> None:
         """Append the rows of newly admitted requests to the batch cache in one copy, left-padding
