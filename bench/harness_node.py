@@ -17,9 +17,7 @@ import os
 import resource
 import statistics
 import subprocess
-import tempfile
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 from polar_pl.harness import build_harness
@@ -27,7 +25,7 @@ from polar_pl.harness.base import NODE_VERSION, node_binary, node_installed
 from polar_pl.harness.protocol import GatewaySession
 from polar_pl.harness.run import run_harness
 from polar_pl.sandbox.local import LocalSandbox
-from polar_pl.testing.smoke import PROMPT, script_for
+from polar_pl.testing.smoke import PROMPT, script_for, smoke_gateway
 
 REPO = Path(__file__).resolve().parents[1]
 PREFIX = Path(os.environ.get("POLAR_HARNESS_PREFIX", REPO / ".cache" / "harness")).resolve()
@@ -74,22 +72,8 @@ def main() -> None:
     prefix = subprocess.run([node_binary(PREFIX), "--version"], capture_output=True, text=True, check=True)
     print(f"prefix Node {prefix.stdout.strip()} vs the machine's {machine}; bwrap; {args.reps} sessions each")
 
-    from polar_pl.gateway.handle import Gateway
-    from polar_pl.testing.scripted import serve_scripted
-
-    class Script:
-        reply = None
-
-        def __call__(self, chat):
-            return self.reply(chat)
-
-    script = Script()
     model_dir = Path(os.environ.get("POLAR_TINY_MODEL", REPO / ".cache" / "tiny-model"))
-    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        engine = stack.enter_context(serve_scripted(script, model_dir=model_dir))
-        gateway = stack.enter_context(
-            Gateway([engine.url], Path(tmp) / "t.db", tokenizer_dir=model_dir, token_faithful=False)
-        )
+    with smoke_gateway(model_dir) as (gateway, script):
         print(f"{'harness':12s} {'CPU s (machine)':>16s} {'CPU s (prefix)':>15s} {'ratio':>6s}"
               f" {'wall s (machine)':>17s} {'wall s (prefix)':>16s}")  # fmt: skip
         for name in args.harnesses.split(","):

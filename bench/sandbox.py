@@ -34,7 +34,7 @@ from rich.table import Table
 from polar_pl.harness import HARNESSES, build_harness
 from polar_pl.harness.protocol import GatewaySession
 from polar_pl.harness.run import run_harness, sandbox_paths
-from polar_pl.testing.smoke import PROMPT, script_for
+from polar_pl.testing.smoke import PROMPT, script_for, smoke_gateway
 
 REPO = Path(__file__).resolve().parents[1]
 PREFIX = Path(os.environ.get("POLAR_HARNESS_PREFIX", REPO / ".cache" / "harness"))
@@ -173,22 +173,9 @@ def main() -> None:
     names = [n for n in names if build_harness(n).is_installed(PREFIX)]
     console = Console(width=150)
 
-    from polar_pl.gateway.handle import Gateway
-    from polar_pl.testing.scripted import serve_scripted
-
-    class Script:
-        reply = None
-
-        def __call__(self, chat):
-            return self.reply(chat)
-
-    script = Script()
     model_dir = Path(os.environ.get("POLAR_TINY_MODEL", REPO / ".cache" / "tiny-model"))
-    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        engine = stack.enter_context(serve_scripted(script, model_dir=model_dir))
-        gateway = stack.enter_context(
-            Gateway([engine.url], Path(tmp) / "t.db", tokenizer_dir=model_dir, token_faithful=False)
-        )
+    with ExitStack() as stack:
+        gateway, script = stack.enter_context(smoke_gateway(model_dir))
         factories = {b: make_factory(b, stack) for b in backends}
 
         ops = Table(title=f"sandbox operations, median ms over {args.reps} runs")

@@ -75,6 +75,32 @@ def _generate(backend: TransformersBackend, prompt: list[int], n: int = 12):
     return asyncio.run(go())
 
 
+def _admitted_together(backend: TransformersBackend, requests: list[tuple[list[int], SamplingParams]]):
+    """Every request submitted to the backend before it starts, so its first turn admits them all;
+    per request, {choice index: (token ids, logprobs)}. Closes the backend."""
+
+    async def go():
+        async def one(i: int, prompt: list[int], params: SamplingParams):
+            out: dict[int, tuple[list[int], list[float]]] = {}
+            async for deltas in backend.generate(GenerationRequest(f"t{i}", tuple(prompt), params)):
+                for d in deltas:
+                    ids, lps = out.setdefault(d.index, ([], []))
+                    ids += d.token_ids
+                    lps += [lp.logprob for lp in d.logprobs]
+            return out
+
+        tasks = [asyncio.create_task(one(i, *r)) for i, r in enumerate(requests)]
+        while len(backend._scheduler._waiting) < len(requests):  # all submitted, none admitted
+            await asyncio.sleep(0.01)
+        backend.start()
+        return await asyncio.gather(*tasks)
+
+    try:
+        return asyncio.run(go())
+    finally:
+        backend.close()
+
+
 @pytest.fixture(scope="module")
 def backends(tiny_model_dir):
     cached = TransformersBackend(tiny_model_dir, num_threads=1, prefill_chunk=16)
@@ -142,30 +168,13 @@ def test_requests_admitted_together_join_the_batch_in_one_merge_and_decode_as_al
     prompts = [[(i * 13) % 600 + 25 for i in range(k)] for k in (9, 40, 23)]
     alone = [_generate(plain, p, n=10) for p in prompts]
     together = TransformersBackend(tiny_model_dir, num_threads=1, prefill_chunk=16, prefix_cache_mb=0)
-
-    async def go():
-        async def one(i: int, prompt: list[int]):
-            params = SamplingParams(
-                max_tokens=10, temperature=0.0, logprobs=0, ignore_eos=True, n=1 + (i == 1)
-            )
-            out: dict[int, tuple[list[int], list[float]]] = {}
-            async for deltas in together.generate(GenerationRequest(f"t{i}", tuple(prompt), params)):
-                for d in deltas:
-                    ids, lps = out.setdefault(d.index, ([], []))
-                    ids += d.token_ids
-                    lps += [lp.logprob for lp in d.logprobs]
-            return out
-
-        tasks = [asyncio.create_task(one(i, p)) for i, p in enumerate(prompts)]
-        while len(together._scheduler._waiting) < len(prompts):  # all submitted, none admitted
-            await asyncio.sleep(0.01)
-        together.start()
-        return await asyncio.gather(*tasks)
-
-    try:
-        results = asyncio.run(go())
-    finally:
-        together.close()
+    results = _admitted_together(
+        together,
+        [
+            (p, SamplingParams(max_tokens=10, temperature=0.0, logprobs=0, ignore_eos=True, n=1 + (i == 1)))
+            for i, p in enumerate(prompts)
+        ],
+    )
     assert together.stats.max_batch_size == 4  # 1 + 2 + 1 rows in one batch from the first step
     for out, (ref_ids, ref_lps) in zip(results, alone, strict=True):
         for ids, lps in out.values():
@@ -186,28 +195,11 @@ def test_a_cached_prompts_first_token_needs_no_forward_pass_of_its_own(backends,
     forwards = []
     backend.model.register_forward_hook(lambda module, args, output: forwards.append(1))
 
-    async def go():
-        async def one(i: int):
-            params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0, ignore_eos=True)
-            ids, lps = [], []
-            async for deltas in backend.generate(GenerationRequest(f"g{i}", tuple(prompt), params)):
-                for d in deltas:
-                    ids += d.token_ids
-                    lps += [lp.logprob for lp in d.logprobs]
-            return ids, lps
-
-        tasks = [asyncio.create_task(one(i)) for i in range(5)]
-        while len(backend._scheduler._waiting) < 5:  # all submitted, none admitted
-            await asyncio.sleep(0.01)
-        backend.start()
-        return await asyncio.gather(*tasks)
-
-    try:
-        results = asyncio.run(go())
-    finally:
-        backend.close()
+    params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0, ignore_eos=True)
+    results = _admitted_together(backend, [(prompt, params)] * 5)
     assert len(forwards) == 2 + 6 and backend.stats.max_batch_size == 5
-    for ids, lps in results:
+    for out in results:
+        ids, lps = out[0]
         assert ids == ref_ids
         assert max(abs(a - b) for a, b in zip(lps, ref_lps, strict=True)) < 1e-4
 
