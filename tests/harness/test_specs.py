@@ -315,3 +315,17 @@ def test_run_harness_timeout_kills_and_still_collects(tmp_path):
         res = run_harness(Sleeper(), sb, SESSION, "never ends", timeout=3.0)
         assert res.timed_out and not res.ok and time.monotonic() - t0 < 20
         assert res.stdout == "started\n" and "agent.sh" in res.log and res.patch == ""
+
+
+def test_node_installs_running_at_once_both_land(tmp_path):
+    """`make test` installs pi's CLI beside other steps: two installs of the Node binary into one
+    prefix at once both succeed and leave one working Node."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from polar_pl.harness.base import install_node
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(install_node, [tmp_path, tmp_path]))
+    out = subprocess.run([node_binary(tmp_path), "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"v{NODE_VERSION}" and node_installed(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["node"]  # no download left behind

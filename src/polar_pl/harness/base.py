@@ -71,6 +71,8 @@ def install_node(prefix: Path) -> None:
                 shutil.copyfileobj(src, dst)
         (out / "bin" / "node").chmod(0o755)
         (out / "VERSION").write_text(NODE_VERSION + "\n")
+        if node_installed(prefix):  # another install landed meanwhile: leave the one in use alone
+            return
         shutil.rmtree(prefix / "node", ignore_errors=True)
         try:
             os.replace(out, prefix / "node")
