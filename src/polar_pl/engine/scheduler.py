@@ -65,9 +65,8 @@ class _Req:
 class _Joining:
     """A request's rows, with the KV of its prompt but the last token (each row's pending one)."""
 
-    req: _Req
-    seqs: list[_Seq]
-    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, (len(seqs), H, length, D)
+    req: _Req  # its rows: req.seqs
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, (len(req.seqs), H, length, D)
     length: int
 
 
@@ -224,7 +223,7 @@ class Scheduler:
                 s.constraint = ConstraintState(params.tool_grammar, params.tool_grammar.initial())
         req.seqs = seqs
         kv = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in kv]
-        return _Joining(req, seqs, kv, len(prompt) - 1)
+        return _Joining(req, kv, len(prompt) - 1)
 
     def _prefill(self, req: _Req, prompt: list[int]) -> KV | None:
         """KV of the prompt but its last token: the longest cached prefix (never longer) is reused,
@@ -254,7 +253,7 @@ class Scheduler:
         else:
             parts = []
         for j in joining:
-            ones = torch.ones(len(j.seqs), j.length, dtype=torch.long, device=self.device)
+            ones = torch.ones(len(j.req.seqs), j.length, dtype=torch.long, device=self.device)
             parts.append((j.kv, ones))
         per_layer = zip(*(kv for kv, _ in parts), strict=True)  # each layer's (k, v) of every part
         layers = [
@@ -264,7 +263,7 @@ class Scheduler:
         self._cache = batch_cache(layers)
         self._mask = cat_left_padded([mask for _, mask in parts], t)
         for j in joining:
-            self._seqs.extend((j.req, s) for s in j.seqs)
+            self._seqs.extend((j.req, s) for s in j.req.seqs)
 
     def _decode_step(self) -> None:
         rows = self._seqs
