@@ -4,6 +4,7 @@ agent's patch creates."""
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from collections import Counter
 
@@ -88,6 +89,38 @@ def test_tools_tasks_are_scored_from_the_workspace(tmp_path) -> None:
     assert read.answer_check.params["value"] == a
 
 
+# Every reported held-out number was measured on these tasks: a change to how problems are drawn
+# must not move them.
+HELD_OUT_SHA = {"arith": "c13dae168d669439", "tools": "70e559a8ee9fe0da"}
+
+
+@pytest.mark.parametrize("family", ["arith", "tools"])
+def test_held_out_split_is_the_one_every_result_was_measured_on(family) -> None:
+    test = split_tasks(family, "test")
+    text = repr([(tuple(t.extra["problem"]), t.problem_statement) for t in test])
+    assert hashlib.sha256(text.encode()).hexdigest()[:16] == HELD_OUT_SHA[family]
+
+
+def test_op_weights_shape_the_train_split_and_leave_the_test_split() -> None:
+    weights = {"+": 1.0, "-": 0.2, "*": 1.0}
+    ops = Counter(p[1] for p in problems(split_tasks("arith", "train", 3000, op_weights=weights)))
+    assert 0.07 < ops["-"] / 3000 < 0.13 and ops["+"] > 1300 and ops["*"] > 1000, ops  # 1/11 subtractions
+    assert problems(ArithTaskSource(split="test", op_weights=weights).tasks()) == problems(
+        split_tasks("arith", "test")
+    )
+    held = set(problems(split_tasks("arith", "test")))
+    assert not held & set(problems(ArithTaskSource(n_tasks=3000, op_weights=weights).tasks()))
+    only_sums = split_tasks("arith", "train", 200, op_weights={"+": 1, "-": 0, "*": 0})
+    assert {p[1] for p in problems(only_sums)} == {"+"}
+    # no weights: seed 0's train split as it was drawn before weights existed (runs stay comparable)
+    assert problems(split_tasks("arith", "train", 4)) == [
+        (83, "*", 7),
+        (841, "-", 15),
+        (698, "-", 13),
+        (737, "-", 564),
+    ]
+
+
 def test_bad_settings_name_the_key() -> None:
     with pytest.raises(ValueError, match="task.family"):
         ArithTaskSource(family="algebra")
@@ -95,6 +128,16 @@ def test_bad_settings_name_the_key() -> None:
         ArithTaskSource(split="dev")
     with pytest.raises(ValueError, match="task.n_tasks"):
         split_tasks("arith", "test", TEST_SIZE + 1)
+    for bad in (
+        {"+": 1, "-": 1},
+        {"+": 1, "-": -1, "*": 1},
+        {"+": 0, "-": 0, "*": 0},
+        {"+": 1, "/": 1, "*": 1},
+    ):
+        with pytest.raises(ValueError, match="task.op_weights"):
+            ArithTaskSource(op_weights=bad)
+    with pytest.raises(ValueError, match="task.op_weights"):
+        ArithTaskSource(family="tools", op_weights={"+": 1, "-": 1, "*": 1})
 
 
 @pytest.mark.parametrize(("answer", "reward"), [

@@ -20,7 +20,7 @@ ever trained on. `split=test` always gives the same tasks in the same order.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from polar_pl.tasks.sources import EvaluatorPartial, _Source
 from polar_pl.tasks.task import AnswerCheck, Task
@@ -53,10 +53,11 @@ def _number(rng: random.Random, digits: int) -> int:
     return rng.randint(10 ** (digits - 1), 10**digits - 1)
 
 
-def arith_problem(rng: random.Random) -> Problem:
+def arith_problem(rng: random.Random, op_weights: Sequence[float] | None = None) -> Problem:
     """Addition / subtraction of 2-3 digit numbers (never negative), or a 1-2 digit number times a
-    digit from 2 to 9, in either order."""
-    op = rng.choice(_OPS)
+    digit from 2 to 9, in either order. op_weights: how often each of + - * is drawn (None: alike,
+    the draw the held-out split was made with)."""
+    op = rng.choice(_OPS) if op_weights is None else rng.choices(_OPS, op_weights)[0]
     if op == "*":
         a, b = rng.choice((rng.randint(2, 9), rng.randint(10, 99))), rng.randint(2, 9)
         return (a, op, b) if rng.random() < 0.5 else (b, op, a)
@@ -66,8 +67,9 @@ def arith_problem(rng: random.Random) -> Problem:
     return a, op, b
 
 
-def tools_problem(rng: random.Random) -> Problem:
-    """A product too large to do in one's head (3-4 digits by 3-4 digits), or ("file", value)."""
+def tools_problem(rng: random.Random, op_weights: Sequence[float] | None = None) -> Problem:
+    """A product too large to do in one's head (3-4 digits by 3-4 digits), or ("file", value).
+    op_weights: arith's alone (always None here)."""
     if rng.random() < 0.5:
         return _number(rng, rng.choice((3, 4))), "*", _number(rng, rng.choice((3, 4)))
     return rng.randint(10_000, 99_999), "file", rng.randint(2, 9)
@@ -103,7 +105,7 @@ def tools_task(problem: Problem, rng: random.Random, instance_id: str, partial: 
     )  # fmt: skip
 
 
-_MAKERS: dict[str, tuple[Callable[[random.Random], Problem], Callable[..., Task]]] = {
+_MAKERS: dict[str, tuple[Callable[[random.Random, Sequence[float] | None], Problem], Callable[..., Task]]] = {
     "arith": (arith_problem, arith_task),
     "tools": (tools_problem, tools_task),
 }
@@ -115,21 +117,23 @@ def held_out(family: str) -> list[tuple[Problem, random.Random]]:
     rng = random.Random(f"{family}-{TEST_SEED}")
     out: dict[Problem, random.Random] = {}
     while len(out) < TEST_SIZE:
-        problem = make(rng)
+        problem = make(rng, None)
         out.setdefault(problem, random.Random(rng.random()))
     return list(out.items())
 
 
 def split_tasks(family: str, split: str, n_tasks: int | None = None, seed: int = 0,
-                partial: bool = False) -> list[Task]:  # fmt: skip
+                partial: bool = False, op_weights: Mapping[str, float] | None = None) -> list[Task]:  # fmt: skip
     """`n_tasks` tasks of `split` (test: the first n of the fixed held-out set, all by default).
-    partial: train tasks score near misses (`final_integer`'s partial credit); test tasks never do."""
+    partial: train tasks score near misses (`final_integer`'s partial credit); test tasks never do.
+    op_weights: arith train tasks draw + - * this often (a curriculum; the test split is fixed)."""
     if family not in FAMILIES:
         raise ValueError(f"task.family is {family!r}; allowed: {', '.join(FAMILIES)}")
     if split not in SPLITS:
         raise ValueError(f"task.split is {split!r}; allowed: {', '.join(SPLITS)}")
     if split == "test" and (n_tasks or 0) > TEST_SIZE:
         raise ValueError(f"task.n_tasks={n_tasks}: the test split has {TEST_SIZE} tasks")
+    weights = _op_weights(family, op_weights)
     make, build = _MAKERS[family]
     test = held_out(family)
     if split == "test":
@@ -139,11 +143,24 @@ def split_tasks(family: str, split: str, n_tasks: int | None = None, seed: int =
     rng = random.Random(f"{family}-train-{seed}")
     tasks: list[Task] = []
     while len(tasks) < (n_tasks or 1000):
-        problem = make(rng)
+        problem = make(rng, weights)
         if problem not in excluded:
             iid = f"{family}-train-{seed}-{len(tasks):05d}"
             tasks.append(build(problem, random.Random(rng.random()), iid, partial=partial))
     return tasks
+
+
+def _op_weights(family: str, op_weights: Mapping[str, float] | None) -> list[float] | None:
+    if op_weights is None:
+        return None
+    weights = dict(op_weights)
+    valid = family == "arith" and set(weights) == set(_OPS) and min(weights.values()) >= 0
+    if not valid or not any(weights.values()):
+        raise ValueError(
+            f"task.op_weights is {weights}: arith only, one weight >= 0 for each of "
+            f"{', '.join(repr(op) for op in _OPS)}, not all 0"
+        )
+    return [float(weights[op]) for op in _OPS]
 
 
 class ArithTaskSource(_Source):
@@ -151,7 +168,8 @@ class ArithTaskSource(_Source):
 
     n_tasks: train: how many to draw (default 1000); test: the first n of the held-out set (null:
     all of it, 300). partial: train tasks give partial credit for a near miss (the trailing
-    digits right); what passes, and every test task, is exact."""
+    digits right); what passes, and every test task, is exact. op_weights: {"+": w, "-": w, "*": w},
+    how often train tasks of each operation are drawn (null: alike; the test split never changes)."""
 
     def __init__(
         self,
@@ -163,6 +181,7 @@ class ArithTaskSource(_Source):
         instance_ids: Sequence[str] | None = None,
         limit: int | None = None,
         partial: bool = False,
+        op_weights: Mapping[str, float] | None = None,
     ) -> None:
         if family not in FAMILIES:
             raise ValueError(f"task.family is {family!r}; allowed: {', '.join(FAMILIES)}")
@@ -170,12 +189,14 @@ class ArithTaskSource(_Source):
             raise ValueError(f"task.split is {split!r}; allowed: {', '.join(SPLITS)}")
         if n_tasks is not None and n_tasks < 1:
             raise ValueError(f"task.n_tasks must be >= 1 or null, got {n_tasks}")
+        _op_weights(family, op_weights)  # a bad setting is named before anything runs
         if evaluator is None:
             from polar_pl.tasks.answer import AnswerEvaluator
 
             evaluator = AnswerEvaluator
         super().__init__(evaluator, None, instance_ids, limit)
         self.family, self.split, self.n_tasks, self.seed, self.partial = family, split, n_tasks, seed, partial
+        self.op_weights = op_weights
 
     def _load(self) -> list[Task]:
-        return split_tasks(self.family, self.split, self.n_tasks, self.seed, self.partial)
+        return split_tasks(self.family, self.split, self.n_tasks, self.seed, self.partial, self.op_weights)
