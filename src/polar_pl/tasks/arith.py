@@ -19,6 +19,7 @@ ever trained on. `split=test` always gives the same tasks in the same order.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Mapping, Sequence
 
@@ -67,9 +68,8 @@ def arith_problem(rng: random.Random, op_weights: Sequence[float] | None = None)
     return a, op, b
 
 
-def tools_problem(rng: random.Random, op_weights: Sequence[float] | None = None) -> Problem:
-    """A product too large to do in one's head (3-4 digits by 3-4 digits), or ("file", value).
-    op_weights: arith's alone (always None here)."""
+def tools_problem(rng: random.Random) -> Problem:
+    """A product too large to do in one's head (3-4 digits by 3-4 digits), or ("file", value)."""
     if rng.random() < 0.5:
         return _number(rng, rng.choice((3, 4))), "*", _number(rng, rng.choice((3, 4)))
     return rng.randint(10_000, 99_999), "file", rng.randint(2, 9)
@@ -105,7 +105,7 @@ def tools_task(problem: Problem, rng: random.Random, instance_id: str, partial: 
     )  # fmt: skip
 
 
-_MAKERS: dict[str, tuple[Callable[[random.Random, Sequence[float] | None], Problem], Callable[..., Task]]] = {
+_MAKERS: dict[str, tuple[Callable[[random.Random], Problem], Callable[..., Task]]] = {
     "arith": (arith_problem, arith_task),
     "tools": (tools_problem, tools_task),
 }
@@ -117,7 +117,7 @@ def held_out(family: str) -> list[tuple[Problem, random.Random]]:
     rng = random.Random(f"{family}-{TEST_SEED}")
     out: dict[Problem, random.Random] = {}
     while len(out) < TEST_SIZE:
-        problem = make(rng, None)
+        problem = make(rng)
         out.setdefault(problem, random.Random(rng.random()))
     return list(out.items())
 
@@ -140,10 +140,12 @@ def split_tasks(family: str, split: str, n_tasks: int | None = None, seed: int =
         chosen = test[: n_tasks or TEST_SIZE]
         return [build(p, r, f"{family}-test-{i:04d}") for i, (p, r) in enumerate(chosen)]
     excluded = {p for p, _ in test}
+    if weights is not None:  # arith's (checked above)
+        make = functools.partial(arith_problem, op_weights=weights)
     rng = random.Random(f"{family}-train-{seed}")
     tasks: list[Task] = []
     while len(tasks) < (n_tasks or 1000):
-        problem = make(rng, weights)
+        problem = make(rng)
         if problem not in excluded:
             iid = f"{family}-train-{seed}-{len(tasks):05d}"
             tasks.append(build(problem, random.Random(rng.random()), iid, partial=partial))
