@@ -9,6 +9,7 @@ import csv
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -267,7 +268,7 @@ def test_real_model_trains_a_few_steps_with_held_out_eval_and_export(smollm2_mod
     """experiment=smollm2_arith shrunk to two steps: SmolLM2 through the mini harness, the gateway
     and the embedded engine; the trainer's logprobs of fresh samples equal the engine's, every
     step's push reaches the engine, entropy and KL are logged, the held-out evaluation runs before
-    and after, and the exported folder loads and serves."""
+    and after, and `polar-pl engine --model <run>/model` serves the exported folder."""
     run = tmp_path / "real"
     train(
         "experiment=smollm2_arith", f"model_dir={smollm2_model_dir}", "steps=2", "logger=csv",
@@ -287,16 +288,36 @@ def test_real_model_trains_a_few_steps_with_held_out_eval_and_export(smollm2_mod
     logged = {k for r in metrics(run) for k, v in r.items() if v}
     assert {"eval/before/pass@1", "eval/after/pass@2", "eval/pass@1_gain"} <= logged
     assert (run / "eval" / "comparison.json").exists() and (run / "eval" / "after" / "tasks.jsonl").exists()
-    from polar_pl.engine.embedded import EmbeddedEngine
+    from polar_pl.utils.serving import free_port
 
-    with EmbeddedEngine(run / "model", served_model_name="trained", max_model_len=512) as engine:
+    # `polar-pl engine --model <run>/model`, the command the run's last line names, as a process
+    port = free_port()
+    cmd = [sys.executable, "-m", "polar_pl.cli", "engine", "--model", str(run / "model"), "--port", str(port)]
+    cmd += ["--served-model-name", "trained", "--threads", "1", "--max-model-len", "512"]
+    cmd += ["--log-level", "warning"]
+    engine = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
+        while not _healthy(url) and engine.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert engine.poll() is None, engine.communicate()[1][-2000:]
         body = {
             "model": "trained",
             "messages": [{"role": "user", "content": "What is 2 plus 2?"}],
             "max_tokens": 8,
         }
-        answer = httpx.post(f"{engine.base_url}/chat/completions", json=body, timeout=120)
+        answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+    finally:
+        engine.terminate()
+        engine.wait(timeout=60)
     assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_time_budget_ends_the_run_and_its_end_callbacks_still_run(tiny_model_dir, tmp_path):
