@@ -9,7 +9,6 @@ import csv
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -288,36 +287,25 @@ def test_real_model_trains_a_few_steps_with_held_out_eval_and_export(smollm2_mod
     logged = {k for r in metrics(run) for k, v in r.items() if v}
     assert {"eval/before/pass@1", "eval/after/pass@2", "eval/pass@1_gain"} <= logged
     assert (run / "eval" / "comparison.json").exists() and (run / "eval" / "after" / "tasks.jsonl").exists()
+    from polar_pl.engine.process import ServerProcess
     from polar_pl.utils.serving import free_port
 
     # `polar-pl engine --model <run>/model`, the command the run's last line names, as a process
     port = free_port()
     cmd = [sys.executable, "-m", "polar_pl.cli", "engine", "--model", str(run / "model"), "--port", str(port)]
     cmd += ["--served-model-name", "trained", "--threads", "1", "--max-model-len", "512"]
-    cmd += ["--log-level", "warning"]
-    engine = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    engine = ServerProcess(cmd, f"http://127.0.0.1:{port}", name="engine")
+    engine.start(timeout=180)
     try:
-        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
-        while not _healthy(url) and engine.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert engine.poll() is None, engine.communicate()[1][-2000:]
         body = {
             "model": "trained",
             "messages": [{"role": "user", "content": "What is 2 plus 2?"}],
             "max_tokens": 8,
         }
-        answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        answer = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=120)
     finally:
-        engine.terminate()
-        engine.wait(timeout=60)
+        engine.stop()
     assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_time_budget_ends_the_run_and_its_end_callbacks_still_run(tiny_model_dir, tmp_path):
