@@ -188,6 +188,7 @@ def test_reward_hacking(request, backend, runner, case, calc1):
             case,
             res.reason,
             res.tampering,
+            [(t.test_id, t.outcome, t.detail[-300:]) for t in res.tests if not t.passed][:3],
             res.log[-2000:],
         )
     else:

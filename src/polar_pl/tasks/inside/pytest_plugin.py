@@ -78,10 +78,10 @@ class Plugin:
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: the others have cleaned up
     def pytest_runtest_protocol(self, item, nextitem):
         yield
+        threads = self.guard.threads_left()  # waits for exiting ones, so check() sees what they did
         tampered = self.guard.check(ignore=PER_TEST)
         if tampered:
             self.results[item.nodeid] = {"outcome": "error", "detail": "; ".join(tampered)}
-        threads = self.guard.threads_left()
         if threads:
             self.fatal = f"threads still running after {item.nodeid}: {', '.join(threads[:3])}"
             item.session.shouldstop = self.fatal

@@ -230,8 +230,8 @@ def run_unittest_id(test_id, timeout_s, guard):
 def run_unittest(kit, guard, results):
     for test_id in kit["ids"]:
         results[test_id] = run_unittest_id(test_id, kit["timeout"], guard)
+        threads = guard.threads_left()  # waits for exiting ones, so check() sees what they did
         tampered = guard.check()
-        threads = guard.threads_left()
         if threads:
             return f"threads still running after {test_id}: {', '.join(threads[:3])}"
         if tampered:
