@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -48,21 +49,29 @@ def run(args: argparse.Namespace) -> int:
 def _dockerd(args: argparse.Namespace) -> int:
     from polar_pl.sandbox.dockerd import DockerDaemon, DockerUnavailable
 
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # dockerd runs in its own session (a terminal's Ctrl-C does not reach it), so only this
+    # process can stop it: SIGTERM (kill, systemd, Kubernetes) must unwind through `stop` too.
+    signal.signal(signal.SIGTERM, interrupted)
+    daemon = DockerDaemon(root=args.dockerd_root)
     try:
-        daemon = DockerDaemon(root=args.dockerd_root).start()
+        daemon.start()
+        if daemon.attached:
+            print(f"already running: export DOCKER_HOST={daemon.url}")
+            return 0
+        print(f"export DOCKER_HOST={daemon.url}   (Ctrl-C stops the engine)", flush=True)
+        assert daemon.proc is not None  # started here, not attached
+        daemon.proc.wait()
     except DockerUnavailable as e:
         print(f"sandbox dockerd: {e}", file=sys.stderr)
         return 1
-    if daemon.attached:
-        print(f"already running: export DOCKER_HOST={daemon.url}")
-        return 0
-    print(f"export DOCKER_HOST={daemon.url}   (Ctrl-C stops the engine)", flush=True)
-    assert daemon.proc is not None  # started here, not attached
-    try:
-        daemon.proc.wait()
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal does not cut the stop short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         daemon.stop()
     return 0
 
