@@ -15,7 +15,7 @@ import httpx
 import pytest
 import rollout_kit
 from fixture_paths import REPO
-from rollout_kit import NODE, SERVICE_TOKEN, SYSTEM_CONFIG, answer
+from rollout_kit import METRICS_TOKEN, NODE, SERVICE_TOKEN, SYSTEM_CONFIG, answer
 
 from polar_pl.testing.scripted import ScriptedBackend, ScriptedServer
 from polar_pl.utils.serving import free_port
@@ -64,7 +64,8 @@ def service(tmp_path_factory, tiny_model_dir):
     port, run_dir = free_port(), tmp_path_factory.mktemp("rollout-serve")
     log = open(run_dir / "serve.log", "w+")
     cmd = [sys.executable, "-m", "polar_pl.cli", "rollout", "serve", "--port", str(port),
-           "--run-dir", str(run_dir), "debug=fast", "datamodule.progress=false"]  # fmt: skip
+           "--run-dir", str(run_dir), "--metrics-token", METRICS_TOKEN, "debug=fast",
+           "datamodule.progress=false"]  # fmt: skip
     proc = subprocess.Popen(
         cmd,
         cwd=REPO,

@@ -19,6 +19,7 @@ from polar_pl.trajectory import PrefixBuilder
 SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 8}
 NODE = {"num_cpus": 1, "resources": {"sandbox": 2}, "object_store_memory": 80 * 1024**2}
 SERVICE_TOKEN = "test-token-0"  # the bearer token of the tests' `polar-pl rollout serve`
+METRICS_TOKEN = "test-metrics-0"  # its --metrics-token
 
 
 def answer(chat: dict) -> Reply:
