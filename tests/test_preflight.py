@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 
 import pytest
-from fixture_paths import CONF, REPO
-from hydra import compose, initialize_config_dir
+from fixture_paths import REPO
 
 from polar_pl.errors import ConfigError
 from polar_pl.preflight import check_warm_model, preflight
@@ -34,7 +34,7 @@ def test_a_cli_harness_without_its_prefix_stops_in_one_line(state, tmp_path):
         prefix.mkdir()
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "train.py", "harness=claude_code", f"hydra.run.dir={tmp_path / 'run'}"],
+        [sys.executable, "train.py", "experiment=cli_tiny", "harness=claude_code", f"hydra.run.dir={tmp_path / 'run'}"],
         cwd=REPO, env=fresh_env(tmp_path, prefix), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, timeout=300, check=False,
     )  # fmt: skip
@@ -51,7 +51,7 @@ def test_an_evaluation_checks_the_prefix_too(tmp_path):
     """`polar-pl eval` runs the same sessions as training: the same check, the same one line."""
     prefix = tmp_path / "harness"
     proc = subprocess.run(
-        [sys.executable, "-m", "polar_pl.eval", "harness=claude_code", f"eval.output_dir={tmp_path / 'eval'}",
+        [sys.executable, "-m", "polar_pl.eval", "experiment=cli_tiny", "harness=claude_code", f"eval.output_dir={tmp_path / 'eval'}",
          f"hydra.run.dir={tmp_path / 'run'}"],
         cwd=REPO, env=fresh_env(tmp_path, prefix), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, timeout=300, check=False,
@@ -62,8 +62,8 @@ def test_an_evaluation_checks_the_prefix_too(tmp_path):
 
 
 def compose_config(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        return compose("config", overrides=list(overrides))
+    """The config as `python train.py OVERRIDES` composes it (Hydra's run-time values set)."""
+    return compose_run(list(overrides))
 
 
 def test_the_mini_harness_needs_no_prefix(tmp_path):
@@ -74,13 +74,83 @@ def test_the_mini_harness_needs_no_prefix(tmp_path):
                                        ["sandbox.harness_prefix=/nonexistent/harness"]])  # fmt: skip
 def test_every_sandbox_backend_is_checked(overrides):
     with pytest.raises(ConfigError, match=r"sandbox\.harness_prefix .*harness=pi"):
-        preflight(compose_config("harness=pi", *overrides))
+        preflight(compose_config("experiment=cli_tiny", "harness=pi", *overrides))
 
 
 def test_a_remote_rollout_service_checks_its_own(tmp_path):
-    cfg = compose_config("harness=pi", "rollout=remote", "rollout.url=http://127.0.0.1:1",
-                         f"sandbox.harness_prefix={tmp_path / 'missing'}")  # fmt: skip
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    cfg = compose_config("~experiment", "harness=pi", f"model_dir={tmp_path / 'model'}", "rollout=remote",
+                         "rollout.url=http://127.0.0.1:1", f"sandbox.harness_prefix={tmp_path / 'missing'}")  # fmt: skip
     preflight(cfg)
+
+
+CLI_HARNESSES = ["claude_code", "codex", "qwen_code", "pi", "gemini_cli", "opencode"]
+
+
+@pytest.mark.parametrize("harness", CLI_HARNESSES)
+def test_a_cli_harness_on_the_base_config_is_refused_with_the_command_that_trains(harness):
+    """Issue 55: `python train.py harness=claude_code merge=prefix` started Claude Code against the
+    untrained tiny model (lr 0.03, the capitals task) and nothing stopped it. Every CLI harness on the
+    base config is refused in one line that names a recipe which trains something."""
+    with pytest.raises(ConfigError) as err:
+        preflight(compose_config(f"harness={harness}", "merge=prefix"))
+    line = str(err.value)
+    assert "\n" not in line and f"harness={harness} on the untrained tiny model" in line, line
+    assert "`python train.py experiment=smollm2_tools`" in line, line
+    assert f"`python train.py experiment=cli_tiny harness={harness}`" in line, line
+
+
+@pytest.mark.parametrize(
+    ("overrides", "keys"),
+    [
+        (["module=grpo_gpu", "trainer=gpu"], "trainer.accelerator=gpu on the untrained tiny model"),
+        (["~experiment", "trainer=gpu", "engine.device=cpu", "model_dir=/models/real"],
+         "trainer.accelerator=gpu with engine.device=cpu"),
+        (["~experiment", "module.lora.rank=8", "module/weight_sync=vllm_nccl", "model_dir=/models/real"],
+         "module.lora.rank=8 with module/weight_sync=VLLMWeightTransferSync"),
+    ],
+)  # fmt: skip
+def test_parts_that_do_not_fit_each_other_are_refused_naming_the_keys(overrides, keys):
+    """Issue 57: the README's GPU line inherited the tiny model's CPU recipe, and nothing checked
+    that the parts chosen fit each other."""
+    with pytest.raises(ConfigError, match=re.escape(keys)):
+        preflight(compose_config(*overrides))
+
+
+def test_the_tiny_recipe_is_refused_for_another_model(tmp_path):
+    """experiment=tiny (the default) sets lr 3e-2 and the tiny model's sizes: with another model_dir a
+    run would silently train a real model at the tiny model's learning rate."""
+    (tmp_path / "config.json").write_text("{}")
+    proc = subprocess.run(
+        [sys.executable, "train.py", f"model_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO, env=fresh_env(tmp_path, tmp_path / "harness"), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stdout[-3000:]
+    assert "experiment=tiny is the tiny model's recipe" in lines[-1], lines[-1]
+
+
+def test_the_headline_command_and_the_sweep_stop_in_one_line(tmp_path):
+    """`python train.py harness=claude_code merge=prefix` and the sweep over the CLIs stop within
+    seconds, before any engine starts, with the line naming what to run instead."""
+    for args in (["harness=claude_code", "merge=prefix"], ["-m", "harness=claude_code,codex,qwen_code,pi"]):
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path / 'run'}",
+             f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+            cwd=REPO, env=fresh_env(tmp_path, tmp_path / "harness"), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        took = time.monotonic() - t0
+        lines = [
+            line
+            for line in proc.stdout.strip().splitlines()
+            if "Launching" not in line and "#0 :" not in line
+        ]
+        assert proc.returncode == 1 and took < 30, (args, proc.returncode, took, proc.stdout[-3000:])
+        assert len(lines) == 1 and "harness=claude_code on the untrained tiny model" in lines[-1], proc.stdout
 
 
 def test_a_missing_warm_started_model_names_the_command_that_builds_it(tmp_path):

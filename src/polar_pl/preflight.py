@@ -26,12 +26,74 @@ from polar_pl.sandbox.image import default_harness_prefix
 BUILD_RECORD = "tinymodel.json"  # a tiny model's (tinymodel/build.py)
 
 
+# Weight syncs that cannot send a LoRA adapter alone (module/weight_sync.py's `pushes_adapters`),
+# named here so that the check needs no torch.
+ADAPTERLESS_SYNCS = ("polar_pl.module.weight_sync.VLLMWeightTransferSync",)
+# What each CLI harness can train on instead of the untrained tiny model.
+REAL_CLI_RECIPES = {"pi": "python train.py experiment=smollm2_tools"}
+
+
 def preflight(cfg: DictConfig) -> None:
     """Every check below, on the run's config."""
+    harness = instantiate(cfg.harness)
+    check_recipe(cfg, harness.name)
     if _sessions_run_here(cfg):
-        check_harness_prefix(instantiate(cfg.harness), cfg.sandbox)
+        check_harness_prefix(harness, cfg.sandbox)
     if cfg.get("warm_start"):
         check_warm_model(cfg)
+
+
+def check_recipe(cfg: DictConfig, harness: str) -> None:
+    """Combinations of groups that start but cannot train anything, or not what was asked for:
+    each is refused in one line naming the keys and what to run instead."""
+    tiny = is_generic_tiny_model(cfg)
+    if tiny and harness != "mini":
+        real = REAL_CLI_RECIPES.get(harness)
+        instead = (f"`{real}` (SmolLM2-135M-Instruct, cold-started inside {harness}'s own request, then "
+                   f"GRPO)" if real else f"the real-model recipe through a CLI, `{REAL_CLI_RECIPES['pi']}` "
+                   f"(pi; none for {harness} yet)")  # fmt: skip
+        raise ConfigError(
+            f"harness={harness} on the untrained tiny model (model_dir {cfg.model_dir}) trains nothing: it "
+            f"cannot act behind a CLI's prompt. Run {instead}, or `python train.py experiment=cli_tiny "
+            f"harness={harness}` for the plumbing check on a tiny model warm-started inside that CLI"
+        )
+    accelerator = str(cfg.get("trainer", {}).get("accelerator", "cpu"))
+    if tiny and accelerator in ("gpu", "cuda"):
+        raise ConfigError(
+            f"trainer.accelerator={accelerator} on the untrained tiny model (model_dir {cfg.model_dir}): "
+            "set model_dir to a real model and its recipe (an experiment, or ~experiment)"
+        )
+    if cfg.get("recipe") == "tiny" and not tiny:
+        raise ConfigError(
+            f"experiment=tiny is the tiny model's recipe (lr {cfg.module.get('lr')}, its task and sizes), "
+            f"not for model_dir {cfg.model_dir}: pick a recipe for that model (experiment=...) or "
+            "~experiment to keep the groups' own values"
+        )
+    engine = cfg.get("engine", {})
+    if accelerator in ("gpu", "cuda") and engine.get("device") == "cpu":
+        raise ConfigError(
+            f"trainer.accelerator={accelerator} with engine.device=cpu: every push would copy the weights "
+            "off the GPU and sampling would run on the CPU; set engine.device=null (the GPU) or trainer=cpu"
+        )
+    module = cfg.get("module", {})
+    sync = (module.get("weight_sync") or {}).get("_target_")
+    if (module.get("lora") or {}).get("rank") and sync in ADAPTERLESS_SYNCS:
+        raise ConfigError(
+            f"module.lora.rank={module.lora.rank} with module/weight_sync={sync.rsplit('.', 1)[-1]}, which "
+            "cannot push an adapter alone: use module/weight_sync=embedded, disk or none"
+        )
+
+
+def is_generic_tiny_model(cfg: DictConfig) -> bool:
+    """Whether the run trains the tiny model as `polar-pl tiny-model` builds it (no warm start): a
+    plumbing model that has never seen a chat, let alone a CLI's prompt."""
+    if cfg.get("warm_start") or cfg.get("pretrained"):
+        return False
+    model_dir = Path(cfg.model_dir)
+    record = model_dir / BUILD_RECORD
+    if record.exists():
+        return "base" not in json.loads(record.read_text())  # a warm-started one names its base
+    return not (model_dir / "config.json").exists() and model_dir.name == "tiny-model"
 
 
 def check_harness_prefix(harness: Any, sandbox_cfg: DictConfig) -> None:

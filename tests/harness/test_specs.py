@@ -101,10 +101,11 @@ def test_cli_tiny_recipe_comes_from_its_experiment(name, monkeypatch):
 def test_a_harness_only_says_how_to_launch_its_cli(name, monkeypatch):
     """`module=grpo_gpu harness=claude_code` (the README's GPU line) trained at the harness conf's
     tiny-model lr 1e-2 on a 64-token cap: a harness group now sets nothing but the harness, so the
-    module, cap and model are the ones chosen elsewhere: grpo_gpu's, the real-model experiment's."""
+    module, cap and model are the ones chosen elsewhere: grpo_gpu's (without the default tiny
+    recipe: `~experiment`), the real-model experiment's."""
     monkeypatch.setenv("POLAR_MODEL_CACHE", "/models")
-    base = _composed("module=grpo_gpu")
-    cfg = _composed(f"harness={name}", "module=grpo_gpu")
+    base = _composed("~experiment", "module=grpo_gpu")
+    cfg = _composed("~experiment", f"harness={name}", "module=grpo_gpu")
     assert cfg.module.lr == 1e-6 and cfg.module.weight_decay == 0.01
     assert cfg.datamodule == base.datamodule and cfg.model_dir == base.model_dir and cfg.warm_start is None
     for experiment in ("smollm2", "smollm2_tools"):

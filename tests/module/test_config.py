@@ -71,7 +71,7 @@ def test_variants_by_override(tiny_model_dir) -> None:
 
 
 def test_gpu_variant_extends_the_default(tiny_model_dir) -> None:
-    cfg = module_cfg(tiny_model_dir, "module=grpo_gpu", "module/weight_sync=disk")
+    cfg = module_cfg(tiny_model_dir, "~experiment", "module=grpo_gpu", "module/weight_sync=disk")
     assert (cfg.gradient_checkpointing, cfg.micro_batch_size, cfg.lr) == (True, 1, 1e-6)
     assert cfg.policy_loss.eps_high == 0.28 and cfg.weight_sync._target_.endswith("DiskSync")
     module = instantiate(cfg)
