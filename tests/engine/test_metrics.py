@@ -32,7 +32,11 @@ def test_metrics_count_requests_tokens_and_prefix_cache_hits(engine):
     assert grew("polar_engine_decode_steps_total") >= 4
     assert grew("polar_engine_prefix_cache_lookups_total") == 2
     assert grew("polar_engine_prefix_cache_hits_total") >= 1
-    assert grew("polar_engine_prefix_cache_query_tokens_total") > grew("polar_engine_prefix_cache_hit_tokens_total") > 0
+    assert (
+        grew("polar_engine_prefix_cache_query_tokens_total")
+        > grew("polar_engine_prefix_cache_hit_tokens_total")
+        > 0
+    )
     stats = httpx.get(f"{engine.url}/stats").json()
     assert after.value("polar_engine_generation_tokens_total") == stats["tokens_generated"]
     assert after.value("polar_engine_batch_size_max") >= 1

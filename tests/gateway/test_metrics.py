@@ -71,7 +71,10 @@ def test_metrics_token_when_given_and_never_a_session_token(engine, tmp_path):
         s = gw.create_session()
         assert httpx.get(f"{gw.url}/metrics").status_code == 401
         for wrong in (s.token, gw.admin_token, "scrape-m"):
-            assert httpx.get(f"{gw.url}/metrics", headers={"authorization": f"Bearer {wrong}"}).status_code == 401
+            assert (
+                httpx.get(f"{gw.url}/metrics", headers={"authorization": f"Bearer {wrong}"}).status_code
+                == 401
+            )
         assert scrape(gw.url, token="scrape-me").value("polar_gateway_requests_total") == 0
         # under a session's path it is a harness route like any other, recorded nowhere
         assert httpx.get(f"{s.base_url}/metrics").status_code == 404

@@ -7,7 +7,7 @@ import os
 import sys
 
 from polar_pl.gateway.call.sidecalls import SideCallRule
-from polar_pl.utils import tokens
+from polar_pl.utils import metrics, tokens
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -106,6 +106,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="JSON file with a list of side-call rules replacing the defaults",
     )
     p.add_argument("--read-timeout", type=float, default=600.0, help="seconds to wait for each engine chunk")
+    metrics.add_arguments(p)
     p.add_argument("--log-level", default="warning")
 
 
@@ -169,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
             args.upstream,
             args.store,
             admin_token=token,
+            metrics_token=args.metrics_token,
             tokenizer_dir=args.tokenizer_dir,
             model=args.model,
             side_rules=side_rules,

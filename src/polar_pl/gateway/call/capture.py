@@ -11,6 +11,7 @@ its tokens are recorded with version N. The same object assembles the full
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from polar_pl.utils.adapters import adapter_version
@@ -23,6 +24,7 @@ class CallCapture:
         "content",
         "created",
         "finish_reason",
+        "first_token_at",
         "id",
         "logprobs",
         "model",
@@ -53,6 +55,7 @@ class CallCapture:
         self.created = 0
         self.model = ""
         self.chunks = 0
+        self.first_token_at: float | None = None  # time.monotonic() when the first token came
         self._saw_version = False
 
     def add(self, chunk: dict[str, Any]) -> None:
@@ -77,6 +80,8 @@ class CallCapture:
         for ch in chunk.get("choices") or ():
             ids = ch.get("token_ids")
             if ids:
+                if not self.response_ids:
+                    self.first_token_at = time.monotonic()
                 self.response_ids += ids
                 self.token_versions += [self.policy_version] * len(ids)
             lp = ch.get("logprobs")

@@ -124,7 +124,8 @@ class Proxy:
     def _append(self, call: CallInFlight, rec: TraceRecord) -> Future:
         """Hand the call's one record to the store (raises StoreUnavailable when it cannot take it)."""
         call.recorded = True
-        self.stats.observe(rec)
+        first = call.cap.first_token_at if call.cap is not None else None
+        self.stats.observe(rec, None if first is None else first - call.t0)
         if self.faithful is not None:
             self.faithful.remember(rec)
         call.pending = rec.status == "ok" and not self.store.inline
@@ -198,7 +199,16 @@ class Proxy:
         raise UpstreamError("connect", "no engine replica is reachable")
 
     async def _send(self, call: CallInFlight, rep: Replica) -> ChatStream:
-        call.engine_body["model"] = await self.pool.model_for(rep)
+        try:
+            return await self._send_as(call, rep, await self.pool.model_for(rep))
+        except UpstreamError as exc:
+            if not self.pool.forget_gone_model(rep, exc):
+                raise
+        # the engine dropped the adapter it was asked for (it pushed a newer one): its name now
+        return await self._send_as(call, rep, await self.pool.model_for(rep))
+
+    async def _send_as(self, call: CallInFlight, rep: Replica, model: str) -> ChatStream:
+        call.engine_body["model"] = model
         if call.faithful is None:
             return await self.client.stream_chat(
                 rep.endpoint("/v1/chat/completions"), orjson.dumps(call.engine_body)

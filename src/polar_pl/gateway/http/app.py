@@ -1,6 +1,7 @@
-"""The gateway's FastAPI app: the admin router and health (admin.py) on FastAPI; harness traffic
-on the raw-ASGI handler (harness_routes.py); the state both share in ../runtime.py, on
-`app.state.runtime`.
+"""The gateway's FastAPI app: the admin router, health (admin.py) and Prometheus `/metrics`
+(metrics.py) on FastAPI; harness traffic on the raw-ASGI handler (harness_routes.py); the state
+both share in ../runtime.py, on `app.state.runtime`. `/metrics` is not a harness route: no
+session token applies to it and nothing is recorded; it needs the metrics token when one is set.
 
 Harness traffic (every path outside /admin and /health) skips FastAPI's routing and middleware:
 `GatewayFastAPI.__call__` hands it to the raw-ASGI handler, the hot path measured in
@@ -24,10 +25,13 @@ from polar_pl.gateway.http.admin import AdminDenied, admin, admin_denied, health
 from polar_pl.gateway.http.detect import provider_from_headers, provider_from_path, split_session_path
 from polar_pl.gateway.http.errors import error_response
 from polar_pl.gateway.http.harness_routes import HarnessRoutes
+from polar_pl.gateway.http.metrics import gateway_registry
 from polar_pl.gateway.runtime import GatewayRuntime
+from polar_pl.utils.metrics import serve_metrics
 
 log = logging.getLogger(__name__)
 ADMIN_PATHS = ("/admin/", "/health")
+METRICS_PATH = "/metrics"
 
 
 class GatewayFastAPI(FastAPI):
@@ -36,7 +40,8 @@ class GatewayFastAPI(FastAPI):
     harness: HarnessRoutes
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and not scope["path"].startswith(ADMIN_PATHS):
+        path = scope.get("path", "")
+        if scope["type"] == "http" and not (path.startswith(ADMIN_PATHS) or path == METRICS_PATH):
             await self.harness(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
@@ -63,12 +68,18 @@ async def unhandled(request: Request, exc: Exception) -> Response:
 
 
 def create_app(
-    upstreams: list[str], store_path: str | Path, *, admin_token: str | None = None, **options: Any
+    upstreams: list[str],
+    store_path: str | Path,
+    *,
+    admin_token: str | None = None,
+    metrics_token: str | None = None,
+    **options: Any,
 ) -> GatewayFastAPI:
-    """Build the gateway app. options: tokenizer_dir, model, side_rules, client ("aiohttp" or
-    "httpx"), store_synchronous, public_url, health_interval, connect_timeout, read_timeout,
-    token_faithful, max_tokens_cap, cap_policy, sampling, pause_timeout, reasoning_parser,
-    max_body_bytes, max_json_depth (see GatewayRuntime)."""
+    """Build the gateway app. metrics_token: the bearer token GET /metrics needs (None: open).
+    options: tokenizer_dir, model, side_rules, client ("aiohttp" or "httpx"), store_synchronous,
+    public_url, health_interval, connect_timeout, read_timeout, token_faithful, max_tokens_cap,
+    cap_policy, sampling, pause_timeout, reasoning_parser, max_body_bytes, max_json_depth (see
+    GatewayRuntime)."""
     rt = GatewayRuntime(
         upstreams, store_path, admin_token=admin_token or secrets.token_urlsafe(24), **options
     )
@@ -81,4 +92,6 @@ def create_app(
     app.add_exception_handler(Exception, unhandled)
     app.include_router(admin)
     app.include_router(health_router)
+    registry = gateway_registry(rt, app.harness.in_flight)
+    serve_metrics(app, registry, token=metrics_token, namespace="polar_gateway")
     return app

@@ -85,3 +85,24 @@ def provider_for_models(path: str, headers: Mapping[str, str]) -> str | None:
 
 def is_count_tokens(path: str) -> bool:
     return path.rstrip("/").endswith("/messages/count_tokens") or ":countTokens" in path
+
+
+def route_name(method: str, path: str) -> str:
+    """A harness route's name for metrics: a fixed set, never the path (it holds model names)."""
+    p = path.rstrip("/")
+    if method == "HEAD":
+        return "probe"
+    if p.endswith("/models"):
+        return "models"
+    if is_count_tokens(p):
+        return "count_tokens"
+    for end, name in (
+        ("/messages", "messages"),
+        ("/chat/completions", "chat_completions"),
+        ("/responses", "responses"),
+    ):
+        if p.endswith(end):
+            return name
+    if ":streamGenerateContent" in p:
+        return "stream_generate_content"
+    return "generate_content" if ":generateContent" in p else "other"

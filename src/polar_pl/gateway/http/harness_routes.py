@@ -35,6 +35,7 @@ from polar_pl.gateway.http.detect import (
     provider_for_models,
     provider_from_headers,
     provider_from_path,
+    route_name,
     split_session_path,
 )
 from polar_pl.gateway.http.errors import error_response, retryable_response
@@ -71,15 +72,35 @@ class HarnessRoutes:
         task = asyncio.current_task()
         assert task is not None  # an ASGI call runs in a task
         self.in_flight.add(task)
+        # the status the client was sent (a collected answer's is known only once it is sent);
+        # nginx's 499 when none was: the client left first
+        status = 499
+
+        async def send_status(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
         try:
             resp = await self._answer(scope, sub, path_token, headers, receive)
-            await resp(scope, receive, send)
+            await resp(scope, receive, send_status)
         except asyncio.CancelledError:
             if self.rt.proxy.stopping is None:
                 raise
             task.uncancel()  # a plain answer cut by the stop: the call's own cleanup has run
         finally:
             self.in_flight.discard(task)
+            self._count(scope["method"], sub, headers, status)
+
+    def _count(self, method: str, sub: str, headers: dict[str, str], status: int) -> None:
+        """One harness request answered, for GET /metrics."""
+        route = route_name(method, sub)
+        if route == "models":  # answered in OpenAI's shape unless the path or headers say otherwise
+            provider = provider_for_models(sub, headers) or "openai_chat"
+        else:
+            provider = _provider(sub, headers) or "unknown"
+        self.rt.proxy.stats.answered(provider, route, status)
 
     async def _answer(
         self, scope, sub: str, path_token: str | None, headers: dict[str, str], receive

@@ -40,6 +40,7 @@ import os
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import asdict
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import orjson
+from prometheus_client import Histogram
 
 from polar_pl.gateway.store import layout
 from polar_pl.gateway.store.records import SessionInfo, TraceRecord
@@ -55,6 +57,7 @@ _STOP = object()
 log = logging.getLogger(__name__)
 UNDELIVERED = "undelivered"
 _UNDELIVERED_NOTE = "response not delivered: the gateway stopped or the harness left after the commit"
+WRITE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
 
 class StoreUnavailable(RuntimeError):
@@ -117,6 +120,13 @@ class TraceStore:
         self._closed = False
         self.errors = 0  # records that could not be committed
         self.checkpoint_errors = 0
+        # not registered: the gateway's metrics collector yields it into its own registry
+        self.write_seconds = Histogram(
+            "polar_gateway_store_write_seconds",
+            "Time of one trace-store commit (one record inline; FULL: the writer's batch)",
+            buckets=WRITE_BUCKETS,
+            registry=None,
+        )
         self._stop = threading.Event()
         if self.inline:
             self._write_conn.execute("PRAGMA wal_autocheckpoint=0")
@@ -141,6 +151,11 @@ class TraceStore:
         else:
             self._queue.put(item)
         return fut
+
+    @property
+    def backlog(self) -> int:
+        """Records and delivery marks queued for the writer thread (FULL / EXTRA; inline: 0)."""
+        return self._queue.qsize()
 
     def mark_delivered(self, session_id: str, call_index: int, delivered: bool) -> None:
         """Settle a pending record: its response reached the server (ok) or did not (undelivered)."""
@@ -212,6 +227,7 @@ class TraceStore:
             rows.append((rec.session_id, rec.call_index, rec.timestamp, status, *values[1:]))
             waiters.append(fut)
         conn = self._write_conn
+        t0 = time.perf_counter()
         try:
             # the inline commit of one call: one statement, its own transaction (not four)
             if len(rows) == 1 and not marks:
@@ -234,6 +250,8 @@ class TraceStore:
             for fut in waiters:
                 _settle(fut, err)
             return
+        finally:
+            self.write_seconds.observe(time.perf_counter() - t0)
         for fut in waiters:
             _settle(fut)
 
