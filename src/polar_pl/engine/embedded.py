@@ -8,6 +8,9 @@ state-dict updates go through a safetensors directory and POST /update_weights_f
 Either way the weight route needs `admin_token` (made per engine; the child reads it from its
 environment, not its command line). LoRA adapters (PEFT format) are merged into the base weights
 (engine/adapter.py); afterwards `model` is the adapter's name, `<served>-lora-v<version>`.
+A push the engine refuses (a folder or state dict that fails its check, engine/weights.py) raises
+ValueError with the engine's reason, in either mode, and changes nothing: not the engine's weights
+or version, nor `model`.
 
 num_threads sets torch's intra-op threads of the engine's scheduler thread only (torch keeps that
 setting per thread), so in thread mode the trainer's own torch threads are not changed; the two
@@ -21,6 +24,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Mapping
+from http import HTTPStatus
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Self
 
@@ -185,8 +189,9 @@ class EmbeddedEngine:
     def update_weights_from_disk(self, path: str) -> int:
         if self.backend is not None:
             return self.backend.update_weights_from_disk(path)
-        self._adapter_version = None
-        return int(self._post("/update_weights_from_disk", path)["policy_version"])
+        version = int(self._post("/update_weights_from_disk", path)["policy_version"])
+        self._adapter_version = None  # only now: a refused push leaves the adapter served
+        return version
 
     def update_adapter(self, tensors: Mapping[str, torch.Tensor], config: Mapping) -> int:
         """A LoRA adapter (PEFT names, adapter_config.json's content), merged into the base."""
@@ -205,12 +210,20 @@ class EmbeddedEngine:
         return version
 
     def _post(self, route: str, path: str) -> dict:
+        """POST {"path": path} to an admin route; ValueError with the engine's reason for a push it
+        refused (400)."""
         r = httpx.post(
             f"{self.url}{route}",
             json={"path": str(path)},
             headers={"authorization": f"Bearer {self.admin_token}"},
             timeout=600,
         )
+        if r.status_code == HTTPStatus.BAD_REQUEST:
+            try:
+                reason = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                reason = r.text[:2000]
+            raise ValueError(f"the engine refused {route}: {reason}")
         r.raise_for_status()
         return r.json()
 

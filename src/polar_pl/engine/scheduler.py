@@ -85,6 +85,7 @@ class Scheduler:
         version: Callable[[], int],
         num_threads: int | None = None,
         prefix_cache_bytes: int = 512 << 20,
+        admit_check: Callable[[GenerationRequest], None] | None = None,
     ):
         self.model = model
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
@@ -95,6 +96,9 @@ class Scheduler:
         self.max_batch_size = max_batch_size
         self.prefill_chunk = prefill_chunk
         self.version = version
+        # raises for a request the backend no longer takes, checked on this thread after the
+        # pushes queued before it ran (a stale adapter name)
+        self.admit_check = admit_check
         self.device = next(model.parameters()).device
         self._cond = threading.Condition()
         self._waiting: list[_Req] = []
@@ -205,6 +209,8 @@ class Scheduler:
         self._running.append(req)
         if req.aborted:
             return None
+        if self.admit_check is not None:
+            self.admit_check(req.request)
         prompt = list(req.request.prompt_ids)
         if not prompt:
             raise ValueError("empty prompt")

@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="bearer token clients must send (default: $POLAR_ROLLOUT_TOKEN, else generated)")  # fmt: skip
     serve.add_argument("--feed", choices=("config", "queue"), default="config",
                        help="config: groups from the configured task source; queue: only POST /v1/tasks")  # fmt: skip
+    serve.add_argument("--max-streams", type=int, default=64,
+                       help="GET /v1/groups/stream connections open at once; one more gets a 429")  # fmt: skip
     serve.add_argument("--run-dir", default=None, help="traces and logs (default: outputs/rollout-<time>)")
     serve.add_argument("overrides", nargs="*", help="training-config overrides, e.g. rollout=ray harness=pi")
 
@@ -40,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         shown = token if not args.token else "(the one you gave)"
         print(f"rollout service at http://{args.host}:{args.port} feed={args.feed} token={shown}", flush=True)
-        uvicorn.run(create_app(server, token=token), host=args.host, port=args.port, log_level="warning")
+        app = create_app(server, token=token, max_streams=args.max_streams)
+        # open streams never end by themselves: a stop cancels them (their groups go back) after 5 s
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     finally:
         server.stop()
         close = getattr(parts["evaluator"], "close", None)

@@ -4,7 +4,8 @@ is at /openapi.json, the docs at /docs.
 
     POST /v1/tasks              submit task rows (a `--feed queue` service): one group each
     GET  /v1/groups?n=&timeout= the next n finished groups, with rows and rewards (long poll)
-    GET  /v1/groups/stream      finished groups as they come, one JSON object per line
+    GET  /v1/groups/stream      finished groups as they come, one JSON object per line (at most
+                                `max_streams` open at once; one more gets a 429)
     POST /v1/groups/consumed    mark groups trained on (with consume=false: the resume cursor)
     POST /v1/weights            push new weights from a directory of safetensors to the engines
     POST /v1/policy_version     report a version the trainer pushed by itself (vLLM NCCL)
@@ -12,19 +13,19 @@ is at /openapi.json, the docs at /docs.
     GET  /v1/stats, /v1/state   gauges; the resume cursor
 
 Every /v1 route needs `Authorization: Bearer <token>`; errors are `{"error": {"message", "type"}}`.
+A group counts as consumed only once it was written to a reader still connected (delivery.py).
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
 from typing import Any
 
-import orjson
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
+from polar_pl.rollout.http.delivery import GroupOutbox, GroupsAnswer, GroupStream
 from polar_pl.rollout.http.schema import (
     ConsumedRequest,
     ErrorResponse,
@@ -34,10 +35,7 @@ from polar_pl.rollout.http.schema import (
     VersionRequest,
     VersionResponse,
     WeightsRequest,
-    group_json,
 )
-
-_NUMPY = orjson.OPT_SERIALIZE_NUMPY  # rows built from packed store records hold numpy arrays
 
 
 class ApiError(Exception):
@@ -58,8 +56,10 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def create_app(server: Any, *, token: str) -> FastAPI:
-    """server: a `RolloutServer`. token: the bearer token every /v1 route requires."""
+def create_app(server: Any, *, token: str, max_streams: int = 64) -> FastAPI:
+    """server: a `RolloutServer`. token: the bearer token every /v1 route requires. max_streams:
+    how many GET /v1/groups/stream may be open at once."""
+    outbox = GroupOutbox(server.client, max_streams=max_streams)
     app = FastAPI(title="polar_pl rollout service", version="1", summary=__doc__.split("\n")[0],
                   responses={401: {"model": ErrorResponse}, 422: {"model": ErrorResponse}})  # fmt: skip
     app.add_exception_handler(ApiError, lambda _, exc: _error(exc.status, exc.message, exc.kind))
@@ -95,32 +95,24 @@ def create_app(server: Any, *, token: str) -> FastAPI:
         "/v1/groups",
         dependencies=v1,
         response_model=GroupsResponse,
-        responses={408: {"model": ErrorResponse}},
+        responses={408: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
     )
-    def groups(
+    async def groups(
         n: int = Query(1, ge=1, le=1024, description="groups to wait for"),
         timeout: float = Query(60.0, gt=0, le=3600, description="seconds to wait for them"),
         consume: bool = Query(True, description="false: mark them consumed later (POST /v1/groups/consumed)"),
     ) -> Response:
-        try:
-            got = server.client.next_groups(n, timeout, consume=consume)
-        except TimeoutError as exc:
-            raise ApiError(408, f"{exc}; ask again", "timeout") from None
-        return Response(
-            orjson.dumps({"groups": [group_json(g) for g in got]}, option=_NUMPY),
-            media_type="application/json",
-        )
+        return GroupsAnswer(outbox, n, timeout, consume)
 
-    @app.get("/v1/groups/stream", dependencies=v1, responses={200: {"content": {"application/x-ndjson": {}}}})
-    def stream(limit: int | None = Query(None, ge=1, description="stop after this many groups")) -> Response:
-        def lines() -> Iterator[bytes]:
-            sent = 0
-            while limit is None or sent < limit:
-                for g in server.client.next_groups(1, None, consume=True):
-                    yield orjson.dumps(group_json(g), option=_NUMPY) + b"\n"
-                    sent += 1
-
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+    @app.get("/v1/groups/stream", dependencies=v1,
+             responses={200: {"content": {"application/x-ndjson": {}}}, 429: {"model": ErrorResponse}})  # fmt: skip
+    async def stream(
+        limit: int | None = Query(None, ge=1, description="stop after this many groups"),
+    ) -> Response:
+        if not outbox.open_stream():
+            raise ApiError(429, f"{max_streams} streams are open already (--max-streams): close one, "
+                           "or poll GET /v1/groups", "rate_limit_error")  # fmt: skip
+        return GroupStream(outbox, limit)
 
     @app.post("/v1/groups/consumed", dependencies=v1)
     def consumed(req: ConsumedRequest) -> dict[str, bool]:
@@ -134,6 +126,8 @@ def create_app(server: Any, *, token: str) -> FastAPI:
             return VersionResponse(policy_version=server.push_from_disk(req.path))
         except FileNotFoundError as exc:
             raise ApiError(400, f"path: {exc}") from None
+        except (ValueError, KeyError) as exc:  # the engine refused the weights and kept its own
+            raise ApiError(400, f"weights refused: {exc}") from None
         except Exception as exc:
             raise ApiError(502, f"weight push failed: {type(exc).__name__}: {exc}", "engine_error") from None
 
@@ -148,7 +142,7 @@ def create_app(server: Any, *, token: str) -> FastAPI:
 
     @app.get("/v1/stats", dependencies=v1)
     def stats() -> dict[str, float]:
-        return server.client.metrics()
+        return {**server.client.metrics(), **outbox.metrics()}
 
     @app.get("/v1/state", dependencies=v1)
     def state() -> dict[str, Any]:
