@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from polar_pl.engine.weights import TensorSpec, refuse, tensor_problem
+
 # PEFT's names: base_model.model.<module path>.lora_A.weight (vLLM and PeftModel.from_pretrained read these)
 PREFIX = "base_model.model."
 PARTS = (".lora_A.weight", ".lora_B.weight")
@@ -39,19 +41,9 @@ def scaling(config: Mapping[str, Any]) -> float:
     return alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
 
 
-def merge_plan(
-    tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]
-) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def lora_pairs(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """{HF weight name: (A (r, in), B (out, r))} of every module the adapter changes. ValueError for
-    an adapter this merge cannot apply (a setting of UNSUPPORTED, a tensor that is not lora_A / B,
-    a module with only one of the two)."""
-    if config.get("peft_type", "LORA") != "LORA":
-        raise ValueError(f"adapter_config.json: peft_type={config.get('peft_type')!r}; only LORA is served")
-    for key, supported in UNSUPPORTED.items():
-        if config.get(key, supported) not in (supported, None, {}, False):
-            raise ValueError(
-                f"adapter_config.json: {key}={config[key]!r} is not supported by the embedded engine"
-            )
+    a tensor that is not lora_A / B under PEFT's names, or a module with only one of the two."""
     parts: dict[str, dict[str, torch.Tensor]] = {}
     for name, t in tensors.items():
         part = next((p for p in PARTS if name.endswith(p)), None)
@@ -67,32 +59,78 @@ def merge_plan(
     return plan
 
 
+def check_merge_config(config: Mapping[str, Any]) -> None:
+    """ValueError for an adapter_config.json this merge cannot apply (a setting of UNSUPPORTED)."""
+    if config.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"adapter_config.json: peft_type={config.get('peft_type')!r}; only LORA is served")
+    for key, supported in UNSUPPORTED.items():
+        if config.get(key, supported) not in (supported, None, {}, False):
+            raise ValueError(
+                f"adapter_config.json: {key}={config[key]!r} is not supported by the embedded engine"
+            )
+
+
+def merge_plan(
+    tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """`lora_pairs` of an adapter whose config this merge can apply (`check_merge_config`)."""
+    check_merge_config(config)
+    return lora_pairs(tensors)
+
+
+def check_adapter(
+    tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any], specs: Mapping[str, TensorSpec] | None
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """`lora_pairs`, checked whole before anything is written or sent (either engine): the config's
+    r and lora_alpha are numbers, every targeted weight is in `specs` (None: not known here) and B @ A
+    has its shape, every A / B is floating point and finite. ValueError naming what is wrong."""
+    try:
+        if int(config["r"]) <= 0 or not math.isfinite(scaling(config)):
+            raise ValueError
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError("adapter_config.json: r (> 0) and lora_alpha must be numbers") from exc
+    plan = lora_pairs(tensors)
+    problems = []
+    for name, (a, b) in plan.items():
+        module = f"{PREFIX}{name.removesuffix('.weight')}"
+        spec = specs.get(name) if specs is not None else None
+        if specs is not None and spec is None:
+            problems.append(f"adapter targets {module}, which the model does not have")
+        elif (
+            a.dim() != 2
+            or b.dim() != 2
+            or b.shape[1] != a.shape[0]
+            or (spec is not None and (b.shape[0], a.shape[1]) != spec.shape)
+        ):
+            fits = spec.shape if spec is not None else "(any)"
+            problems.append(
+                f"{module}: lora_B {tuple(b.shape)} @ lora_A {tuple(a.shape)} does not fit the weight {fits}"
+            )
+        else:
+            problems += [
+                p
+                for part, t in zip(PARTS, (a, b), strict=True)
+                if (p := tensor_problem(module + part, t, None))
+            ]
+    refuse(problems)
+    return plan
+
+
 class AdapterMerge:
     """Merges adapters into `model`'s weights in place (see module docstring). Runs where the
     model is not being used (the engine's scheduler thread, between decode steps)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.params = dict(model.named_parameters())
+        self.specs = {
+            k: TensorSpec(tuple(p.shape), p.dtype.is_floating_point) for k, p in self.params.items()
+        }
         self.base: dict[str, torch.Tensor] = {}  # weight name -> W0, for every weight ever merged into
 
     @torch.no_grad()
     def apply(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
-        plan = merge_plan(tensors, config)
-        for name, (a, b) in plan.items():  # every check before the first write: all or nothing
-            w = self.params.get(name)
-            if w is None:
-                raise ValueError(
-                    f"adapter targets {name.removesuffix('.weight')}, which the model does not have"
-                )
-            if (
-                a.dim() != 2
-                or b.dim() != 2
-                or b.shape[1] != a.shape[0]
-                or (b.shape[0], a.shape[1]) != w.shape
-            ):
-                raise ValueError(
-                    f"adapter {name}: B {tuple(b.shape)} @ A {tuple(a.shape)} does not fit the weight {tuple(w.shape)}"
-                )
+        check_merge_config(config)
+        plan = check_adapter(tensors, config, self.specs)  # every check before the first write
         s = scaling(config)
         for name in self.base.keys() - plan.keys():  # targeted by an earlier adapter only: back to base
             self.params[name].copy_(self.base[name])

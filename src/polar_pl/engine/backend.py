@@ -51,12 +51,14 @@ class SamplingParams:
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One request handed to a backend. `chat` is the validated chat body (None for token-in
-    completions); only the scripted backend looks at it."""
+    completions); only the scripted backend looks at it. `adapter`: the LoRA adapter the request
+    named (`<served>-lora-v<N>`), which must still be the one served when it is admitted."""
 
     request_id: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     chat: Mapping[str, Any] | None = None
+    adapter: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

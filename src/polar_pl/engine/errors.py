@@ -61,3 +61,13 @@ def context_length_error(prompt_len: int, max_model_len: int) -> EngineError:
         param="input_tokens",
         code="context_length_exceeded",
     )
+
+
+def model_not_found(name: str, valid: list[str]) -> EngineError:
+    """vLLM's answer to a model name it does not serve (an unknown name, or an adapter not held)."""
+    return EngineError(
+        f"The model `{name}` does not exist. Valid aliases: {', '.join(valid)}.",
+        HTTPStatus.NOT_FOUND,
+        param="model",
+        code="model_not_found",
+    )

@@ -7,6 +7,10 @@ advances only when all have the new weights. A replica that is not healthy when 
 whose push fails, is taken out of rotation for good (it would sample with stale weights): it is
 stopped, reported in `taken_out`, and the `on_take_out` callbacks (the gateways) stop routing
 to it. The run goes on with the others; with none left the push raises.
+
+A push that every replica refuses after checking it (engine/weights.py `REFUSED`: each is unchanged)
+was a bad push, not bad replicas: its error is raised and every replica stays in rotation, on the
+weights and version it had.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from pathlib import Path
 from typing import Any, Self
 
 import torch
+
+from polar_pl.engine.weights import REFUSED
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +123,8 @@ class EngineReplicas:
                 return exc
 
         results = self._each(one, self._live_or_raise())
+        if all(isinstance(res, REFUSED) for _, res in results):
+            raise results[0][1]  # refused whole by each: all of them still serve the old weights
         for e, res in results:
             if isinstance(res, BaseException):
                 self.take_out(e, f"weight push failed: {type(res).__name__}: {res}")

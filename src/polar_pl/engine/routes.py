@@ -14,8 +14,10 @@ from OpenAI JSON lives in `engine/serving.py`.
   GET  /policy_version, GET /weight_info (vLLM's shape), GET /stats
 Every response carries the header `x-policy-version`. Once an adapter is pushed the engine serves
 it as `<served>-lora-v<version>` (listed in /v1/models after the base, as vLLM lists its LoRA
-adapters, and named in every answer); requests may name the base or any of its adapter names and
-get the weights the engine holds now.
+adapters, and named in every answer). Requests may name the base (and get the weights the engine
+holds now) or the adapter it holds; an older adapter's name is refused with vLLM's 404
+`model_not_found` (checked again when the request is admitted, engine/transformers_backend.py).
+A weight or adapter folder that fails its check is a 400 and changes nothing (engine/weights.py).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from polar_pl.chat.reasoning import thinking_enabled
 from polar_pl.chat.render import RenderError, render_chat
 from polar_pl.engine import serving
 from polar_pl.engine.backend import GenerationBackend, GenerationRequest, SamplingParams
-from polar_pl.engine.errors import EngineError, context_length_error, error_body
+from polar_pl.engine.errors import EngineError, context_length_error, error_body, model_not_found
 from polar_pl.engine.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -45,6 +47,7 @@ from polar_pl.engine.openai_protocol import (
     TokenizeRequest,
     UpdateWeightsFromDiskRequest,
 )
+from polar_pl.engine.weights import REFUSED
 from polar_pl.utils.adapters import adapter_model_name, adapter_version
 
 VERSION_HEADER = "x-policy-version"
@@ -94,16 +97,15 @@ def served_name(request: Request) -> str:
     return base if adapter is None else adapter_model_name(base, adapter)
 
 
-def check_model(request: Request, name: str | None) -> None:
+def check_model(request: Request, name: str | None) -> str | None:
+    """404 for a name the engine does not serve now; the adapter `name` asks for (None: the base)."""
     model_name, backend = request.app.state.model_name, backend_of(request)
-    adapter = getattr(backend, "adapter_version", None) is not None and adapter_version(name, model_name)
-    if name and name not in (model_name, backend.model_name) and not adapter:
-        raise EngineError(
-            f"The model `{name}` does not exist. Valid aliases: {model_name}.",
-            HTTPStatus.NOT_FOUND,
-            param="model",
-            code="model_not_found",
-        )
+    if not name or name in (model_name, backend.model_name):
+        return None
+    held = getattr(backend, "adapter_version", None)
+    if held is None or adapter_version(name, model_name) != held:
+        raise model_not_found(name, list(dict.fromkeys([model_name, served_name(request)])))
+    return name
 
 
 def max_tokens_for(backend: GenerationBackend, requested: int | None, prompt_len: int) -> int:
@@ -262,7 +264,7 @@ async def _load_from_disk(request: Request, load: str, what: str) -> JSONRespons
         raise RequestValidationError(exc.errors()) from exc
     try:
         version = await run_in_threadpool(getattr(backend_of(request), load), body.path)
-    except (FileNotFoundError, ValueError, KeyError) as exc:
+    except (*REFUSED, KeyError) as exc:
         raise EngineError(
             f"cannot load {what} from {body.path}: {exc}", HTTPStatus.BAD_REQUEST, param="path"
         ) from exc
@@ -283,7 +285,7 @@ async def update_adapter_from_disk(request: Request):
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, request: Request):
     backend, reasoning_parser = backend_of(request), request.app.state.reasoning_parser
-    check_model(request, req.model)
+    adapter = check_model(request, req.model)
     try:
         _, prompt_ids = render_chat(
             backend.tokenizer,
@@ -313,14 +315,14 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
         reasoning_parser,
     )
     chat = req.model_dump(exclude_none=True)
-    gen = backend.generate(GenerationRequest(request_id, tuple(prompt_ids), params, chat))
+    gen = backend.generate(GenerationRequest(request_id, tuple(prompt_ids), params, chat, adapter))
     return await respond(backend, req, ctx, gen, serving.chat_response, serving.chat_stream)
 
 
 @router.post("/v1/completions")
 async def completions(req: CompletionRequest, request: Request):
     backend = backend_of(request)
-    check_model(request, req.model)
+    adapter = check_model(request, req.model)
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
         if len(prompt) != 1:
@@ -344,5 +346,5 @@ async def completions(req: CompletionRequest, request: Request):
     ctx = serving.ResponseContext(
         request_id, served_name(request), backend.tokenizer, prompt_ids, backend.policy_version
     )
-    gen = backend.generate(GenerationRequest(request_id, tuple(prompt_ids), params, None))
+    gen = backend.generate(GenerationRequest(request_id, tuple(prompt_ids), params, None, adapter))
     return await respond(backend, req, ctx, gen, serving.completion_response, serving.completion_stream)

@@ -5,6 +5,14 @@ sequence into one forward pass per step. Weight updates run on that same thread 
 bump the policy version; tokens sampled afterwards carry the new version. A LoRA adapter push is
 merged into the weights (engine/adapter.py); the engine then serves it as
 `<served>-lora-v<version>` (`adapter_version`), and a full push drops it.
+
+A push is checked whole before any weight changes (engine/weights.py, engine/adapter.py): one that
+fails raises ValueError and leaves the weights, the version and the prefix cache as they were.
+The engine holds one merged adapter, so a request naming an older one is refused (404
+`model_not_found`, as vLLM answers for an adapter it does not hold) when it is admitted to the
+batch, on the thread that applies pushes: no request named after one adapter starts on another's
+weights. A request already running when a push lands goes on with the new weights, and its later
+tokens carry the new version.
 """
 
 from __future__ import annotations
@@ -20,8 +28,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from polar_pl.engine.adapter import AdapterMerge
 from polar_pl.engine.backend import BackendStats, GenerationRequest, SeqDelta
+from polar_pl.engine.errors import model_not_found
 from polar_pl.engine.scheduler import Scheduler
-from polar_pl.engine.weights import load_adapter, load_state_dict
+from polar_pl.engine.weights import check_tensors, load_adapter, load_state_dict, model_specs
+from polar_pl.utils.adapters import adapter_model_name, adapter_version
 
 
 def default_device() -> torch.device:
@@ -78,6 +88,7 @@ class TransformersBackend:
         self.policy_version = 0
         self.adapter_version: int | None = None  # the policy version of the merged adapter; None: none
         self._merge: AdapterMerge | None = None
+        self._specs = model_specs(self.model)  # what a pushed tensor must be (shapes never change)
         self.stats = BackendStats()
         self._version_lock = threading.Lock()
         self._scheduler = Scheduler(
@@ -92,6 +103,7 @@ class TransformersBackend:
             # tiny model: ~40 ms with 2 threads on a busy 2-core box, ~3 ms with 1).
             num_threads=num_threads,
             prefix_cache_bytes=prefix_cache_mb << 20,
+            admit_check=self._check_adapter,
         )
         self._started = False
 
@@ -125,6 +137,7 @@ class TransformersBackend:
                 self._scheduler.abort(request.request_id)
 
     def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        check_tensors(state_dict, self._specs)  # before the scheduler stops for it: a refusal costs no step
         return self._scheduler.run_exclusive(lambda: self._load(state_dict))
 
     def update_weights_from_disk(self, path: str) -> int:
@@ -144,24 +157,30 @@ class TransformersBackend:
         self._merge.apply(tensors, config)
         return self._bump(adapter=True)
 
+    def _check_adapter(self, request: GenerationRequest) -> None:
+        """Called by the scheduler as it admits `request`: one naming an adapter other than the one
+        merged now is refused (see module docstring)."""
+        if request.adapter is None or adapter_version(request.adapter) == self.adapter_version:
+            return
+        served = request.adapter.rsplit("-lora-v", 1)[0]
+        held = [served] + ([adapter_model_name(served, self.adapter_version)] if self.adapter_version else [])
+        raise model_not_found(request.adapter, held)
+
     def _bump(self, *, adapter: bool) -> int:
         self._scheduler.prefix_cache.clear()  # KV computed by the old weights
+        self.stats.extra.update(self._scheduler.prefix_cache.stats())
         with self._version_lock:
             self.policy_version += 1
             self.adapter_version = self.policy_version if adapter else None
             return self.policy_version
 
     def _load(self, state_dict: Mapping[str, torch.Tensor]) -> int:
-        # state_dict names tied weights under both names (lm_head.weight and embed_tokens.weight).
+        # checked by update_weights_from_state_dict; state_dict names tied weights under both
+        # names (lm_head.weight and embed_tokens.weight)
         params = self.model.state_dict(keep_vars=True)
-        unknown = [k for k in state_dict if k not in params]
-        if unknown:
-            raise KeyError(f"weights not in the model: {unknown[:5]}")
         with torch.no_grad():
             for name, tensor in state_dict.items():
                 target = params[name]
-                if target.shape != tensor.shape:
-                    raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(target.shape)}")
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
         self._merge = None  # these weights are the base of the next adapter push
         return self._bump(adapter=False)

@@ -20,6 +20,12 @@ from its cache and a request brings it back), loaded with `POST /v1/load_lora_ad
 name `<served>-lora-v<version>`, and the adapter before the previous one is unloaded (the
 previous one stays for requests still running on it). `model` is then the new adapter's name:
 requests must ask for it, vLLM serves the base under the served name.
+
+Every push is checked here, on the trainer's side, before anything is sent (engine/weights.py,
+engine/adapter.py `check_adapter`): names and shapes against the served checkpoint's headers
+(`model_dir`; unknown for an engine reached by URL alone), floating point, finite values. A push
+that fails raises ValueError and vLLM receives no request: a reload that fails part-way would
+leave it half-loaded, and it loads NaN weights without a word.
 """
 
 from __future__ import annotations
@@ -39,8 +45,19 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from polar_pl.engine.adapter import check_adapter
 from polar_pl.engine.process import ServerProcess, healthy
-from polar_pl.engine.weights import ADAPTER_CONFIG, ADAPTER_WEIGHTS, save_adapter, save_state_dict
+from polar_pl.engine.weights import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    TensorSpec,
+    check_tensors,
+    checkpoint_specs,
+    load_adapter,
+    load_state_dict,
+    save_adapter,
+    save_state_dict,
+)
 from polar_pl.utils.adapters import adapter_model_name
 from polar_pl.utils.serving import free_port
 
@@ -122,6 +139,7 @@ class VLLMEngine:
         self._version = 0
         self._adapters: list[tuple[str, Path]] = []  # (name, folder) loaded, oldest first
         self._adapter_root: Path | None = None
+        self._specs: dict[str, TensorSpec] | None = None  # the checkpoint's, read on the first push
 
     @property
     def url(self) -> str:
@@ -227,7 +245,17 @@ class VLLMEngine:
         except (httpx.HTTPError, KeyError, TypeError, ValueError):
             return 0
 
+    def specs(self) -> dict[str, TensorSpec] | None:
+        """What a pushed tensor must be: the served checkpoint's names and shapes (None: no model_dir)."""
+        if self._specs is None and self.model_dir is not None:
+            self._specs = checkpoint_specs(self.model_dir)
+        return self._specs
+
     def update_weights_from_disk(self, path: str) -> int:
+        check_tensors(load_state_dict(path), self.specs())
+        return self._reload_folder(path)
+
+    def _reload_folder(self, path: str) -> int:
         with tempfile.TemporaryDirectory(prefix="polar-reload-") as tmp:
             weights_dir = with_tied_lm_head(Path(path), Path(tmp)) if self._tied() else Path(path)
             return self._reload(weights_dir)
@@ -256,23 +284,24 @@ class VLLMEngine:
         return version
 
     def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        check_tensors(state_dict, self.specs())
         with tempfile.TemporaryDirectory(prefix="polar-weights-") as tmp:
             save_state_dict(state_dict, Path(tmp))
-            return self.update_weights_from_disk(tmp)
+            return self._reload_folder(tmp)
 
     def update_adapter(self, tensors: Mapping[str, torch.Tensor], config: Mapping) -> int:
         """A LoRA adapter (PEFT names, adapter_config.json's content), written where vLLM reads it."""
+        check_adapter(tensors, config, self.specs())
         folder = self._adapter_folder()
         save_adapter(tensors, config, folder)
         return self._load_adapter(folder)
 
     def update_adapter_from_disk(self, path: str) -> int:
         """A PEFT adapter folder, copied into this handle's own (the caller may remove its copy)."""
+        check_adapter(*load_adapter(path), self.specs())  # FileNotFoundError naming a missing file
         folder = self._adapter_folder()
         folder.mkdir(parents=True)
         for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
-            if not (Path(path) / name).is_file():
-                raise FileNotFoundError(f"no {name} in {path}")
             shutil.copy(Path(path) / name, folder / name)
         return self._load_adapter(folder)
 

@@ -20,6 +20,11 @@ With LoRA (`module.lora`) the module pushes its `PeftModel`, and `EmbeddedStateD
 serves base + adapter (`<served>-lora-v<version>`). For SmolLM2-135M at rank 16 on every linear
 layer that is 19.6 MB instead of 651 MB, and into vLLM's CPU build 0.5 s instead of 5.7 s
 (bench/push.py). `pushes_adapters` says a sync can.
+
+A push is checked whole before any weight changes (engine/weights.py): one the engine refuses (a
+tensor of the wrong shape or dtype, NaN or inf) raises ValueError and leaves the engine serving
+what it served, under the same version. `VLLMWeightTransferSync` checks the parameters are finite
+before it sends anything.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import torch
 from torch import nn
 
 from polar_pl.engine.protocol import AdapterEngine, Engine
-from polar_pl.engine.weights import save_adapter, save_state_dict
+from polar_pl.engine.weights import check_tensors, save_adapter, save_state_dict
 
 
 @runtime_checkable
@@ -309,6 +314,8 @@ class VLLMWeightTransferSync(_Bound):
         )
 
     def push(self, model: nn.Module) -> int:
+        # checked before anything is sent: vLLM loads NaN weights without a word (engine/weights.py)
+        check_tensors(dict(model.named_parameters()), None)
         if self._transfer is None:
             self._init(model)
         assert self._routes is not None  # set by _init
@@ -337,12 +344,9 @@ class VLLMWeightTransferSync(_Bound):
 
 def _set_engine_version(engine: Engine, version: int) -> None:
     """Tell the engine handle its new version: vLLM answers carry none, so the gateway tags records
-    with the handle's. `set_policy_version` is the handle's hook; VLLMEngine (0.32 routes) keeps the
-    version in `_version` until it has one."""
+    with the handle's (`set_policy_version`, VLLMEngine's and PausingEngine's public hook)."""
     setter = getattr(engine, "set_policy_version", None)
     if callable(setter):
         setter(version)
-    elif hasattr(engine, "_version"):
-        engine._version = version
     else:
         raise RuntimeError(f"{type(engine).__name__} cannot be told its policy version")

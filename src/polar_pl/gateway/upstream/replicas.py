@@ -10,7 +10,9 @@ check finds it healthy again; sessions stuck to it move on their next call. One 
 The model name asked for is the engine's: the first card of its /v1/models, or, when it lists
 LoRA adapters of that model (`<served>-lora-v<N>`, as vLLM lists them), the newest adapter. The
 name is read again after every weight push (`refresh_models`), so calls go to the adapter just
-pushed; a gateway started later (the held-out evaluation's) finds it on its first call.
+pushed; a gateway started later (the held-out evaluation's) finds it on its first call. A call
+the engine refuses because the adapter it named is gone (404: a push landed after the name was
+read) is sent once more under the name read again (`forget_gone_model`).
 """
 
 from __future__ import annotations
@@ -99,6 +101,15 @@ class ReplicaPool:
             adapters = [(v, c["id"]) for c in cards if (v := adapter_version(c.get("id"), base)) is not None]
             rep.model = max(adapters)[1] if adapters else base
         return rep.model
+
+    def forget_gone_model(self, rep: Replica, exc: UpstreamError) -> bool:
+        """After the engine refused a call with 404 (an adapter name it no longer holds: the
+        embedded engine keeps one, vLLM two): forget the name, so the next `model_for` reads the
+        one it serves now. False when asking again cannot help (a fixed name, another error)."""
+        if exc.status != 404 or self._fixed_model is not None or rep.model is None:
+            return False
+        rep.model = None
+        return True
 
     def refresh_models(self) -> None:
         """After a weight push: ask each engine again which name to request (a new adapter)."""
