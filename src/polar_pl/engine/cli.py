@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from polar_pl.utils import tokens
+from polar_pl.utils import metrics, tokens
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "file holding the bearer token for POST /update_weights_from_disk "
         "(default: $POLAR_ADMIN_TOKEN; neither: weight updates are off)",
     )
+    metrics.add_arguments(parser)
     parser.add_argument("--log-level", default="info")
 
 
@@ -71,7 +72,12 @@ def run(args: argparse.Namespace) -> int:
         prefix_cache_mb=args.prefix_cache_mb,
     )
     uvicorn.run(
-        create_app(backend, reasoning_parser=args.reasoning_parser, admin_token=token),
+        create_app(
+            backend,
+            reasoning_parser=args.reasoning_parser,
+            admin_token=token,
+            metrics_token=args.metrics_token,
+        ),
         host=args.host,
         port=args.port,
         log_level=args.log_level,

@@ -33,7 +33,7 @@ import torch
 
 from polar_pl.engine.process import ServerProcess, healthy
 from polar_pl.engine.weights import save_adapter, save_state_dict
-from polar_pl.utils import tokens
+from polar_pl.utils import metrics, tokens
 from polar_pl.utils.adapters import adapter_model_name
 from polar_pl.utils.serving import ServerThread, free_port
 
@@ -63,6 +63,7 @@ class EmbeddedEngine:
         reasoning_parser: str | None = None,
         startup_timeout: float = 300.0,
         prefix_cache_mb: int = 512,
+        metrics_token: str | None = None,
     ):
         from polar_pl.chat.reasoning import check_reasoning_parser
 
@@ -80,6 +81,7 @@ class EmbeddedEngine:
         self.reasoning_parser = check_reasoning_parser(reasoning_parser)
         self.startup_timeout = startup_timeout
         self.prefix_cache_mb = prefix_cache_mb
+        self.metrics_token = metrics_token  # what GET /metrics needs (None: open)
         self.admin_token = tokens.new_token()
         self.backend: TransformersBackend | None = None  # thread mode only
         self._thread: ServerThread | None = None
@@ -126,7 +128,10 @@ class EmbeddedEngine:
                 )
             self._thread = ServerThread(
                 create_app(
-                    self.backend, reasoning_parser=self.reasoning_parser, admin_token=self.admin_token
+                    self.backend,
+                    reasoning_parser=self.reasoning_parser,
+                    admin_token=self.admin_token,
+                    metrics_token=self.metrics_token,
                 ),
                 host=self.host,
                 port=self.port,
@@ -159,6 +164,8 @@ class EmbeddedEngine:
             if self.reasoning_parser:
                 cmd += ["--reasoning-parser", self.reasoning_parser]
             env = os.environ | {tokens.ENV: self.admin_token}
+            if self.metrics_token:  # like the admin token: off the command line
+                env[metrics.TOKEN_ENV] = self.metrics_token
             self._proc = ServerProcess(cmd, self.url, env=env, name="embedded-engine")
             self._proc.start(self.startup_timeout)
         return self

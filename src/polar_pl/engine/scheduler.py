@@ -124,6 +124,7 @@ class Scheduler:
     def submit(self, request: GenerationRequest, sink: Sink) -> None:
         with self._cond:
             self._waiting.append(_Req(request, sink))
+            self.stats.extra["waiting_requests"] = len(self._waiting)
             self._cond.notify_all()
 
     def abort(self, request_id: str) -> None:
@@ -174,6 +175,7 @@ class Scheduler:
                     req = self._waiting.pop(0)
                     room -= req.request.params.n
                     admit.append(req)
+                self.stats.extra["waiting_requests"] = len(self._waiting)
             for fn, _ in exclusive:
                 fn()
             with torch.inference_mode():

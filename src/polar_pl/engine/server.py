@@ -2,8 +2,9 @@
 
 `create_app` puts the backend, the served model name, the reasoning parser and the admin token
 on `app.state`,
-installs the error handlers (every error in vLLM's error shape, with `x-policy-version`) and
-includes the module-level router of `engine/routes.py`, whose handlers read that state.
+installs the error handlers (every error in vLLM's error shape, with `x-policy-version`),
+includes the module-level router of `engine/routes.py`, whose handlers read that state, and
+serves Prometheus `GET /metrics` (engine/metrics.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from fastapi.exceptions import RequestValidationError
 from polar_pl.chat.reasoning import check_reasoning_parser
 from polar_pl.engine.backend import GenerationBackend
 from polar_pl.engine.errors import EngineError, error_response
+from polar_pl.engine.metrics import engine_registry
 from polar_pl.engine.routes import backend_of, router, version_headers
+from polar_pl.utils.metrics import serve_metrics
 
 
 @asynccontextmanager
@@ -52,10 +55,12 @@ def create_app(
     served_model_name: str | None = None,
     reasoning_parser: str | None = None,
     admin_token: str | None = None,
+    metrics_token: str | None = None,
 ) -> FastAPI:
     """Build the app. The backend is started and closed with the app's lifespan.
     reasoning_parser: None or "qwen3" (vLLM's `--reasoning-parser qwen3`, see chat/reasoning.py).
-    admin_token: the bearer token weight updates need; None turns the weight route off."""
+    admin_token: the bearer token weight updates need; None turns the weight route off.
+    metrics_token: the bearer token GET /metrics needs (engine/metrics.py); None: open."""
     app = FastAPI(title="polar_pl engine", lifespan=lifespan)
     app.state.backend = backend
     app.state.model_name = served_model_name or backend.model_name
@@ -66,4 +71,5 @@ def create_app(
     app.add_exception_handler(RequestValidationError, validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, internal_error)
     app.include_router(router)
+    serve_metrics(app, engine_registry(backend), token=metrics_token, namespace="polar_engine")
     return app
