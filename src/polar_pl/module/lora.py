@@ -78,7 +78,8 @@ class LoraSpec:
 
         targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
         return LoraConfig(
-            r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=targets,
+            r=self.rank, lora_alpha=self.alpha,  # type: ignore[arg-type]  # PEFT annotates int, takes a float
+            lora_dropout=self.dropout, target_modules=targets,
             bias="none", task_type="CAUSAL_LM",
         )  # fmt: skip
 

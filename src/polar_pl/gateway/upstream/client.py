@@ -13,10 +13,13 @@ names the engine's address; `detail` (URL, the client library's exception) goes 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any, Literal, Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
+
+if TYPE_CHECKING:
+    import aiohttp
 
 POLICY_HEADER = "x-policy-version"
 
@@ -203,6 +206,7 @@ def _json_as_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 class _StreamBase:
     _parser: SSEParser
+    batches: Callable[[], AsyncIterator[list[dict[str, Any]]]]  # each stream class reads its own transport
 
     @property
     def elided(self) -> bool:
@@ -254,7 +258,7 @@ class AiohttpClient:
     def __init__(self, connect_timeout: float = 5.0, read_timeout: float = 600.0):
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
-        self._session = None
+        self._session: aiohttp.ClientSession | None = None
 
     def _get(self):
         import aiohttp

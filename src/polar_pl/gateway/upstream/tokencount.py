@@ -23,7 +23,7 @@ class TokenCounter:
     def __init__(self, tokenizer_dir: str | Path | None, client: UpstreamClient):
         self._dir = Path(tokenizer_dir) if tokenizer_dir else None
         self._client = client
-        self._tokenizer = None
+        self._tokenizer: Any = None
         self._lock = threading.Lock()
 
     @property

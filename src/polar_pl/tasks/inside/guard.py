@@ -286,7 +286,7 @@ def _native_threads():
 def fingerprint(modules, with_sys=True):
     """ "module:name" -> identity, for every callable of the modules and of the classes they define,
     the sys hooks, the import machinery, and which module objects sys.modules maps their names to."""
-    out = {}
+    out: dict[str, object] = {}
     if with_sys:
         out = {f"sys:{a}": id(getattr(sys, a, None)) for a in _SYS_ATTRS}
         out["sys:meta_path[]"] = tuple(map(id, sys.meta_path))
@@ -307,7 +307,7 @@ def fingerprint(modules, with_sys=True):
 def summary(modules):
     """Per module: the identities of everything in its namespace and its classes' namespaces and
     the code objects of its functions (C-speed; a change says where to look, not what)."""
-    out = {"sys": (tuple(id(getattr(sys, a, None)) for a in _SYS_ATTRS), tuple(map(id, sys.meta_path)),
+    out: dict[str, tuple] = {"sys": (tuple(id(getattr(sys, a, None)) for a in _SYS_ATTRS), tuple(map(id, sys.meta_path)),
                    tuple(map(id, sys.path_hooks)))}  # fmt: skip
     for module in modules:
         ns = vars(module)

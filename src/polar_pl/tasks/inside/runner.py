@@ -79,6 +79,7 @@ class VerifiedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 spec = importlib.util.spec_from_loader(
                     name, self, origin=self.prefix + rel, is_package=is_pkg
                 )
+                assert spec is not None  # a loader is given: never None
                 spec.has_location = True
                 if is_pkg:
                     spec.submodule_search_locations = [self.prefix + base]
@@ -155,7 +156,7 @@ def harden_unittest(guard):
             guard.flag(f"test skipped from the code under test ({who})")
         skip_init(self, *args)
 
-    unittest.case.SkipTest.__init__ = skip_test_init
+    unittest.case.SkipTest.__init__ = skip_test_init  # type: ignore[method-assign]
 
 
 # -- unittest ------------------------------------------------------------------------------------
@@ -184,10 +185,10 @@ class Recorder(unittest.TestResult):
         self._set(test, "passed")
 
     def addFailure(self, test, err):
-        self._set(test, "failed", self._exc_info_to_string(err, test))
+        self._set(test, "failed", self._exc_info_to_string(err, test))  # type: ignore[attr-defined]
 
     def addError(self, test, err):
-        self._set(test, "timeout" if err[0] is TestTimeout else "error", self._exc_info_to_string(err, test))
+        self._set(test, "timeout" if err[0] is TestTimeout else "error", self._exc_info_to_string(err, test))  # type: ignore[attr-defined]
 
     def addSkip(self, test, reason):
         self._set(test, "skipped", reason)
@@ -201,7 +202,7 @@ class Recorder(unittest.TestResult):
     def addSubTest(self, test, subtest, err):
         if err is not None:
             kind = "failed" if issubclass(err[0], test.failureException) else "error"
-            self._set(test, kind, self._exc_info_to_string(err, test))
+            self._set(test, kind, self._exc_info_to_string(err, test))  # type: ignore[attr-defined]
 
 
 def run_unittest_id(test_id, timeout_s, guard):
@@ -258,7 +259,7 @@ def load_pytest(kit, workspace):
     plugin.__file__ = "<polar>/pytest_plugin.py"
     sys.modules[plugin.__name__] = plugin
     exec(compile(kit["sources"]["polar_pytest_plugin"], plugin.__file__, "exec"), plugin.__dict__)
-    return pytest, plugin, [os.path.dirname(m.__file__) for m in (_pytest, pluggy, pytest)]
+    return pytest, plugin, [os.path.dirname(str(m.__file__)) for m in (_pytest, pluggy, pytest)]
 
 
 def run_pytest(kit, guard, results, pytest, plugin_module):
@@ -300,7 +301,8 @@ def main(kit, rfd, wfd):
     guard.install()
     harden_unittest(guard)
     signal.signal(signal.SIGALRM, _on_alarm)
-    results, fatal = {}, None
+    results: dict[str, dict] = {}
+    fatal = None
     if kit["mode"] == "pytest":
         pytest, plugin_module, dirs = load_pytest(kit, workspace)
         guard.add_framework(dirs)

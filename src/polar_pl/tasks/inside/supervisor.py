@@ -118,7 +118,8 @@ def run_child(spec, kit, ids, python):
     ticket, nonce = secrets.token_hex(16), secrets.token_hex(16)
     channel = Channel(r_res)
     deadline = time.monotonic() + spec["startup_s"] + spec["timeout_s"] * len(ids)
-    tampering, fatal, results, reported = [], None, {}, False
+    tampering: list[str] = []
+    fatal, results, reported = None, {}, False
     try:
         blob = marshal.dumps(kit)
         os.write(w_ctl, len(blob).to_bytes(8, "big"))
