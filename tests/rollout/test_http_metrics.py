@@ -1,6 +1,6 @@
 """`GET /metrics` on the rollout service: stage-pool occupancy per stage, groups produced and
-delivered, sessions by status, policy version; no token needed unless a metrics token is given
-(the service's bearer token does not open it)."""
+delivered, sessions by status, policy version, and its in-process gateway's metrics; no token
+needed unless a metrics token is given (the service's bearer token does not open it)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,8 @@ def test_metrics_show_stage_occupancy_groups_and_version(rollout_server):
     assert m.labels("polar_rollout_queue_length", "queue") == {"init", "ready", "postrun"}
     assert "polar_rollout_groups_ready" in m.families
     assert m.value("polar_rollout_policy_version") == 0
+    # rollout=local: the service's own gateway (its port is local to this machine) is scraped too
+    assert m.value("polar_gateway_calls_total", status="ok") >= 4
 
 
 def test_metrics_token_when_given(rollout_server):

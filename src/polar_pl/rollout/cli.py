@@ -11,6 +11,8 @@ import secrets
 import time
 from pathlib import Path
 
+from polar_pl.utils import metrics
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
@@ -23,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="config: groups from the configured task source; queue: only POST /v1/tasks")  # fmt: skip
     serve.add_argument("--max-streams", type=int, default=64,
                        help="GET /v1/groups/stream connections open at once; one more gets a 429")  # fmt: skip
+    metrics.add_arguments(serve)
     serve.add_argument("--run-dir", default=None, help="traces and logs (default: outputs/rollout-<time>)")
     serve.add_argument("overrides", nargs="*", help="training-config overrides, e.g. rollout=ray harness=pi")
 
@@ -42,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         shown = token if not args.token else "(the one you gave)"
         print(f"rollout service at http://{args.host}:{args.port} feed={args.feed} token={shown}", flush=True)
-        app = create_app(server, token=token, max_streams=args.max_streams)
+        app = create_app(server, token=token, max_streams=args.max_streams, metrics_token=args.metrics_token)
         # open streams never end by themselves: a stop cancels them (their groups go back) after 5 s
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     finally:

@@ -345,6 +345,7 @@ class StagePools:
             m[f"pool/{stage}_busy"] = occ.fraction()
             m[f"pool/{stage}_busy_s"] = occ.busy_s(now)
             m[f"pool/{stage}_active"] = occ.count
+            m[f"pool/{stage}_capacity"] = occ.capacity
         for status, n in self.statuses.items():
             m[f"pool/sessions_{status}"] = n
         for stage, n in self.failures.items():

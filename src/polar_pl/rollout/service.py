@@ -111,6 +111,7 @@ class RolloutService:
         self._taken: set[int] = set(skip_seqs)  # handed out (consumed or not): never fed again
         self.id_prefix = id_prefix or uuid.uuid4().hex[:6]
         self.late_results = 0
+        self.released = 0  # groups released (complete or at their deadline) since start
         self._first_logged = False
         self.last_failure: str | None = None  # the latest failed attempt's reason, for status lines
         self._demand = 0
@@ -218,6 +219,7 @@ class RolloutService:
         with self._cond:
             m["pool/groups_ready"] = len(self._ready)
         m["pool/late_results"] = self.late_results
+        m["pool/groups_released"] = self.released
         return m
 
     def _on_main_done(self, fut: Future) -> None:
@@ -332,6 +334,7 @@ class RolloutService:
         )
         with self._cond:
             self._ready.append(group)
+            self.released += 1
             self._cond.notify_all()
 
 

@@ -11,6 +11,7 @@ is at /openapi.json, the docs at /docs.
     POST /v1/policy_version     report a version the trainer pushed by itself (vLLM NCCL)
     GET  /v1/policy_version     the version the engines sample with now (staleness reference)
     GET  /v1/stats, /v1/state   gauges; the resume cursor
+    GET  /metrics               Prometheus text (metrics.py); open unless a metrics token is set
 
 Every /v1 route needs `Authorization: Bearer <token>`; errors are `{"error": {"message", "type"}}`.
 A group counts as consumed only once it was written to a reader still connected (delivery.py).
@@ -26,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.responses import JSONResponse, Response
 
 from polar_pl.rollout.http.delivery import GroupOutbox, GroupsAnswer, GroupStream
+from polar_pl.rollout.http.metrics import rollout_registry
 from polar_pl.rollout.http.schema import (
     ConsumedRequest,
     ErrorResponse,
@@ -36,6 +38,7 @@ from polar_pl.rollout.http.schema import (
     VersionResponse,
     WeightsRequest,
 )
+from polar_pl.utils.metrics import serve_metrics
 
 
 class ApiError(Exception):
@@ -56,9 +59,12 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def create_app(server: Any, *, token: str, max_streams: int = 64) -> FastAPI:
+def create_app(
+    server: Any, *, token: str, max_streams: int = 64, metrics_token: str | None = None
+) -> FastAPI:
     """server: a `RolloutServer`. token: the bearer token every /v1 route requires. max_streams:
-    how many GET /v1/groups/stream may be open at once."""
+    how many GET /v1/groups/stream may be open at once. metrics_token: the bearer token
+    GET /metrics needs (None: open)."""
     outbox = GroupOutbox(server.client, max_streams=max_streams)
     app = FastAPI(title="polar_pl rollout service", version="1", summary=__doc__.split("\n")[0],
                   responses={401: {"model": ErrorResponse}, 422: {"model": ErrorResponse}})  # fmt: skip
@@ -148,4 +154,5 @@ def create_app(server: Any, *, token: str, max_streams: int = 64) -> FastAPI:
     def state() -> dict[str, Any]:
         return server.client.state_dict()
 
+    serve_metrics(app, rollout_registry(server, outbox), token=metrics_token, namespace="polar_rollout")
     return app
