@@ -76,9 +76,11 @@ def test_a_bad_state_dict_or_folder_is_refused_before_anything_is_sent(vllm, tin
     with pytest.raises(ValueError, match="model.norm.weight"):
         engine.update_weights_from_disk(str(folder))
     assert posts == []
-    # a good push (the tied head named too, as the trainer's state dict names it) goes through
+    # good pushes (the tied head named too, as the trainer's state dict names it) go through
     assert engine.update_weights_from_state_dict(state(tiny_model_dir)) == 1
     assert "/collective_rpc" in posts
+    save_state_dict(state(tiny_model_dir), tmp_path / "good")
+    assert engine.update_weights_from_disk(str(tmp_path / "good")) == 2
 
 
 def test_a_bad_adapter_is_refused_before_anything_is_sent(vllm, tiny_model_dir):

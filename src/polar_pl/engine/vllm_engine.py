@@ -51,10 +51,10 @@ from polar_pl.engine.weights import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     TensorSpec,
+    check_folder,
     check_tensors,
     checkpoint_specs,
     load_adapter,
-    load_state_dict,
     save_adapter,
     save_state_dict,
 )
@@ -252,7 +252,7 @@ class VLLMEngine:
         return self._specs
 
     def update_weights_from_disk(self, path: str) -> int:
-        check_tensors(load_state_dict(path), self.specs())
+        check_folder(path, self.specs())
         return self._reload_folder(path)
 
     def _reload_folder(self, path: str) -> int:

@@ -107,6 +107,27 @@ def save_state_dict(state_dict: Mapping[str, torch.Tensor], out_dir: Path) -> Pa
     return path
 
 
+def check_folder(path: str | Path, specs: Mapping[str, TensorSpec] | None) -> None:
+    """`check_tensors` over a folder's *.safetensors, one tensor in memory at a time (a pushed
+    checkpoint can be larger than the memory left beside the engine); FileNotFoundError when it
+    has none."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    problems = []
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            names = list(st.keys())
+            if unknown := [k for k in names if specs is not None and k not in specs]:
+                problems.append(f"weights not in the model: {unknown[:5]}")
+            for name in names:
+                if name not in unknown and (
+                    p := tensor_problem(name, st.get_tensor(name), specs[name] if specs is not None else None)
+                ):
+                    problems.append(p)
+    refuse(problems)
+
+
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of the directory's *.safetensors files; FileNotFoundError when it has none."""
     files = sorted(Path(path).glob("*.safetensors"))

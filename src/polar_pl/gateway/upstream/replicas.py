@@ -106,7 +106,7 @@ class ReplicaPool:
         """After the engine refused a call with 404 (an adapter name it no longer holds: the
         embedded engine keeps one, vLLM two): forget the name, so the next `model_for` reads the
         one it serves now. False when asking again cannot help (a fixed name, another error)."""
-        if exc.status != 404 or self._fixed_model is not None or rep.model is None:
+        if exc.status != 404 or self._fixed_model is not None:
             return False
         rep.model = None
         return True
