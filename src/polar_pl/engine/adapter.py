@@ -14,6 +14,9 @@ linear layers: 0.42 GB for SmolLM2 in float32).
 
 A full weight push replaces the base: the backend drops its `AdapterMerge`, and the next adapter
 push copies the new weights as its base.
+
+An adapter is checked whole before the first write (`check_adapter`; the vLLM handle runs the same
+check before it sends one): a refused adapter leaves the weights as they were.
 """
 
 from __future__ import annotations
