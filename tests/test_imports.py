@@ -30,8 +30,10 @@ PARTS = {
 }
 FORBIDDEN: dict[str, set[str]] = {
     "gateway": PARTS - {"gateway", "chat"},  # it serves any client, trainer or not
-    # where sessions run knows nothing of the training math, nor of the DataModule that consumes it
-    "rollout": {"module", "datamodule"},
+    # where sessions run knows nothing of the training math, nor of the DataModule that consumes it,
+    # nor of the training entry point that builds both (issue 57: rollout serve built its runtime
+    # through training.build_parts)
+    "rollout": {"module", "datamodule", "training"},
     "trajectory": {"datamodule", "rollout", "module", "engine", "harness", "sandbox", "tasks"},
     "chat": PARTS - {"chat"},
 }
@@ -109,8 +111,9 @@ def test_forbidden_arrows_do_not_exist():
 
 
 def _is_entry_point(module: str) -> bool:
-    """A command line composes the packages under it (`rollout.cli` builds a training config's
-    parts); it is a root, never imported by a library module, so it is left out of the package order."""
+    """A command line composes the packages under it (`eval.cli` runs an evaluation, `rollout.cli`
+    builds a runtime from a training config); it is a root, never imported by a library module, so
+    it is left out of the package order."""
     last = module.rsplit(".", 1)[-1]
     return last == "__main__" or last == "cli" or last.endswith("_cli")
 
@@ -150,3 +153,36 @@ def test_the_walk_sees_function_level_and_relative_imports(tmp_path):
     assert "polar_pl.sandbox.local" in found
     assert "polar_pl.gateway.engine.x" in found
     assert _top("polar_pl.gateway.engine.x") == "gateway"
+
+
+# Where a trainer's DataModule may be read: the one accessor (`rollout.runtime.feed_of`, typed as the
+# `RolloutFeed` Protocol) and the DataModule's own callback.
+READS_DATAMODULE = {"polar_pl.rollout.runtime", "polar_pl.datamodule.datamodule"}
+
+
+def _names_a_trainer(node: ast.expr) -> bool:
+    """`trainer`, `self.trainer`, `self._trainer`, ... (a config's `cfg.datamodule` is not one)."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name.endswith("trainer")
+
+
+def test_the_datamodule_is_read_in_one_place_and_typed():
+    """The module and the callbacks read the DataModule through `feed_of` (issue 57: eleven
+    `getattr(trainer.datamodule, ...)` calls with defaults, unchecked by mypy); nothing reaches it
+    by `getattr(x, "datamodule")` or `x.datamodule` anywhere else."""
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        module = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            by_attribute = (
+                isinstance(node, ast.Attribute) and node.attr == "datamodule" and _names_a_trainer(node.value)
+            )
+            by_getattr = (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and any(isinstance(a, ast.Constant) and a.value == "datamodule" for a in node.args)
+            )
+            if by_getattr or (by_attribute and module not in READS_DATAMODULE):
+                bad.append(f"{module}:{node.lineno}")
+    assert not bad, bad

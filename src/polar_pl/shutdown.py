@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -33,18 +33,27 @@ class Interrupted(KeyboardInterrupt):
     """Raised by the signal handler while the run is still being set up (nothing to checkpoint)."""
 
 
+class Interruptible(Protocol):
+    def interrupt(self, harness_grace_s: float) -> None:
+        """Admit no new rollout and cancel the running ones; returns at once (a signal handler)."""
+
+
 class GracefulShutdown(L.Callback):
-    """See the module docstring. datamodule: anything with `interrupt(harness_grace_s)`.
+    """See the module docstring. rollouts: what the first signal interrupts (the run's runtime).
     checkpoint: where the shutdown checkpoint goes. grace_s: the signal-to-exit deadline."""
 
     def __init__(
-        self, datamodule: Any, checkpoint: str | Path, grace_s: float = 30.0, harness_grace_s: float = 10.0
+        self,
+        rollouts: Interruptible,
+        checkpoint: str | Path,
+        grace_s: float = 30.0,
+        harness_grace_s: float = 10.0,
     ) -> None:
         if grace_s <= 0 or harness_grace_s < 0:
             raise ValueError(
                 f"shutdown.grace_s={grace_s!r} / harness_grace_s={harness_grace_s!r}: must be > 0"
             )
-        self.dm, self.checkpoint = datamodule, Path(checkpoint)
+        self.rollouts, self.checkpoint = rollouts, Path(checkpoint)
         self.grace_s, self.harness_grace_s = grace_s, harness_grace_s
         self.signum: int | None = None
         self.t0 = 0.0
@@ -79,7 +88,7 @@ class GracefulShutdown(L.Callback):
             name, self.grace_s,
         )  # fmt: skip
         threading.Thread(target=self._watchdog, name="shutdown-watchdog", daemon=True).start()
-        self.dm.interrupt(self.harness_grace_s)
+        self.rollouts.interrupt(self.harness_grace_s)
         if self.trainer is None:
             raise Interrupted(name)  # still setting up: unwind through its cleanup
         self.trainer.should_stop = True

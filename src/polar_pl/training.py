@@ -9,8 +9,8 @@ import copy
 import logging
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch
@@ -18,62 +18,36 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
-from polar_pl.engine.replicas import EngineReplicas
+from polar_pl.module.sharding import trainer_strategy
 from polar_pl.monitor.noise import quiet
 from polar_pl.monitor.progress import LiveProgress
-from polar_pl.preflight import preflight
-from polar_pl.rollout.local import LocalRollout
+from polar_pl.rollout.build import RUNTIME_KEYS, build_runtime
+from polar_pl.rollout.runtime import RolloutRuntime
 from polar_pl.shutdown import GracefulShutdown
 
 log = logging.getLogger(__name__)
 
 
-def build_parts(cfg: DictConfig) -> dict[str, Any]:
-    """Instantiate harness, sandbox factory, tasks, evaluator, merge builder, engine, datamodule;
-    the config is checked first (preflight.py: a warm-started model_dir must be built already, by
-    `polar-pl warm-start`), and a missing pretrained model built before the engine."""
-    preflight(cfg)
-    rollout = instantiate(cfg.rollout) if cfg.get("rollout") else LocalRollout()
-    harness = instantiate(cfg.harness)
-    if cfg.get("pretrained"):
-        ensure_pretrained_model(cfg)
-    sandbox = instantiate(cfg.sandbox)
-    source = instantiate(cfg.task)
-    tasks = source.tasks()
-    evaluator = source.make_evaluator(sandbox)
-    builder = instantiate(cfg.merge)
-    # rollout=remote: the service runs the engine; the trainer holds a handle that pushes to it
-    engine = rollout.engine() or build_engine(cfg.engine)
-    datamodule: RolloutDataModule = instantiate(cfg.datamodule)(
-        engine=engine,
-        sandbox=sandbox,
-        harness=harness,
-        tasks=tasks,
-        evaluator=evaluator,
-        builder=builder,
-        rollout=rollout,
-    )
-    return {
-        "harness": harness,
-        "sandbox": sandbox,
-        "tasks": tasks,
-        "evaluator": evaluator,
-        "engine": engine,
-        "datamodule": datamodule,
-    }
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """What a training run is built from: the rollout runtime (engine, harness, sandbox factory,
+    tasks, evaluator, merge builder, rollout backend) and the DataModule that owns it in training."""
+
+    runtime: RolloutRuntime
+    datamodule: RolloutDataModule
 
 
-def build_engine(cfg: DictConfig) -> Any:
-    """The `engine` group's handle; `engine.replicas: N` > 1 puts N of them behind one handle."""
-    node = copy.deepcopy(cfg)
+def build_parts(cfg: DictConfig) -> Parts:
+    """The runtime from its groups (`rollout.build.build_runtime`: the config checked first, a
+    missing pretrained model built before the engine), then the DataModule around it from the
+    rest of `datamodule:`."""
+    runtime = build_runtime(cfg)
+    node = copy.deepcopy(cfg.datamodule)  # still under the root: `${steps}` resolves
     with open_dict(node):
-        n = int(node.pop("replicas", 1) or 1)
-    if n == 1:
-        return instantiate(node)
-    if n < 1 or node.get("port") is not None or node.get("url") is not None:
-        raise ValueError(f"engine.replicas={n}: needs engine.port=null and engine.url=null (each replica "
-                         "is launched on a free port)")  # fmt: skip
-    return EngineReplicas([instantiate(node) for _ in range(n)])
+        for key in RUNTIME_KEYS:
+            node.pop(key, None)
+    datamodule: RolloutDataModule = instantiate(node)(runtime=runtime)
+    return Parts(runtime, datamodule)
 
 
 def sweep_leftovers(cfg: DictConfig) -> None:
@@ -87,20 +61,6 @@ def sweep_leftovers(cfg: DictConfig) -> None:
         log.info("swept what earlier runs of sandbox owner %r left: %s", owner, report)
 
 
-PRETRAINED = ("smollm2",)
-
-
-def ensure_pretrained_model(cfg: DictConfig) -> None:
-    """Build `model_dir` from the named pretrained model's offline source on first use."""
-    from polar_pl.pretrained.smollm2 import build_smollm2
-
-    if cfg.pretrained not in PRETRAINED:
-        raise ValueError(f"pretrained={cfg.pretrained!r}: allowed values are {PRETRAINED} or null")
-    if not (Path(cfg.model_dir) / "config.json").exists():
-        print(f"polar-pl: building {cfg.pretrained} at {cfg.model_dir} (once, ~30 s)", flush=True)
-        build_smollm2(cfg.model_dir, if_missing=True)
-
-
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit GRPO on rollouts; returns the final logged metrics. Raises SystemExit(128 + signal)
     when SIGTERM / SIGINT stopped the run."""
@@ -109,45 +69,41 @@ def train(cfg: DictConfig) -> dict[str, float]:
         torch.set_num_threads(int(cfg.torch_threads))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     sweep_leftovers(cfg)
-    parts: dict[str, Any] = {}
+    built = _Built()
     loggers: list = []
     checkpoint = Path(cfg.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
-    shutdown = GracefulShutdown(_Deferred(parts), checkpoint, **cfg.get("shutdown", {}))
+    shutdown = GracefulShutdown(built, checkpoint, **cfg.get("shutdown", {}))
     shutdown.install()  # from here on: a signal while the run is still being built unwinds it
     try:
-        parts.update(build_parts(cfg))
+        built.parts = build_parts(cfg)
         loggers = [instantiate(c) for c in cfg.logger.values()] if cfg.get("logger") else []
-        return _fit(cfg, parts["datamodule"], loggers, shutdown)
+        return _fit(cfg, built.parts, loggers, shutdown)
     finally:
-        _teardown(parts, loggers, shutdown)
+        _teardown(built.parts, loggers, shutdown)
 
 
-def _fit(
-    cfg: DictConfig, dm: RolloutDataModule, loggers: list, shutdown: GracefulShutdown
-) -> dict[str, float]:
+def _fit(cfg: DictConfig, parts: Parts, loggers: list, shutdown: GracefulShutdown) -> dict[str, float]:
     module = instantiate(cfg.module)
     # CommitBatches after the configured callbacks: Lightning moves checkpointing last, so a
     # checkpoint always holds the batch just committed.
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     trainer: L.Trainer = instantiate(
-        cfg.trainer, logger=loggers, callbacks=[*callbacks, CommitBatches(), shutdown]
-    )
+        cfg.trainer, logger=loggers, callbacks=[*callbacks, CommitBatches(), shutdown],
+        **trainer_strategy(cfg.trainer.get("strategy")),
+    )  # fmt: skip
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-    with LiveProgress(dm.live_metrics, title="rollouts") if dm.progress else nullcontext():
-        trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("ckpt_path"))
+    runtime = parts.runtime
+    with LiveProgress(runtime.live_metrics, title="rollouts") if runtime.progress else nullcontext():
+        trainer.fit(module, datamodule=parts.datamodule, ckpt_path=cfg.get("ckpt_path"))
     return {k: float(v) for k, v in trainer.logged_metrics.items()}
 
 
-def _teardown(parts: dict[str, Any], loggers: list, shutdown: GracefulShutdown) -> None:
+def _teardown(parts: Parts | None, loggers: list, shutdown: GracefulShutdown) -> None:
     """Everything the run started, in order, whatever ended it; then the exit a signal asks for."""
     try:
-        if "datamodule" in parts:
-            parts["datamodule"].teardown()
-        for part in ("evaluator", "sandbox"):  # the evaluator first: its sandboxes use the factory's hosts
-            close = getattr(parts.get(part), "close", None)
-            if close is not None:
-                close()
+        if parts is not None:
+            parts.runtime.close()  # rollouts, engine, then the evaluator and the sandbox hosts
         status = "success" if shutdown.signum is None else "killed"
         for lg in loggers:
             finalize = getattr(lg, "finalize", None)
@@ -168,13 +124,11 @@ def _teardown(parts: dict[str, Any], loggers: list, shutdown: GracefulShutdown) 
         raise SystemExit(shutdown.exit_code)
 
 
-class _Deferred:
-    """The datamodule once it exists: a signal may come while the parts are still being built."""
+class _Built:
+    """The parts once they exist: a signal may come while they are still being built."""
 
-    def __init__(self, parts: dict[str, Any]) -> None:
-        self.parts = parts
+    parts: Parts | None = None
 
     def interrupt(self, harness_grace_s: float) -> None:
-        dm = self.parts.get("datamodule")
-        if dm is not None:
-            dm.interrupt(harness_grace_s)
+        if self.parts is not None:
+            self.parts.runtime.interrupt(harness_grace_s)

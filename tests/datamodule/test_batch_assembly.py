@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from polar_pl.datamodule.datamodule import RolloutDataModule
 from polar_pl.rollout.pools import OK, AttemptInfo, RolloutResult
+from polar_pl.rollout.runtime import RolloutRuntime
 from polar_pl.rollout.service import Group
 from polar_pl.trajectory.rows import TrajectoryRow
 
@@ -59,12 +60,12 @@ def group(seq: int, rewards: list[float], versions: list[list[int]] | None = Non
 
 
 def datamodule(groups: list[Group], version: int = 0, **kw) -> RolloutDataModule:
-    dm = RolloutDataModule(
+    runtime = RolloutRuntime(
         engine=Version(version), sandbox=None, harness=None, tasks=[None], evaluator=None, builder=None,
-        steps=1, progress=False, **kw,
+        progress=False,
     )  # fmt: skip
-    dm.service = Released(groups)
-    return dm
+    runtime.client = Released(groups)
+    return RolloutDataModule(runtime=runtime, steps=1, **kw)
 
 
 def test_stale_rollout_is_dropped_whole() -> None:

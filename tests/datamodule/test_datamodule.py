@@ -13,7 +13,9 @@ import pytest
 from polar_pl.datamodule.datamodule import RolloutDataModule
 from polar_pl.engine.embedded import EmbeddedEngine
 from polar_pl.harness.mini import Mini
+from polar_pl.rollout.build import RUNTIME_KEYS
 from polar_pl.rollout.pools import FAILED, HARNESS_ERROR, TIMEOUT
+from polar_pl.rollout.runtime import RolloutRuntime
 from polar_pl.sandbox.local import LocalSandbox
 from polar_pl.tasks.learnable import LearnableTaskSource
 from polar_pl.trajectory import PrefixBuilder
@@ -62,6 +64,7 @@ class CrashingEvaluator:
 def make_dm(
     tiny_model_dir, tmp_path: Path, *, harness=None, evaluator_wrap=None, tasks=2, **kw
 ) -> RolloutDataModule:
+    """A DataModule around a runtime of the real parts; `kw` goes to whichever of the two takes it."""
     source = LearnableTaskSource(n_tasks=tasks)
     sandbox = partial(LocalSandbox, base_dir=str(tmp_path / "sbx"))
     (tmp_path / "sbx").mkdir(exist_ok=True)
@@ -69,20 +72,21 @@ def make_dm(
     if evaluator_wrap is not None:
         evaluator = evaluator_wrap(evaluator)
     kw.setdefault("pools", {"init": 2, "ready": 2, "running": 2, "postrun": 2, "run_timeout_s": 60})
-    return RolloutDataModule(
+    kw.setdefault("groups_per_step", 2)
+    kw.setdefault("max_groups_in_flight", 2 * kw["groups_per_step"])
+    runtime = RolloutRuntime(
         engine=EmbeddedEngine(tiny_model_dir, served_model_name="tiny"),
         sandbox=sandbox,
         harness=harness or Mini(max_turns=2, max_tokens=16),
         tasks=source.tasks(),
         evaluator=evaluator,
         builder=PrefixBuilder(),
-        steps=2,
         group_size=kw.pop("group_size", 2),
-        groups_per_step=kw.pop("groups_per_step", 2),
         store_path=str(tmp_path / "traces.db"),
         progress=False,
-        **kw,
+        **{k: kw.pop(k) for k in RUNTIME_KEYS if k in kw},
     )
+    return RolloutDataModule(runtime=runtime, steps=2, **kw)
 
 
 def assert_nothing_left(tmp_path: Path) -> None:
@@ -104,7 +108,7 @@ def assert_nothing_left(tmp_path: Path) -> None:
 
 
 def results(dm: RolloutDataModule, n: int = 1):
-    return [r for g in dm.service.next_groups(n, timeout=240) for r in g.results]
+    return [r for g in dm.runtime.client.next_groups(n, timeout=240) for r in g.results]
 
 
 def test_full_batch_of_groups(tiny_model_dir, tmp_path):
@@ -162,7 +166,7 @@ def test_hanging_harness_times_out_and_keeps_its_partial_trajectory(tiny_model_d
     )
     dm.setup()
     try:
-        dm._start_service()
+        dm._client()
         res = results(dm)
     finally:
         dm.teardown()
@@ -178,7 +182,7 @@ def test_crashing_harness_is_recorded_and_the_pools_go_on(tiny_model_dir, tmp_pa
     dm = make_dm(tiny_model_dir, tmp_path, harness=CrashBeforeCall(max_tokens=8), groups_per_step=1)
     dm.setup()
     try:
-        dm._start_service()
+        dm._client()
         res = results(dm, 2)
     finally:
         dm.teardown()
@@ -203,9 +207,9 @@ def test_crashing_evaluator_fails_the_attempt_with_its_reason(tiny_model_dir, tm
     )
     dm.setup()
     try:
-        dm._start_service()
+        dm._client()
         res = results(dm, 2)
-        metrics = dm.service.metrics()
+        metrics = dm.runtime.client.metrics()
     finally:
         dm.teardown()
     assert all(r.status == FAILED and r.failed_stage == "postrun" for r in res)
@@ -218,9 +222,9 @@ def test_stale_rows_are_dropped_and_counted(tiny_model_dir, tmp_path):
     dm = make_dm(tiny_model_dir, tmp_path, max_staleness=0, groups_per_step=1, max_groups_in_flight=1)
     dm.setup()
     try:
-        dm._start_service()
-        old = dm.service.next_groups(1, timeout=240)  # sampled at policy version 0
-        engine = dm.engine
+        dm._client()
+        old = dm.runtime.client.next_groups(1, timeout=240)  # sampled at policy version 0
+        engine = dm.runtime.engine
         state = {k: v.clone() for k, v in engine.backend.model.state_dict().items()}
         assert engine.update_weights_from_state_dict(state) == 1
         assert dm._fresh_rows(old) == []  # engine at 1, rows at 0, max_staleness 0
@@ -237,17 +241,19 @@ def test_teardown_after_an_exception_leaves_nothing_behind(tiny_model_dir, tmp_p
     dm.setup()
     with pytest.raises(RuntimeError, match="training blew up"):
         try:
-            dm._start_service()
+            dm._client()
             import time
 
             deadline = time.monotonic() + 120
-            while dm.service.metrics().get("pool/running_active", 0) < 1 and time.monotonic() < deadline:
+            while (
+                dm.runtime.client.metrics().get("pool/running_active", 0) < 1 and time.monotonic() < deadline
+            ):
                 time.sleep(0.2)
             raise RuntimeError("training blew up")
         finally:
             dm.teardown()
     assert_nothing_left(tmp_path)
-    assert not dm.engine.health()
+    assert not dm.runtime.engine.health()
 
 
 def test_resume_continues_the_task_cursor(tiny_model_dir, tmp_path):

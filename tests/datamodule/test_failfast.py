@@ -25,6 +25,7 @@ from polar_pl.rollout.pools import (
     AttemptInfo,
     RolloutResult,
 )
+from polar_pl.rollout.runtime import RolloutRuntime
 from polar_pl.rollout.service import Group
 from polar_pl.trajectory.rows import TrajectoryRow
 
@@ -85,14 +86,13 @@ def groups(results: list[RolloutResult], size: int) -> list[Group]:
     ]
 
 
-def datamodule(client: Prepared, **kw) -> RolloutDataModule:
-    kw.setdefault("group_size", 4)
-    dm = RolloutDataModule(
+def datamodule(client: Prepared, group_size: int = 4, **kw) -> RolloutDataModule:
+    runtime = RolloutRuntime(
         engine=Version(), sandbox=None, harness=None, tasks=[None], evaluator=None, builder=None,
-        steps=1, progress=False, groups_per_step=1, **kw,
+        group_size=group_size, progress=False,
     )  # fmt: skip
-    dm.service = client
-    return dm
+    runtime.client = client
+    return RolloutDataModule(runtime=runtime, steps=1, groups_per_step=1, **kw)
 
 
 def test_a_run_whose_first_group_all_failed_alike_stops_with_that_failure() -> None:
@@ -107,7 +107,7 @@ def test_fail_fast_after_counts_rollouts_across_groups() -> None:
     dm = datamodule(Prepared(groups([result(k) for k in range(12)], 2)), group_size=2, fail_fast_after=6)
     with pytest.raises(RolloutsFailing, match="first 6 rollouts"):
         dm.next_batch()
-    assert dm.service.groups == groups([result(k) for k in range(12)], 2)[3:]  # stopped at the 6th
+    assert dm.runtime.client.groups == groups([result(k) for k in range(12)], 2)[3:]  # stopped at the 6th
 
 
 def test_a_run_that_worked_once_is_never_stopped() -> None:

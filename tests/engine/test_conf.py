@@ -13,7 +13,7 @@ from polar_pl.engine.embedded import EmbeddedEngine
 from polar_pl.engine.protocol import Engine
 from polar_pl.engine.replicas import EngineReplicas
 from polar_pl.engine.vllm_engine import VLLMEngine
-from polar_pl.training import build_engine
+from polar_pl.rollout.build import build_engine
 
 
 def compose_engine(*overrides: str):

@@ -52,23 +52,39 @@ class Sync(EmbeddedStateDictSync):
         self.closed = True
 
 
-class Batches(L.LightningDataModule):
-    """Stands in for the RolloutDataModule: fixed batches, a push target, `last_metrics`."""
+class Runtime:
+    """Stands in for the rollout runtime: its push target is the engine."""
 
-    def __init__(self, batches, engine=None):
-        super().__init__()
-        self.batches, self.engine = batches, engine
-        self.last_metrics = {"rollout/sessions": 4, "rollout/ok": True, "rollout/note": "text"}
+    interrupted = False
 
-    def train_dataloader(self):
-        return DataLoader(self.batches, batch_size=None, collate_fn=lambda b: b)
+    def __init__(self, engine=None):
+        self.engine = engine
 
     def push_target(self):
         return self.engine
 
 
-class NoTarget(Batches):
-    push_target = None
+class Plain(L.LightningDataModule):
+    """Fixed batches, and nothing else: no rollout runtime behind them."""
+
+    def __init__(self, batches):
+        super().__init__()
+        self.batches = batches
+
+    def train_dataloader(self):
+        return DataLoader(self.batches, batch_size=None, collate_fn=lambda b: b)
+
+
+class Batches(Plain):
+    """Stands in for the RolloutDataModule (a `RolloutFeed`): fixed batches, a runtime with a push
+    target, `last_metrics`."""
+
+    def __init__(self, batches, engine=None):
+        super().__init__(batches)
+        self.runtime = Runtime(engine)
+        self.steps, self.batches_done, self.wait_total_s = len(batches), 0, 0.0
+        self.last_metrics = {"rollout/sessions": 4, "rollout/ok": True, "rollout/note": "text"}
+        self.last_groups = []
 
 
 def fit(module: GRPOModule, dm: L.LightningDataModule, steps: int = 1, logger=False) -> L.Trainer:
@@ -125,14 +141,14 @@ def test_a_fresh_fit_does_not_push_before_training() -> None:
 def test_an_unbound_sync_needs_a_push_target() -> None:
     module = GRPOModule(model=small_model(), weight_sync=Sync())
     msg = (
-        r"module.weight_sync is unbound and the datamodule has no push_target\(\): fit with a "
+        r"module.weight_sync is unbound and no rollout runtime feeds the trainer: fit with a "
         r"RolloutDataModule, or bind_engine\(...\) before fit"
     )
     with pytest.raises(ValueError, match=msg):
-        fit(module, NoTarget([collate(ROWS, token_budget=16)]))
+        fit(module, Plain([collate(ROWS, token_budget=16)]))
     trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_progress_bar=False)
     with pytest.raises(ValueError, match=msg):  # plain dataloaders: no datamodule at all
-        trainer.fit(module, train_dataloaders=NoTarget([collate(ROWS, token_budget=16)]).train_dataloader())
+        trainer.fit(module, train_dataloaders=Plain([collate(ROWS, token_budget=16)]).train_dataloader())
 
 
 def test_bind_engine_binds_the_sync() -> None:

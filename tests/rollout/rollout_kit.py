@@ -1,5 +1,5 @@
-"""Helpers of the rollout tests: a DataModule on a scripted engine whose sessions are deterministic,
-and the node settings of the test cluster."""
+"""Helpers of the rollout tests: a runtime (and a DataModule around it) on a scripted engine whose
+sessions are deterministic, and the node settings of the test cluster."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from polar_pl.datamodule.datamodule import RolloutDataModule
 from polar_pl.harness.mini import Mini
 from polar_pl.harness.protocol import LaunchPlan
+from polar_pl.rollout.runtime import RolloutRuntime
 from polar_pl.sandbox.local import LocalSandbox
 from polar_pl.tasks.learnable import LearnableTaskSource
 from polar_pl.testing.scripted import Reply
@@ -48,7 +49,7 @@ class OneCall(Mini):
         return LaunchPlan(argv=argv, env={"PYTHONDONTWRITEBYTECODE": "1"})
 
 
-def scripted_dm(engine, tmp_path: Path, *, rollout=None, tasks: int = 2, **kw) -> RolloutDataModule:
+def scripted_runtime(engine, tmp_path: Path, *, backend=None, tasks: int = 2, **kw) -> RolloutRuntime:
     """The real stack on a scripted engine: gateway, local sandboxes, a one-call harness, the
     learnable evaluator, prefix merge."""
     sbx = tmp_path / "sbx"
@@ -56,21 +57,28 @@ def scripted_dm(engine, tmp_path: Path, *, rollout=None, tasks: int = 2, **kw) -
     source = LearnableTaskSource(n_tasks=tasks)
     sandbox = partial(LocalSandbox, base_dir=str(sbx))
     kw.setdefault("pools", {"init": 2, "ready": 2, "running": 2, "postrun": 2, "run_timeout_s": 60})
-    return RolloutDataModule(
+    return RolloutRuntime(
         engine=engine,
         sandbox=sandbox,
         harness=kw.pop("harness", None) or OneCall(),
-        tasks=source.tasks(),
+        tasks=kw.pop("task_feed", None) or source.tasks(),
         evaluator=source.make_evaluator(sandbox),
         builder=PrefixBuilder(),
-        steps=kw.pop("steps", 2),
+        backend=backend,
         group_size=kw.pop("group_size", 2),
-        groups_per_step=kw.pop("groups_per_step", 2),
         store_path=str(tmp_path / "traces.db"),
         progress=False,
-        rollout=rollout,
         **kw,
     )
+
+
+def scripted_dm(
+    engine, tmp_path: Path, *, steps: int = 2, groups_per_step: int = 2, **kw
+) -> RolloutDataModule:
+    """A DataModule around `scripted_runtime` (in flight: 2 x groups_per_step, unless given)."""
+    kw.setdefault("max_groups_in_flight", 2 * groups_per_step)
+    runtime = scripted_runtime(engine, tmp_path, **kw)
+    return RolloutDataModule(runtime=runtime, steps=steps, groups_per_step=groups_per_step)
 
 
 class SleepStages:

@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 import torch
-from rollout_kit import SERVICE_TOKEN, scripted_dm
+from rollout_kit import SERVICE_TOKEN, scripted_runtime
 
 from polar_pl.engine.embedded import EmbeddedEngine
 from polar_pl.engine.weights import save_state_dict
 from polar_pl.rollout.http.app import create_app
-from polar_pl.rollout.http.server import RolloutServer
+from polar_pl.rollout.http.server import RolloutServer, feed_tasks
 from polar_pl.tasks.learnable import LearnableTaskSource
 from polar_pl.utils.serving import ServerThread
 
@@ -34,8 +34,9 @@ pytestmark = pytest.mark.slow
 def queue_service(tiny_model_dir, tmp_path_factory) -> Iterator[tuple[RolloutServer, httpx.Client]]:
     """(the server, an authorized client of its HTTP API). Groups exist only for submitted tasks."""
     engine = EmbeddedEngine(tiny_model_dir, served_model_name="tiny", num_threads=1, max_model_len=512)
-    dm = scripted_dm(engine, tmp_path_factory.mktemp("delivery"))
-    server = RolloutServer(dm, feed="queue").start()
+    runtime = scripted_runtime(engine, tmp_path_factory.mktemp("delivery"), task_feed=feed_tasks("queue"),
+                               max_groups_in_flight=4)  # fmt: skip
+    server = RolloutServer(runtime).start()
     try:
         app = create_app(server, token=SERVICE_TOKEN, max_streams=MAX_STREAMS)
         with ServerThread(app) as srv, httpx.Client(base_url=srv.url, headers=AUTH, timeout=120) as api:
@@ -154,7 +155,7 @@ def test_a_weight_push_with_one_wrong_tensor_changes_nothing(queue_service, tmp_
     shape answered an error after the engine had copied the others: greedy logprobs moved while
     the policy version stayed, so later records named a version whose weights no longer existed."""
     server, api = queue_service
-    engine = server.dm.engine
+    engine = server.runtime.engine
     before, version = greedy(engine), api.get("/v1/policy_version").json()["policy_version"]
     torch.manual_seed(0)
     weights = {k: v + 0.05 * torch.randn_like(v) for k, v in engine.backend.model.state_dict().items()}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from rollout_kit import METRICS_TOKEN, SERVICE_TOKEN, scripted_dm
+from rollout_kit import METRICS_TOKEN, SERVICE_TOKEN, scripted_runtime
 
 from polar_pl.rollout.http.app import create_app
 from polar_pl.rollout.http.server import RolloutServer
@@ -18,7 +18,7 @@ STAGES = {"init", "running", "postrun"}
 
 @pytest.fixture
 def rollout_server(scripted_engine, tmp_path):
-    server = RolloutServer(scripted_dm(scripted_engine(), tmp_path)).start()
+    server = RolloutServer(scripted_runtime(scripted_engine(), tmp_path, max_groups_in_flight=4)).start()
     yield server
     server.stop()
 

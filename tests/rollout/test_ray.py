@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from rollout_kit import NODE, scripted_dm
+from rollout_kit import NODE, scripted_dm, scripted_runtime
 
 from polar_pl.gateway.store.traces import TraceStore
 from polar_pl.rollout.pools import INFRA_FAILURE, OK
@@ -36,21 +36,23 @@ def by_attempt(groups) -> dict[tuple[int, int], tuple]:
     return out
 
 
-def run_groups(dm, n: int):
-    dm.setup()
+def run_groups(runtime, n: int):
+    runtime.start()
     try:
-        dm._start_service()
-        groups = dm.service.next_groups(n, timeout=300)
-        workers = dm.service.worker_status() if hasattr(dm.service, "worker_status") else []
+        client = runtime.rollouts()
+        groups = client.next_groups(n, timeout=300)
+        workers = client.worker_status() if hasattr(client, "worker_status") else []
     finally:
-        dm.teardown()
+        runtime.stop()
     return groups, workers
 
 
 def test_ray_rows_equal_local_rows_and_sessions_ran_on_both_nodes(ray_cluster, scripted_engine, tmp_path):
-    local, _ = run_groups(scripted_dm(scripted_engine(), tmp_path / "local"), 4)
+    local, _ = run_groups(scripted_runtime(scripted_engine(), tmp_path / "local", max_groups_in_flight=4), 4)
     rollout = RayRollout(address=ray_cluster.address, workers_per_node=1)
-    remote, workers = run_groups(scripted_dm(scripted_engine(), tmp_path / "ray", rollout=rollout), 4)
+    remote, workers = run_groups(
+        scripted_runtime(scripted_engine(), tmp_path / "ray", backend=rollout, max_groups_in_flight=4), 4
+    )
 
     assert by_attempt(remote) == by_attempt(local)
     assert all(r.status == OK and r.rows for g in remote for r in g.results)
@@ -74,17 +76,18 @@ def test_node_killed_mid_run_loses_no_group_and_retries_its_sessions(ray_cluster
     doomed = ray_cluster.add_node(**NODE)
     ray_cluster.wait_for_nodes()
     rollout = RayRollout(address=ray_cluster.address, workers_per_node=1, max_retries=1, poll_s=0.5)
-    dm = scripted_dm(scripted_engine(token_delay=0.3), tmp_path, rollout=rollout, tasks=6,
+    dm = scripted_dm(scripted_engine(token_delay=0.3), tmp_path, backend=rollout, tasks=6,
                      groups_per_step=2, steps=3, max_groups_in_flight=6)  # fmt: skip
     dm.setup()
     try:
-        victim = [w for w in dm.service.worker_status() if w["node"] == doomed.node_id]
+        client = dm.runtime.client
+        victim = [w for w in client.worker_status() if w["node"] == doomed.node_id]
         assert len(victim) == 1
-        assert ray.get(dm.service.controller.node.remote()) != doomed.node_id
-        dm._start_service()
+        assert ray.get(client.controller.node.remote()) != doomed.node_id
+        dm._client()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            (mine,) = [w for w in dm.service.worker_status() if w["name"] == victim[0]["name"]]
+            (mine,) = [w for w in client.worker_status() if w["name"] == victim[0]["name"]]
             if mine["jobs"] >= 2:
                 break
             time.sleep(0.2)
@@ -93,7 +96,7 @@ def test_node_killed_mid_run_loses_no_group_and_retries_its_sessions(ray_cluster
         batches = [dm.next_batch(timeout=300) for _ in range(3)]
         for _ in batches:
             dm.commit_batch()
-        m = dm.service.metrics()
+        m = client.metrics()
         counters = dict(dm.counters)
     finally:
         dm.teardown()

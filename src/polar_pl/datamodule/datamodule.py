@@ -1,23 +1,19 @@
-"""RolloutDataModule: owns the engine and a rollout client, and yields training batches.
+"""RolloutDataModule: the Lightning glue between a `RolloutRuntime` and the trainer.
 
-`setup` starts (or connects to) the engine and connects the rollout client of the `rollout=`
-backend (`local`: a gateway and the stage pools in this process; `ray`: workers on a Ray
-cluster); `train_dataloader` yields one collated batch of complete GRPO groups per optimisation
-step while the rollouts keep producing the next ones; `teardown` stops everything, also after an
-exception or Ctrl-C. `interrupt` (from a signal handler) admits no new rollout and cancels the
-running ones at once; the batches then end. `state_dict` / `load_state_dict` carry the task
-cursor and the policy version across a resume.
+It owns the runtime's lifetime in training: `setup` starts it (the engine, and the rollout client
+of the `rollout=` backend), `teardown` stops it, also after an exception or Ctrl-C. Between them,
+`train_dataloader` yields one collated batch of complete GRPO groups per optimisation step while
+the rollouts keep producing the next ones (staleness, dynamic sampling, the multi-rank
+broadcast); `state_dict` / `load_state_dict` carry the task cursor and the policy version across a
+resume. The runtime's parts are built elsewhere (`rollout.build.build_runtime`).
 """
 
 from __future__ import annotations
 
 import logging
-import tempfile
-import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import lightning as L
@@ -26,34 +22,21 @@ from torch.utils.data import DataLoader, IterableDataset
 from polar_pl.datamodule.collate import TrainBatch, collate
 from polar_pl.datamodule.failfast import FailFast
 from polar_pl.engine.cache_stats import PrefixCacheRate
-from polar_pl.engine.pausing import PauseMode, PausingEngine
-from polar_pl.engine.protocol import Engine
-from polar_pl.engine.replicas import EngineReplicas
-from polar_pl.gateway.handle import Gateway
-from polar_pl.harness.protocol import Harness
 from polar_pl.monitor.batch import BusyFractions, batch_metrics
 from polar_pl.monitor.progress import waiting_line
-from polar_pl.rollout.local import LocalRollout
-from polar_pl.rollout.pools import PoolSizes
-from polar_pl.rollout.protocol import HarnessStages, RolloutBackend, RolloutClient, RolloutSetup
+from polar_pl.rollout.protocol import RolloutClient
+from polar_pl.rollout.runtime import RolloutRuntime
 from polar_pl.rollout.service import Group, RolloutsStopped
-from polar_pl.rollout.stages import RolloutOptions
-from polar_pl.sandbox.protocol import Sandbox
-from polar_pl.tasks.evaluator import Evaluator
-from polar_pl.tasks.task import Task
-from polar_pl.trajectory.base import TrajectoryBuilder
 from polar_pl.trajectory.rows import TrajectoryRow
 
 log = logging.getLogger(__name__)
 
 
 class RolloutDataModule(L.LightningDataModule):
-    """Rollouts in, batches out.
+    """Rollouts in, batches out (implements `rollout.runtime.RolloutFeed`).
 
-    engine: an engine handle (polar_pl.engine.protocol.Engine).
-    sandbox: a zero-argument factory returning a fresh Sandbox (Hydra `_partial_: true`).
-    tasks: an indexable task source; evaluator: scores attempts; builder: the merge strategy.
-    groups_per_step: GRPO groups per batch; group_size: attempts per task (G).
+    runtime: the run's `RolloutRuntime` (engine, rollout client, push target, health, interrupt).
+    steps: batches over the whole run; groups_per_step: GRPO groups per batch.
     max_staleness: a rollout whose oldest sampled token is more than this many policy versions
         behind the engine is dropped whole (all its rows, counted); None keeps everything.
     stale_unit: "rollout" drops the stale rollouts of a group; "group" drops the whole group when
@@ -61,17 +44,9 @@ class RolloutDataModule(L.LightningDataModule):
     dynamic_sampling: DAPO's dynamic sampling: a group whose rollouts all scored the same carries
         no GRPO signal, so more groups are drawn until `groups_per_step` groups with signal are in
         the batch, or `max_groups_drawn` groups were drawn (null: 4 x groups_per_step).
-    gateway_options: passed to the gateway; by default it gets the engine's model directory as
-        `tokenizer_dir`, which turns token-faithful prompts on (both engines take token prompts).
-    pause_on_push: while new weights are pushed, new engine calls wait at the gateway; "drain"
-        also waits for calls in flight to finish, "keep" lets them run on; None: no pause.
-    rollout: where sessions run, a `RolloutBackend` (Hydra group `rollout=`); None: this process.
-    engine_down_s: an engine that has not answered its health check for this long while the
-        trainer waits for rollouts ends the run (`PartDown`; rollout=local) instead of failing every rollout
-        for ever; so does a gateway whose server stopped.
     fail_fast_after: when the run's first this-many rollouts all failed the same way (an
         infrastructure failure: failfast.py), the run stops with that failure (`RolloutsFailing`);
-        None: one group's worth (group_size); 0: never.
+        None: one group's worth (the runtime's group_size); 0: never.
     wait_log_s: while the trainer waits for a batch, a line every this many seconds says what it
         waits on (rollouts running, finished, failed, the last failure); None: silent.
     """
@@ -79,64 +54,28 @@ class RolloutDataModule(L.LightningDataModule):
     def __init__(
         self,
         *,
-        engine: Engine,
-        sandbox: Callable[[], Sandbox],
-        harness: Harness,
-        tasks: Sequence[Task],
-        evaluator: Evaluator,
-        builder: TrajectoryBuilder,
+        runtime: RolloutRuntime,
         steps: int,
-        group_size: int = 4,
         groups_per_step: int = 2,
-        pools: dict[str, Any] | PoolSizes | None = None,
-        max_groups_in_flight: int | None = None,
-        group_deadline_s: float | None = None,
         max_staleness: int | None = 1,
         stale_unit: str = "rollout",
         dynamic_sampling: bool = False,
         max_groups_drawn: int | None = None,
-        options: RolloutOptions | dict[str, Any] | None = None,
         collate_mode: str = "pack",
         token_budget: int | None = None,
-        store_path: str | None = None,
-        gateway_options: dict[str, Any] | None = None,
-        progress: bool = True,
-        pause_on_push: PauseMode | None = "keep",
-        rollout: RolloutBackend | None = None,
-        engine_down_s: float = 15.0,
         fail_fast_after: int | None = None,
         wait_log_s: float | None = 30.0,
     ) -> None:
         super().__init__()
-        self.engine, self.sandbox, self.harness = engine, sandbox, harness
-        self.tasks, self.evaluator, self.builder = tasks, evaluator, builder
-        self.steps, self.group_size, self.groups_per_step = steps, group_size, groups_per_step
-        self.sizes = pools if isinstance(pools, PoolSizes) else PoolSizes(**(pools or {}))
-        self.max_groups_in_flight = (
-            2 * groups_per_step if max_groups_in_flight is None else max_groups_in_flight
-        )
-        self.group_deadline_s, self.max_staleness = group_deadline_s, max_staleness
+        self.runtime = runtime
+        self.steps, self.groups_per_step = steps, groups_per_step
+        self.max_staleness = max_staleness
         if stale_unit not in ("rollout", "group"):
             raise ValueError(f"datamodule.stale_unit={stale_unit!r}: allowed values are rollout, group")
         self.stale_unit, self.dynamic_sampling = stale_unit, dynamic_sampling
         self.max_groups_drawn = max_groups_drawn or 4 * groups_per_step
-        self.options = options if isinstance(options, RolloutOptions) else RolloutOptions(**(options or {}))
         self.collate_mode, self.token_budget = collate_mode, token_budget
-        self.store_path, self.gateway_options = store_path, dict(gateway_options or {})
-        self.progress = progress
-        if pause_on_push not in (None, "drain", "keep"):
-            raise ValueError(
-                f"datamodule.pause_on_push={pause_on_push!r}: allowed values are drain, keep, null"
-            )
-        self.pause_on_push = pause_on_push
-        self.rollout = rollout or LocalRollout()
-        self.gateway: Gateway | None = None  # rollout=local: the in-process gateway
-        self.service: RolloutClient | None = None
-        self._started = False
-        if isinstance(engine, EngineReplicas):  # a replica that failed a push leaves every gateway
-            engine.on_take_out.append(self._take_out_engine)
         self._resume: dict[str, Any] = {}
-        self._tmp: tempfile.TemporaryDirectory | None = None
         self.counters: Counter[str] = Counter()
         self._issued: deque[list[int]] = deque()
         self.batches_done = 0  # batches a training step consumed (survives resume)
@@ -145,144 +84,33 @@ class RolloutDataModule(L.LightningDataModule):
         self._batch_metrics: deque[dict[str, float]] = deque()
         self._batch_groups: deque[list[Group]] = deque()
         self.wait_total_s = 0.0  # trainer time spent blocked on rollouts, over the run
-        self.interrupted = False
-        self._service_lock = threading.Lock()
-        self.engine_down_s = engine_down_s
-        self._checked_at = 0.0
-        self._engine_down_since: float | None = None
-        self.fail_fast = FailFast(group_size if fail_fast_after is None else fail_fast_after)
+        self.fail_fast = FailFast(runtime.group_size if fail_fast_after is None else fail_fast_after)
         if wait_log_s is not None and wait_log_s <= 0:
             raise ValueError(f"datamodule.wait_log_s={wait_log_s}: must be > 0 (null: no waiting lines)")
         self.wait_log_s = wait_log_s
 
     # ---- lifecycle ------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
-        if self.service is not None or self._rank()[0] != 0:
-            return  # a multi-process trainer: rank 0 owns the engine and the rollouts
-        try:
-            t0 = time.monotonic()
-            self.engine.start()
-            log.info("engine ready: %s at %s (%.1f s)", type(self.engine).__name__, self.engine.url,
-                     time.monotonic() - t0)  # fmt: skip
-            setup = self.rollout_setup()
-            self.service = self.rollout.connect(setup)
-            self.gateway = self.service.gateway
-            if self.gateway is not None:
-                log.info("gateway ready: %s, traces in %s", self.gateway.url, setup.store_path)
-            else:
-                log.info(
-                    "rollouts ready: %s, traces next to %s", type(self.service).__name__, setup.store_path
-                )
-        except BaseException:
-            self.teardown()
-            raise
+        if self._rank()[0] == 0:  # a multi-process trainer: rank 0 owns the engine and the rollouts
+            self.runtime.start()
+
+    def teardown(self, stage: str | None = None) -> None:
+        """Stop the rollouts (every sandbox and session cleaned, gateways flushed), then the engine.
+        Idempotent."""
+        self.runtime.stop()
 
     def _rank(self) -> tuple[int, int]:
         """(global rank, world size) of the trainer this datamodule feeds; (0, 1) without one."""
         t = self.trainer
         return (t.global_rank, t.world_size) if t is not None else (0, 1)
 
-    def _take_out_engine(self, url: str) -> None:
-        if self.service is not None:
-            self.service.take_out_engine(url)
-
-    def rollout_setup(self) -> RolloutSetup:
-        """What this run's rollouts need (the held-out evaluation runs its attempts with the same)."""
-        options = dict(self.gateway_options)
-        if self.engine.model_dir is not None:
-            options.setdefault("tokenizer_dir", str(self.engine.model_dir))
-        return RolloutSetup(
-            stages=HarnessStages(self.sandbox, self.harness, self.evaluator, self.builder, self.options),
-            tasks=self.tasks,
-            group_size=self.group_size,
-            sizes=self.sizes,
-            max_groups_in_flight=self.max_groups_in_flight,
-            group_deadline_s=self.group_deadline_s,
-            engine_urls=tuple(self.engine.urls),
-            store_path=self.store_path or self._tmp_store(),
-            gateway_options=options,
-        )
-
-    def rollouts(self) -> RolloutClient:
-        """The rollout client with groups started (the HTTP rollout service drives it directly)."""
-        return self._start_service()
-
-    def _start_service(self) -> RolloutClient:
+    def _client(self) -> RolloutClient:
         """Groups start on first use, after Lightning restored `load_state_dict` on a resume."""
-        if self.interrupted:
-            raise RolloutsStopped("the run is shutting down: no new rollouts")
-        assert self.service is not None, "setup() first"
-        if not self._started:
-            self.service.health = self._health
-            self.service.start_groups(self._resume.get("service", {}))
-            self._started = True
-            self._busy.since_last(self.service.metrics())  # the first batch's window starts here
-        return self.service
-
-    def teardown(self, stage: str | None = None) -> None:
-        """Stop rollouts (every sandbox and session cleaned, gateways flushed), then the engine.
-        Idempotent."""
-        for stop in (self._stop_service, self.engine.stop):
-            try:
-                stop()
-            except Exception:
-                log.exception("teardown step %s failed", getattr(stop, "__name__", stop))
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-    def _health(self) -> str | None:
-        """Why no rollout can succeed any more (engine or gateway down), or None; checked at most
-        every 2 s while the trainer waits for rollouts."""
-        now = time.monotonic()
-        if now - self._checked_at < 2.0:
-            return None
-        self._checked_at = now
-        if self.gateway is not None and not self.gateway.alive:
-            return "the gateway's server stopped"
-        if self.engine.health():
-            self._engine_down_since = None
-            return None
-        self._engine_down_since = self._engine_down_since or now
-        down = now - self._engine_down_since
-        if down < self.engine_down_s:
-            return None
-        return f"the engine at {self.engine.url} has not answered its health check for {down:.0f} s"
-
-    def interrupt(self, harness_grace_s: float = 10.0) -> None:
-        """Admit no new rollout from now on and cancel the running ones (their harnesses are
-        killed with their sandboxes), off the calling thread: safe from a signal handler.
-        harness_grace_s: how long the cancelled jobs' cleanups may take."""
-        self.interrupted = True
-        service = self.service
-        if service is not None:
-            service.stop_feeding()
-        threading.Thread(
-            target=self._stop_service, args=(harness_grace_s,), name="rollouts-interrupt", daemon=True
-        ).start()
-
-    def stop_rollouts(self, timeout: float = 60.0) -> None:
-        """Stop the training rollouts (sandboxes and sessions cleaned, the gateway flushed); the
-        engine keeps serving. Keeps the resume cursor, as a checkpoint after this needs it."""
-        self._stop_service(timeout)
-
-    def _stop_service(self, timeout: float = 60.0) -> None:
-        with self._service_lock:
-            if self.service is None:
-                return
-            try:
-                if self._started:  # a checkpoint after this still knows the cursor
-                    self._resume["service"] = self.service.state_dict()
-            except Exception:  # a lost controller: the last checkpoint's cursor stands
-                log.exception("rollouts: no resume cursor at stop")
-            try:
-                self.service.close(timeout)
-            finally:
-                self.service, self.gateway, self._started = None, None, False
-
-    def _tmp_store(self) -> str:
-        self._tmp = tempfile.TemporaryDirectory(prefix="polar-traces-")
-        return str(Path(self._tmp.name) / "traces.db")
+        first = not self.runtime.started
+        client = self.runtime.rollouts(self._resume.get("service", {}))
+        if first:
+            self._busy.since_last(client.metrics())  # the first batch's window starts here
+        return client
 
     # ---- data -----------------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
@@ -294,7 +122,7 @@ class RolloutDataModule(L.LightningDataModule):
         step; with dynamic sampling, so are groups without reward variance (up to
         max_groups_drawn). The groups count as consumed (for resume) only when `commit_batch`
         says a step trained on them."""
-        service = self._start_service()
+        service = self._client()
         t0 = time.monotonic()
         seqs: list[int] = []
         groups: list[Group] = []
@@ -384,10 +212,6 @@ class RolloutDataModule(L.LightningDataModule):
             self._issued.append([])  # the step count (batches_done) advances on every rank
         return box
 
-    def live_metrics(self) -> dict[str, float]:
-        """Stage gauges for the live display (empty until the pools start)."""
-        return self.service.metrics() if self._started and self.service is not None else {}
-
     @property
     def last_metrics(self) -> dict[str, float]:
         """Rollout metrics of the batch being trained now: the oldest one not yet committed
@@ -401,7 +225,7 @@ class RolloutDataModule(L.LightningDataModule):
 
     def _fresh_rows(self, groups: list[Group]) -> list[TrajectoryRow]:
         """The rows of `groups` without the stale rollouts (or groups, by `stale_unit`)."""
-        current = self.engine.policy_version()
+        current = self.runtime.policy_version()
         rows: list[TrajectoryRow] = []
         for g in groups:
             self.counters["groups"] += 1
@@ -430,16 +254,13 @@ class RolloutDataModule(L.LightningDataModule):
         self, groups: list[Group], rows: list[TrajectoryRow], batch: TrainBatch, wait_s: float
     ) -> dict[str, float]:
         m = batch_metrics(groups, rows, batch, wait_s, self.counters)
-        if self.service is not None:
-            client = self.service.metrics()  # pool/*, gateway/*, rollout/* of the backend
-            m.update(client)
-            m.update(self._busy.since_last(client))
-        m.update(self._prefix_cache.since_last(self.engine.urls))
+        client = self.runtime.client
+        if client is not None:
+            gauges = client.metrics()  # pool/*, gateway/*, rollout/* of the backend
+            m.update(gauges)
+            m.update(self._busy.since_last(gauges))
+        m.update(self._prefix_cache.since_last(self.runtime.engine.urls))
         return m
-
-    def push_target(self) -> PausingEngine:
-        """What the weight sync should push to: the engine, with the gateways paused meanwhile."""
-        return PausingEngine(self.engine, lambda: self.service, self.pause_on_push)
 
     def commit_batch(self) -> None:
         """Called after a training step used the oldest issued batch (see `CommitBatches`)."""
@@ -448,27 +269,25 @@ class RolloutDataModule(L.LightningDataModule):
             self._batch_groups.popleft()
         if self._issued:
             seqs = self._issued.popleft()
-            with self._service_lock:  # not while an interrupt is closing the rollouts
-                if seqs and self._started and self.service is not None:
-                    self.service.mark_consumed(seqs)
+            self.runtime.mark_consumed(seqs)
             self.batches_done += 1
 
     # ---- resume ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         # rank 0 owns the engine (also after an interrupt closed the rollouts); other ranks carry rank 0's
         rank0 = self._rank()[0] == 0
-        version = self.engine.policy_version() if rank0 else self._resume.get("policy_version", 0)
+        version = self.runtime.policy_version() if rank0 else self._resume.get("policy_version", 0)
         state: dict[str, Any] = {
             "policy_version": int(version),
             "batches_done": self.batches_done,
         }
         # (the shutdown checkpoint comes while an interrupt closes the rollouts: after it, the cursor
-        # it kept; a client half-closed has none to give)
-        with self._service_lock:
-            if self._started and self.service is not None:
-                state["service"] = self.service.state_dict()
-            elif "service" in self._resume:
-                state["service"] = self._resume["service"]
+        # the runtime kept; a client half-closed has none to give)
+        cursor = self.runtime.cursor()
+        if cursor is None:
+            cursor = self._resume.get("service")
+        if cursor is not None:
+            state["service"] = cursor
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

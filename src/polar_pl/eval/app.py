@@ -10,13 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from polar_pl.eval.report import EvalReport, compare, load_report
-from polar_pl.eval.run import EvalParts, EvalSpec, run_eval
-from polar_pl.rollout.pools import PoolSizes
-from polar_pl.rollout.stages import RolloutOptions
+from polar_pl.eval.run import EvalSpec, run_eval
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +27,7 @@ def evaluate(cfg: DictConfig, on_group: Callable[[dict[str, Any]], None] | None 
     quiet()
     preflight(cfg)  # the same sessions as training: a harness that cannot run stops here, in one line
     # torch and Lightning load after the check
-    from polar_pl.training import build_engine, ensure_pretrained_model
+    from polar_pl.rollout.build import build_runtime, ensure_pretrained_model
 
     opts = cfg.eval
     out = Path(opts.output_dir).resolve()
@@ -45,29 +42,14 @@ def evaluate(cfg: DictConfig, on_group: Callable[[dict[str, Any]], None] | None 
             cfg.model_dir = str(hf_from_checkpoint(opts.ckpt_path, cfg.model_dir, out / "model"))
         if "split" in cfg.task:
             cfg.task.split = opts.split
-    harness, sandbox = instantiate(cfg.harness), instantiate(cfg.sandbox)
-    source = instantiate(cfg.task)
-    tasks = source.tasks()[: opts.limit] if opts.limit else source.tasks()
-    evaluator = source.make_evaluator(sandbox)
-    engine = build_engine(cfg.engine)
+    runtime = build_runtime(cfg)  # harness, sandbox, task split, evaluator, merge, engine of their groups
+    tasks = runtime.tasks[: opts.limit] if opts.limit else runtime.tasks
     try:
-        engine.start()
-        dm = cfg.datamodule
-        gateway_options = {"tokenizer_dir": str(cfg.model_dir), **OmegaConf.to_container(dm.gateway_options)}  # type: ignore[dict-item]  # omegaconf: a DictConfig node gives a dict
-        parts = EvalParts(
-            engine_urls=tuple(engine.urls), sandbox=sandbox, harness=harness,
-            evaluator=evaluator, builder=instantiate(cfg.merge),
-            options=RolloutOptions(**OmegaConf.to_container(dm.options)),  # type: ignore[arg-type]  # omegaconf: a DictConfig node gives a dict
-            sizes=PoolSizes(**OmegaConf.to_container(dm.pools)), gateway_options=gateway_options,  # type: ignore[arg-type]  # omegaconf: a DictConfig node gives a dict
-        )  # fmt: skip
-        report = run_eval(parts, tasks, spec, out, label=str(opts.label), resume=bool(opts.resume),
+        runtime.engine.start()
+        report = run_eval(runtime, tasks, spec, out, label=str(opts.label), resume=bool(opts.resume),
                           on_group=on_group)  # fmt: skip
     finally:
-        engine.stop()
-        for part in (evaluator, sandbox):
-            close = getattr(part, "close", None)
-            if close is not None:
-                close()
+        runtime.close()  # the engine, the evaluator, the sandbox hosts
     print(report.table(), flush=True)
     if opts.compare:
         comparison = compare(load_report(Path(opts.compare)), report)

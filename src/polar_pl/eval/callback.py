@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 
 from polar_pl.eval.report import EvalReport, compare
-from polar_pl.eval.run import EvalParts, EvalSpec, run_eval
+from polar_pl.eval.run import EvalSpec, run_eval
+from polar_pl.rollout.runtime import RolloutRuntime, feed_of
+from polar_pl.tasks.sources import TaskSource
 
 log = logging.getLogger("polar_pl.train")
 
@@ -27,7 +28,7 @@ class HeldOutEval(L.Callback):
     """tasks: the held-out task source (e.g. the `arith` family's test split); n: attempts per
     task; ks: the pass@k reported; limit: only the first `limit` tasks (null: all)."""
 
-    def __init__(self, tasks: Any, out_dir: str, n: int = 4, ks: tuple[int, ...] = (1,),
+    def __init__(self, tasks: TaskSource, out_dir: str, n: int = 4, ks: tuple[int, ...] = (1,),
                  threshold: float = 1.0, before: bool = True, after: bool = True,
                  limit: int | None = None) -> None:  # fmt: skip
         self.tasks = tasks.tasks()[:limit] if limit else tasks.tasks()
@@ -41,10 +42,12 @@ class HeldOutEval(L.Callback):
             self._evaluate(trainer, "before")
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        dm = trainer.datamodule  # type: ignore[attr-defined]  # Lightning sets trainer.datamodule at runtime
-        if not self.after or trainer.global_rank != 0 or dm.interrupted:
+        if not self.after or trainer.global_rank != 0:
             return
-        dm.stop_rollouts()
+        runtime = _runtime(trainer)
+        if runtime.interrupted:
+            return
+        runtime.stop_rollouts()
         self._evaluate(trainer, "after")
         if "before" in self.reports:
             comparison = compare(self.reports["before"], self.reports["after"])
@@ -55,17 +58,20 @@ class HeldOutEval(L.Callback):
             log.info("held-out evaluation (%s):\n%s", self.out_dir, comparison.table())
 
     def _evaluate(self, trainer: L.Trainer, label: str) -> None:
-        dm = trainer.datamodule  # type: ignore[attr-defined]  # Lightning sets trainer.datamodule at runtime
-        setup = dm.rollout_setup()
-        parts = EvalParts(
-            engine_urls=setup.engine_urls, sandbox=dm.sandbox, harness=dm.harness, evaluator=dm.evaluator,
-            builder=dm.builder, options=dm.options, sizes=dm.sizes, gateway_options=setup.gateway_options,
-        )  # fmt: skip
         log.info("held-out evaluation %s: %d tasks x %d attempts", label, len(self.tasks), self.spec.n)
-        report = run_eval(parts, self.tasks, self.spec, self.out_dir / label, label=label)
+        report = run_eval(_runtime(trainer), self.tasks, self.spec, self.out_dir / label, label=label)
         self.reports[label] = report
         _log(trainer, report.metrics(f"eval/{label}"))
         log.info("held-out evaluation %s:\n%s", label, report.table())
+
+
+def _runtime(trainer: L.Trainer) -> RolloutRuntime:
+    feed = feed_of(trainer)
+    if feed is None:
+        raise ValueError(
+            "callbacks.held_out_eval: the held-out evaluation runs on a RolloutDataModule's runtime"
+        )
+    return feed.runtime
 
 
 def _log(trainer: L.Trainer, metrics: dict[str, float]) -> None:

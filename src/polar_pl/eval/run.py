@@ -27,9 +27,9 @@ from typing import Any
 from polar_pl.datamodule.failfast import FailFast, infra_failure
 from polar_pl.eval.report import EvalReport, build_report
 from polar_pl.gateway.handle import Gateway
-from polar_pl.rollout.pools import PoolSizes, RolloutResult
+from polar_pl.rollout.pools import RolloutResult
+from polar_pl.rollout.runtime import RolloutRuntime
 from polar_pl.rollout.service import Group, RolloutService
-from polar_pl.rollout.stages import HarnessRolloutStages, RolloutOptions
 from polar_pl.sft.log import RolloutLog
 
 log = logging.getLogger(__name__)
@@ -52,20 +52,6 @@ class EvalSpec:
         bad = [k for k in self.ks if not 1 <= k <= self.n]
         if bad:
             raise ValueError(f"eval.ks={list(self.ks)}: each k must be in [1, eval.n={self.n}]")
-
-
-@dataclass(frozen=True, slots=True)
-class EvalParts:
-    """What the attempts run with: the training run's parts (or the same groups' in `polar-pl eval`)."""
-
-    engine_urls: tuple[str, ...]
-    sandbox: Callable[[], Any]
-    harness: Any
-    evaluator: Any
-    builder: Any
-    options: RolloutOptions
-    sizes: PoolSizes
-    gateway_options: dict[str, Any]
 
 
 def attempt_record(result: RolloutResult, threshold: float) -> dict[str, Any]:
@@ -106,7 +92,7 @@ def fingerprint(tasks: Sequence[Any], spec: EvalSpec, harness: str) -> dict[str,
 
 
 def run_eval(
-    parts: EvalParts,
+    runtime: RolloutRuntime,
     tasks: Sequence[Any],
     spec: EvalSpec,
     out_dir: str | Path,
@@ -115,9 +101,11 @@ def run_eval(
     resume: bool = True,
     on_group: Callable[[dict[str, Any]], None] | None = None,
 ) -> EvalReport:
-    """Evaluate every task of `tasks` (resuming `out_dir`), write the report files, return it."""
+    """Evaluate every task of `tasks` (resuming `out_dir`), write the report files, return it. The
+    attempts run with `runtime`'s parts (harness, sandboxes, evaluator, merge, pool sizes) against
+    its engine, which must be up, through a gateway of their own."""
     out = Path(out_dir)
-    logbook = RolloutLog(out, fingerprint(tasks, spec, parts.harness.name), resume=resume,
+    logbook = RolloutLog(out, fingerprint(tasks, spec, runtime.harness.name), resume=resume,
                          setting="eval")  # fmt: skip
     todo = [s for s in range(len(tasks)) if s not in logbook.done]
     if todo:
@@ -125,20 +113,19 @@ def run_eval(
             log.info(
                 "%s: resuming %s, %d of %d tasks already done", label, out, len(logbook.done), len(tasks)
             )
-        _run_groups(parts, tasks, spec, logbook, todo, out, label, on_group)
+        _run_groups(runtime, tasks, spec, logbook, todo, out, label, on_group)
     report = build_report(logbook, spec, label)
     report.write(out)
     return report
 
 
-def _run_groups(parts: EvalParts, tasks: Sequence[Any], spec: EvalSpec, logbook: RolloutLog,
+def _run_groups(runtime: RolloutRuntime, tasks: Sequence[Any], spec: EvalSpec, logbook: RolloutLog,
                 todo: list[int], out: Path, label: str, on_group) -> None:  # fmt: skip
-    gateway = Gateway(list(parts.engine_urls), str(out / "traces.db"), **parts.gateway_options).start()
-    stages = HarnessRolloutStages(gateway, parts.sandbox, parts.harness, parts.evaluator, parts.builder,
-                                  parts.options)  # fmt: skip
-    in_flight = max(2, -(-parts.sizes.running // spec.n) + 1)  # keep the RUNNING pool full
+    gateway = Gateway(list(runtime.engine.urls), str(out / "traces.db"), **runtime.gateway_kwargs()).start()
+    sizes = runtime.sizes
+    in_flight = max(2, -(-sizes.running // spec.n) + 1)  # keep the RUNNING pool full
     service = RolloutService(
-        stages, tasks, group_size=spec.n, sizes=parts.sizes, max_groups_in_flight=in_flight,
+        runtime.stages()(gateway), tasks, group_size=spec.n, sizes=sizes, max_groups_in_flight=in_flight,
         limit=todo[-1] + 1, id_prefix=label, **logbook.cursor(),
     ).start()  # fmt: skip
     t0, passed, valid = time.monotonic(), 0, 0

@@ -18,6 +18,8 @@ import lightning as L
 import torch
 from torch import nn
 
+from polar_pl.rollout.runtime import feed_of
+
 if TYPE_CHECKING:
     from polar_pl.module.grpo import GRPOModule
 
@@ -102,8 +104,8 @@ class ExportModel(L.Callback):
         self.adapter_dir = adapter_dir or str(Path(out_dir).parent / "adapter")
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        dm = getattr(trainer, "datamodule", None)
-        if trainer.global_rank != 0 or getattr(dm, "interrupted", False):
+        feed = feed_of(trainer)
+        if trainer.global_rank != 0 or (feed is not None and feed.runtime.interrupted):
             return
         module = cast("GRPOModule", pl_module)
         assert module.model_dir is not None  # the training config always sets module.model_dir

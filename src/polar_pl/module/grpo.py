@@ -61,6 +61,7 @@ from polar_pl.module.rollouts import Rollouts
 from polar_pl.module.tree_attention import enable_tree_attention
 from polar_pl.module.validate import check_config
 from polar_pl.module.weight_sync import WeightSync, hf_state_dict
+from polar_pl.rollout.runtime import feed_of
 
 if TYPE_CHECKING:
     from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
@@ -203,23 +204,22 @@ class GRPOModule(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.lr_scheduler(opt), "interval": "step"}}
 
     def bind_engine(self, engine: Any) -> None:
-        """Point the weight sync at a push target by hand; on_fit_start binds the datamodule's
+        """Point the weight sync at a push target by hand; on_fit_start binds the rollout runtime's
         `push_target()` when the sync is still unbound, so this is only for custom loops."""
         if self.weight_sync is not None:
             self.weight_sync.bind(engine)
 
     def on_fit_start(self) -> None:
-        # The datamodule's push target pauses the gateway around each push and tells it the new
+        # The runtime's push target pauses the gateway around each push and tells it the new
         # policy version; the raw engine would do neither, so there is no fallback to it.
         if self.weight_sync is not None and self.weight_sync.engine is None:
-            dm = getattr(self.trainer, "datamodule", None)
-            push_target = getattr(dm, "push_target", None)
-            if not callable(push_target):
+            feed = feed_of(self.trainer)
+            if feed is None:
                 raise ValueError(
-                    "module.weight_sync is unbound and the datamodule has no push_target(): fit with a "
+                    "module.weight_sync is unbound and no rollout runtime feeds the trainer: fit with a "
                     "RolloutDataModule, or bind_engine(...) before fit"
                 )
-            self.weight_sync.bind(push_target())
+            self.weight_sync.bind(feed.runtime.push_target())
         if self.optimizer_steps and self.weight_sync is not None:
             # Resumed (Lightning restores the weights before this hook): the engine started from the
             # initial checkpoint, so it must receive the trained weights before the first rollout.
@@ -642,8 +642,8 @@ class GRPOModule(L.LightningModule):
 
     def _rollout_metrics(self, batch: TrainBatch | None) -> dict[str, float]:
         """rollout/* from the datamodule (its `last_metrics` for this batch) and per harness."""
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        out = numeric(getattr(dm, "last_metrics", None) or {})
+        feed = feed_of(self._trainer)
+        out = numeric(feed.last_metrics if feed is not None else {})
         if batch is not None and batch.num_rows:
             out.update(harness_metrics(batch))
         return out

@@ -14,6 +14,7 @@ import lightning as L
 
 from polar_pl.monitor.plots import plot_run
 from polar_pl.monitor.rollouts import FILE, read_rollouts, session_lines
+from polar_pl.rollout.runtime import feed_of
 
 log = logging.getLogger("polar_pl.train")
 
@@ -94,9 +95,9 @@ class RolloutRecorder(L.Callback):
         self._step = 0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        dm = trainer.datamodule
-        self._groups = list(getattr(dm, "last_groups", []) or [])  # the batch about to train
-        self._step = int(getattr(dm, "batches_done", batch_idx)) + 1  # 1-based, as the step line
+        feed = feed_of(trainer)
+        self._groups = list(feed.last_groups) if feed is not None else []  # the batch about to train
+        self._step = (feed.batches_done if feed is not None else batch_idx) + 1  # 1-based, as the step line
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self._groups or not trainer.is_global_zero:

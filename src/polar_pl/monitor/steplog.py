@@ -23,6 +23,8 @@ from typing import Any
 
 import lightning as L
 
+from polar_pl.rollout.runtime import feed_of
+
 log = logging.getLogger("polar_pl.train")
 
 
@@ -95,16 +97,18 @@ class StepLog(L.Callback):
         # After the datamodule's setup (engine and gateway up): the first step's window holds the
         # wait for the first two batches (Lightning fetches one ahead).
         self._t_last = time.monotonic()
-        self._wait_last = float(getattr(trainer.datamodule, "wait_total_s", 0.0) or 0.0)  # type: ignore[attr-defined]  # Lightning sets trainer.datamodule at runtime
+        feed = feed_of(trainer)
+        self._wait_last = feed.wait_total_s if feed is not None else 0.0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._step = int(getattr(trainer.datamodule, "batches_done", batch_idx))  # before commit
+        feed = feed_of(trainer)
+        self._step = feed.batches_done if feed is not None else batch_idx  # before commit
         self._global_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         now = time.monotonic()
-        dm = trainer.datamodule
-        wait_total = float(getattr(dm, "wait_total_s", 0.0) or 0.0)
+        feed = feed_of(trainer)
+        wait_total = feed.wait_total_s if feed is not None else 0.0
         step_s = now - (self._t_last if self._t_last is not None else now)
         metrics = {k: _num(trainer.callback_metrics, k) for k in trainer.callback_metrics}
         # callback_metrics keep a key's last value: a skipped batch (no optimiser step) logs no
@@ -118,6 +122,6 @@ class StepLog(L.Callback):
         pl_module.log_dict(times, on_step=True, on_epoch=False, batch_size=1)
         merged = {**{k: v for k, v in metrics.items() if v is not None}, **times}
         self.history.append(merged)
-        total = self.total or getattr(dm, "steps", None)
+        total = self.total or (feed.steps if feed is not None else None)
         if trainer.is_global_zero:  # one line per step, not one per rank
             log.info(step_line(self._step + 1, total, merged))

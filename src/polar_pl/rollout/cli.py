@@ -33,15 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from polar_pl.rollout.build import build_runtime
     from polar_pl.rollout.http.app import create_app
-    from polar_pl.rollout.http.server import RolloutServer, compose_config
-    from polar_pl.training import build_parts
+    from polar_pl.rollout.http.server import RolloutServer, compose_config, feed_tasks
 
     run_dir = Path(args.run_dir or f"outputs/rollout-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
-    parts = build_parts(compose_config(args.overrides, run_dir))
+    runtime = build_runtime(compose_config(args.overrides, run_dir), tasks=feed_tasks(args.feed))
     token = args.token or secrets.token_urlsafe(24)
-    server = RolloutServer(parts["datamodule"], feed=args.feed).start()
+    server = RolloutServer(runtime).start()
     try:
         shown = token if not args.token else "(the one you gave)"
         print(f"rollout service at http://{args.host}:{args.port} feed={args.feed} token={shown}", flush=True)
@@ -49,8 +49,5 @@ def run(args: argparse.Namespace) -> int:
         # open streams never end by themselves: a stop cancels them (their groups go back) after 5 s
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     finally:
-        server.stop()
-        close = getattr(parts["evaluator"], "close", None)
-        if close is not None:
-            close()
+        server.stop()  # rollouts, engine, evaluator, sandbox hosts
     return 0

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, overload
 
 
-class TaskQueue:
-    """Thread-safe, append-only; `put` from any thread, `wait` on the service's event loop."""
+class TaskQueue(Sequence[Any]):
+    """Thread-safe, append-only; `put` from any thread, `wait` on the service's event loop. A
+    `Sequence` of the tasks submitted so far, so it stands wherever a task source does."""
 
     def __init__(self, tasks: Iterable[Any] = ()) -> None:
         self._tasks: list[Any] = list(tasks)
@@ -34,7 +35,13 @@ class TaskQueue:
         with self._lock:
             return len(self._tasks)
 
-    def __getitem__(self, seq: int) -> Any:
+    @overload
+    def __getitem__(self, seq: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, seq: slice) -> list[Any]: ...
+
+    def __getitem__(self, seq: int | slice) -> Any:
         with self._lock:
             return self._tasks[seq]
 

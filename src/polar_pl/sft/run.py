@@ -1,10 +1,10 @@
 """Offline SFT data generation: rollouts with a fixed engine, every attempt evaluated, the verified
 ones kept and exported.
 
-The parts come from the same Hydra groups as training (`training.build_parts`: engine, sandbox,
-harness, task source and evaluator, merge builder, datamodule settings); the rollouts run in the
-same `RolloutService` and `HarnessRolloutStages` the trainer uses, so a trajectory here is exactly
-what GRPO would have trained on. Nothing updates the weights.
+The parts come from the same Hydra groups as training (`rollout.build.build_runtime`: engine,
+sandbox, harness, task source and evaluator, merge builder, the rollout settings of `datamodule:`);
+the rollouts run in the same `RolloutService` and `HarnessRolloutStages` the trainer uses, so a
+trajectory here is exactly what GRPO would have trained on. Nothing updates the weights.
 
 Each finished group is written to the output directory's log (`log.py`) before the next one is
 taken, so a run stopped at any point (Ctrl-C, a kill, `sft.max_groups`) resumes where it stopped
@@ -27,8 +27,8 @@ from rich.console import Console
 from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.monitor.progress import LiveProgress
 from polar_pl.rollout.pools import OK, RolloutResult
+from polar_pl.rollout.runtime import RolloutRuntime
 from polar_pl.rollout.service import Group, RolloutService
-from polar_pl.rollout.stages import HarnessRolloutStages
 from polar_pl.sft.conversation import conversation
 from polar_pl.sft.export import export
 from polar_pl.sft.log import RolloutLog
@@ -176,52 +176,48 @@ def generate(
     on_group: called with each group's log record right after it is persisted (tests interrupt
     the run from here).
     """
-    from polar_pl.training import build_parts  # lightning is imported only when a run starts
+    from polar_pl.rollout.build import build_runtime  # torch is imported only when a run starts
 
     opts = SFTOptions(**OmegaConf.to_container(cfg.sft, resolve=True))  # type: ignore[arg-type]  # omegaconf: a DictConfig node gives a dict
     out_dir = Path(opts.output_dir).resolve()
     console = console or Console()
-    parts = build_parts(cfg)
-    dm, tasks = parts["datamodule"], parts["tasks"]
+    runtime = build_runtime(cfg)
+    tasks = list(runtime.tasks)
     try:
         num_groups = opts.num_groups or len(tasks)
-        fp = fingerprint(tasks, dm.group_size, opts.threshold, dm.builder.name, dm.harness.name)
+        fp = fingerprint(
+            tasks, runtime.group_size, opts.threshold, runtime.builder.name, runtime.harness.name
+        )
         log = RolloutLog(out_dir, fp, resume=opts.resume)
         todo = [s for s in range(num_groups) if s not in log.done][: opts.max_groups]
         if log.done:
             console.print(f"resuming {out_dir}: {len(log.done)} of {num_groups} groups already done")
         if todo:
-            _run_groups(dm, tasks, log, todo, opts, num_groups, on_group, console)
+            _run_groups(runtime, log, todo, opts, num_groups, on_group, console)
     finally:
-        dm.teardown()
-        close = getattr(parts["evaluator"], "close", None)
-        if close is not None:
-            close()
+        runtime.close()  # rollouts, engine, then the evaluator and the sandbox hosts
     return export(log, out_dir, num_groups=num_groups, config_yaml=resolved_config_yaml(cfg))
 
 
-def _run_groups(dm, tasks, log: RolloutLog, todo: list[int], opts: SFTOptions, num_groups: int,
+def _run_groups(runtime: RolloutRuntime, log: RolloutLog, todo: list[int], opts: SFTOptions, num_groups: int,
                 on_group: GroupCallback | None, console: Console) -> None:  # fmt: skip
+    """The groups of `todo` in a service of this process on the runtime's gateway (the log's cursor
+    is the service's: groups already logged are skipped)."""
     assert opts.tokenizer is not None  # SFTOptions refuses None
     tokenizer = _load_tokenizer(opts.tokenizer)
-    dm.setup()  # engine and gateway (the datamodule's own start-up and teardown)
-    stages = HarnessRolloutStages(dm.gateway, dm.sandbox, dm.harness, dm.evaluator, dm.builder, dm.options)
+    gateway = runtime.start().gateway  # engine and gateway
+    if gateway is None:
+        raise ValueError("sft: the rollouts run in this process (rollout=local): it reads their traces")
+    setup = runtime.rollout_setup()
     service = RolloutService(
-        stages,
-        tasks,
-        group_size=dm.group_size,
-        sizes=dm.sizes,
-        max_groups_in_flight=dm.max_groups_in_flight,
-        group_deadline_s=dm.group_deadline_s,
-        limit=todo[-1] + 1,
-        **log.cursor(),
+        setup.stages(gateway), setup.tasks, **setup.service_kwargs(), limit=todo[-1] + 1, **log.cursor()
     ).start()
-    live = LiveProgress(service.metrics, title="sft rollouts", console=console) if dm.progress else None
+    live = LiveProgress(service.metrics, title="sft rollouts", console=console) if runtime.progress else None
     try:
         with live or contextlib.nullcontext():
             for _ in todo:
                 (group,) = service.next_groups(1, timeout=opts.group_timeout_s)
-                record = group_record(group, opts.threshold, dm.gateway.records, tokenizer)
+                record = group_record(group, opts.threshold, gateway.records, tokenizer)
                 log.append(record)
                 console.print(_progress_line(log, record, num_groups), markup=False, highlight=False)
                 if on_group is not None:

@@ -1,6 +1,6 @@
-"""RolloutServer: a RolloutDataModule's engine and rollouts, started for serving over HTTP instead
+"""RolloutServer: a `RolloutRuntime`'s engine and rollouts, started for serving over HTTP instead
 of feeding a Lightning trainer. Built from the same Hydra config as training (`rollout=local` or
-`ray`, any harness, sandbox, task source, engine with replicas)."""
+`ray`, any harness, sandbox, task source, engine with replicas: `rollout.build.build_runtime`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from polar_pl.rollout.protocol import RolloutClient
+from polar_pl.rollout.runtime import RolloutRuntime
 from polar_pl.rollout.tasks import TaskQueue
 from polar_pl.tasks.task import Task, task_from_row
 
@@ -35,35 +36,41 @@ def compose_config(overrides: Sequence[str], run_dir: str | Path) -> DictConfig:
     return cfg
 
 
-class RolloutServer:
-    """feed: `config` (groups from the configured task source, continuously, as in training) or
-    `queue` (only tasks submitted with POST /v1/tasks, one group each)."""
+def feed_tasks(feed: str) -> TaskQueue | None:
+    """The tasks a `--feed` serves instead of the configured source's: `config` (None: groups from
+    the configured task source, continuously, as in training) or `queue` (a `TaskQueue`: only tasks
+    submitted with POST /v1/tasks, one group each)."""
+    if feed not in FEEDS:
+        raise ValueError(f"rollout serve --feed {feed!r}: allowed values are {', '.join(FEEDS)}")
+    return TaskQueue() if feed == "queue" else None
 
-    def __init__(self, datamodule: Any, *, feed: str = "config") -> None:
-        if feed not in FEEDS:
-            raise ValueError(f"rollout serve --feed {feed!r}: allowed values are {', '.join(FEEDS)}")
-        if feed == "queue":
-            datamodule.tasks = TaskQueue()
-        self.dm, self.feed = datamodule, feed
+
+class RolloutServer:
+    """The HTTP service's view of a runtime: its client once started, task rows read into tasks,
+    the policy version, weight pushes. A runtime built with a `TaskQueue` (`feed_tasks("queue")`)
+    takes tasks from POST /v1/tasks."""
+
+    def __init__(self, runtime: RolloutRuntime) -> None:
+        self.runtime = runtime
         self.client: RolloutClient | None = None
 
     def start(self) -> RolloutServer:
-        self.dm.setup()
-        self.client = self.dm.rollouts()
+        self.client = self.runtime.start().rollouts()
         return self
 
     def stop(self) -> None:
-        self.dm.teardown()
+        """Rollouts, engine, evaluator and sandbox hosts: the end of the service."""
+        self.runtime.close()
 
     def tasks_from_rows(self, rows: Sequence[dict[str, Any]]) -> list[Task]:
         return [task_from_row(r, origin=f"POST /v1/tasks[{i}]") for i, r in enumerate(rows)]
 
     def policy_version(self) -> int:
-        return int(self.dm.engine.policy_version())
+        return self.runtime.policy_version()
 
     def push_from_disk(self, path: str) -> int:
         """New weights into every engine replica, gateways paused meanwhile; the new version."""
         p = Path(path)
         if not p.is_dir() or not any(p.glob("*.safetensors")):
             raise FileNotFoundError(f"{path!r} is not a directory holding *.safetensors")
-        return int(self.dm.push_target().update_weights_from_disk(str(p)))
+        return int(self.runtime.push_target().update_weights_from_disk(str(p)))
