@@ -18,6 +18,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from polar_pl.datamodule.datamodule import CommitBatches, RolloutDataModule
+from polar_pl.module.sharding import trainer_strategy
 from polar_pl.monitor.noise import quiet
 from polar_pl.monitor.progress import LiveProgress
 from polar_pl.rollout.build import RUNTIME_KEYS, build_runtime
@@ -87,8 +88,9 @@ def _fit(cfg: DictConfig, parts: Parts, loggers: list, shutdown: GracefulShutdow
     # checkpoint always holds the batch just committed.
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     trainer: L.Trainer = instantiate(
-        cfg.trainer, logger=loggers, callbacks=[*callbacks, CommitBatches(), shutdown]
-    )
+        cfg.trainer, logger=loggers, callbacks=[*callbacks, CommitBatches(), shutdown],
+        **trainer_strategy(cfg.trainer.get("strategy")),
+    )  # fmt: skip
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     runtime = parts.runtime

@@ -226,6 +226,26 @@ def test_touch_all_is_zero_with_a_gradient_to_every_parameter() -> None:
     assert all(p.grad is not None and not p.grad.any() for p in params)
 
 
+class Refusing(Engine):
+    def update_weights_from_state_dict(self, state: dict[str, torch.Tensor]) -> int:
+        raise ValueError("lm_head.weight: holds NaN or infinite values")
+
+
+def test_a_refused_push_on_rank_zero_raises_on_every_rank() -> None:
+    """Rank 0's refused push used to raise there alone: the other ranks waited in the version
+    broadcast for ever. Rank 0 now broadcasts its error before raising, and every rank raises."""
+    zero = on_ranks(GRPOModule(model=small_model(), weight_sync=Sync(Refusing())), 2, 0, strategy(object, -1))
+    with pytest.raises(ValueError, match="NaN"):
+        zero._push()
+    (version, error), src = zero.trainer.strategy.sent
+    assert version == -1 and src == 0 and "NaN" in error
+    told = strategy(object, -1, error)
+    one = on_ranks(GRPOModule(model=small_model(), weight_sync=Sync(Refusing())), 2, 1, told)
+    with pytest.raises(RuntimeError, match="rank 0's weight push failed: ValueError: .*NaN"):
+        one._push()
+    assert one.own_version == 0
+
+
 class Ranks:
     """Stands in for a multi-process Trainer (not under test): its world size, this process's
     rank and a strategy whose broadcast hands out rank 0's value."""
@@ -234,11 +254,13 @@ class Ranks:
         self.world_size, self.global_rank, self.strategy = world_size, global_rank, strategy
 
 
-def strategy(base: type, rank0_value: int):
+def strategy(base: type, rank0_value: int, rank0_error: str | None = None):
+    """Its broadcast hands out rank 0's (version, error) after a push and keeps what was sent."""
+
     class Strategy(base):
         def broadcast(self, obj, src=0):
             self.sent = (obj, src)
-            return rank0_value
+            return (rank0_value, rank0_error)
 
     return Strategy()
 
@@ -270,20 +292,18 @@ def test_only_rank_zero_asks_the_engine_its_version() -> None:
     assert GRPOModule(model=small_model(), weight_sync=Sync()).current_version() == 0  # unbound
 
 
-@pytest.mark.parametrize("ddp", [True, False])
-def test_rank_zero_pushes_and_every_rank_learns_the_version(ddp) -> None:
-    from lightning.pytorch.strategies import DDPStrategy
-
-    base = DDPStrategy if ddp else object
+@pytest.mark.parametrize("sharded", [False, True])
+def test_rank_zero_pushes_and_every_rank_learns_the_version(sharded) -> None:
     engine = Engine(version=3)
-    zero = on_ranks(GRPOModule(model=small_model(), weight_sync=Sync(engine)), 2, 0, strategy(base, 4))
+    zero = on_ranks(GRPOModule(model=small_model(), weight_sync=Sync(engine)), 2, 0, strategy(object, 4))
     assert zero._push() == 4 and zero.own_version == 4 and len(engine.pushed) == 1
-    assert zero.trainer.strategy.sent == (4, 0)
-    one = on_ranks(GRPOModule(model=small_model(), weight_sync=Sync(engine)), 2, 1, strategy(base, 4))
+    assert zero.trainer.strategy.sent == ((4, None), 0)
+    one = on_ranks(GRPOModule(model=small_model(), weight_sync=Sync(engine)), 2, 1, strategy(object, 4))
+    one.sharded = sharded
     gathered = []
     one.model.register_state_dict_post_hook(lambda *_: gathered.append(1))
     assert one._push() == 4 and one.own_version == 4 and len(engine.pushed) == 1
-    assert one.trainer.strategy.sent == (-1, 0)
-    assert gathered == ([] if ddp else [1])  # a sharded strategy's ranks join the gather
+    assert one.trainer.strategy.sent == ((-1, None), 0)
+    assert gathered == ([1] if sharded else [])  # a sharded model's ranks join the push's gathers
     alone = GRPOModule(model=small_model(), weight_sync=Sync(engine))
     assert alone._push() == 5 and alone.own_version == 0

@@ -24,12 +24,16 @@ adapter off (no copy); a push sends the adapter alone (weight_sync.py).
 Optimisation is manual (`automatic_optimization = False`): Lightning's global step counts
 optimiser steps, so a batch advances it by epochs x minibatches, and a skipped batch by 0.
 
-Several processes (`trainer.devices=N`, Lightning's `ddp`; `fsdp` on GPU): every rank holds the
-whole batch (the datamodule broadcasts rank 0's), so advantages and aggregation weights are the
-one-process ones (global normalisation); each rank runs forward/backward on its round-robin share
-of every minibatch's micro-batches, adding empty backward passes so all ranks run as many (each
-one reduces the gradients), with the loss scaled by N against the strategy's averaging: the
-gradient is the one-process gradient. Rank 0 pushes the weights and every rank learns the version.
+Several processes (`trainer.devices=N`, Lightning's `ddp`, or `trainer.strategy=fsdp`): every rank
+holds the whole batch (the datamodule broadcasts rank 0's), so advantages and aggregation weights
+are the one-process ones (global normalisation); each rank runs forward/backward on its
+round-robin share of every minibatch's micro-batches, adding empty backward passes so all ranks run
+as many (each one reduces the gradients), with the loss scaled by N against the strategy's
+averaging: the gradient is the one-process gradient. Rank 0 pushes the weights and every rank
+learns the version. Under `fsdp` (module/sharding.py) `configure_model` shards the model (and the
+frozen reference) layer by layer: each rank keeps a shard of the weights, gradients and AdamW
+state; an empty backward pass is a forward of a micro-batch with its loss times 0 (every layer's
+gather and gradient reduction is a collective), and the push gathers one tensor at a time.
 """
 
 from __future__ import annotations
@@ -58,9 +62,10 @@ from polar_pl.module.metrics import batch_metrics, harness_metrics, numeric, uni
 from polar_pl.module.model import Frozen, enable_checkpointing, load_model
 from polar_pl.module.prepare import Prepared, prepare, unit_sums
 from polar_pl.module.rollouts import Rollouts
+from polar_pl.module.sharding import FSDPStrategy, to_float
 from polar_pl.module.tree_attention import enable_tree_attention
 from polar_pl.module.validate import check_config
-from polar_pl.module.weight_sync import WeightSync, hf_state_dict
+from polar_pl.module.weight_sync import WeightSync
 from polar_pl.rollout.runtime import feed_of
 
 if TYPE_CHECKING:
@@ -187,12 +192,24 @@ class GRPOModule(L.LightningModule):
         self.needs_ref = self.kl_coef > 0 or self.kl_reward_coef > 0 or bool(kl_monitor)
         # with LoRA the reference is this model with its adapter off (`_reference`): no copy
         self._ref = Frozen(copy.deepcopy(self.model)) if self.needs_ref and self.lora is None else None
+        self.sharded = False  # by configure_model under trainer.strategy=fsdp
         self.optimizer_steps = 0  # over the whole run (checkpointed)
         self.skipped_batches = 0
         self.own_version = 0  # pushes done, when there is no weight sync to ask
         self._logged: set[str] = set()  # every key training_step has logged
 
     # ---- Lightning hooks ------------------------------------------------------------------
+    def configure_model(self) -> None:
+        """Under `trainer.strategy=fsdp`: the policy and the frozen reference sharded layer by
+        layer over the ranks (module/sharding.py), before the optimizer is built on the shards."""
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if not isinstance(strategy, FSDPStrategy) or self.sharded:
+            return
+        strategy.shard(self.model)
+        if self._ref is not None:
+            strategy.shard(self._ref.model)
+        self.sharded = True
+
     def configure_optimizers(self) -> torch.optim.Optimizer | OptimizerLRSchedulerConfig:
         """The AdamW optimizer; with an lr_scheduler, Lightning's dict with it stepped per step."""
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -456,7 +473,8 @@ class GRPOModule(L.LightningModule):
             ]
             for mb in mbs:
                 # nothing trainable in a micro-batch: no forward (on every rank alike)
-                mine, pad = self._share([idx for idx in self._micro(mb, batch) if mask[idx].sum() > 0])
+                micros = [idx for idx in self._micro(mb, batch) if mask[idx].sum() > 0]
+                mine, pad = self._share(micros)
                 # x len(mbs): each optimiser step carries its share of the batch at full scale.
                 for idx in mine:
                     self._micro_step(
@@ -474,7 +492,7 @@ class GRPOModule(L.LightningModule):
                         seen=seen,
                     )
                 for _ in range(pad):
-                    self._backward(self._touch_all())
+                    self._empty_backward(batch, prep, micros[0], mask)
                 norms.append(self._step(optimizer, scheduler))
                 if not self.optimizer_steps % self.push_every:
                     push_s += self._timed_push()
@@ -528,7 +546,8 @@ class GRPOModule(L.LightningModule):
             assert ent is not None  # with_entropy when entropy_coef > 0
             per_token = per_token - self.entropy_coef * ent
         loss = torch.where(w > 0, per_token * w, 0.0).sum()
-        self._backward(loss * grad_scale + self._touch_all() if grad_scale > 1 else loss)
+        touch = grad_scale > 1 and not self.sharded  # FSDP: every forward reaches every layer
+        self._backward(loss * grad_scale + self._touch_all() if touch else loss * grad_scale)
         sums["loss"] += loss.detach()
         sums["clipped"] += (clipped * m).sum()
         sums["tokens"] += m.sum()
@@ -554,6 +573,21 @@ class GRPOModule(L.LightningModule):
         mine = micros[self.global_rank :: world]
         return mine, -(-len(micros) // world) - len(mine)
 
+    def _empty_backward(
+        self, batch: TrainBatch, prep: Prepared, idx: torch.Tensor, mask: torch.Tensor
+    ) -> None:
+        """A backward pass that changes no gradient but reduces them as a real one does. DDP: 0
+        with a path to every parameter. FSDP: a forward of micro-batch `idx` times 0 (each layer's
+        gather and reduction is a collective the other ranks are in)."""
+        if not self.sharded:
+            self._backward(self._touch_all())
+            return
+        logp, _ = token_logprobs(
+            self.model, **self._inputs(batch, idx), sampling=prep.sampling[idx],
+            chunk_tokens=self.logprob_chunk_tokens, need=mask[idx],
+        )  # fmt: skip
+        self._backward(logp.sum() * 0.0)
+
     def _touch_all(self) -> torch.Tensor:
         """0, with a gradient path to every parameter: a backward that reaches every gradient
         bucket, whichever tokens its micro-batch trains (no unused-parameter search needed)."""
@@ -576,7 +610,7 @@ class GRPOModule(L.LightningModule):
     def _step(self, optimizer: torch.optim.Optimizer, scheduler: Any = None) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+        norm = to_float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if scheduler is not None:
@@ -593,21 +627,27 @@ class GRPOModule(L.LightningModule):
         return time.perf_counter() - t
 
     def _push(self) -> int:
-        """Rank 0 pushes; under several ranks every rank learns the new version (and a sharded
-        strategy's ranks join the full-state-dict gather)."""
+        """Rank 0 pushes; under several ranks every rank learns the new version, or rank 0's
+        error (a refused push raises on every rank, none waits for a version that never comes).
+        Under FSDP the other ranks join the push's gathers (`WeightSync.follow`)."""
         assert self.weight_sync is not None
         policy = self._peft.model if self._peft is not None else self.model  # a PeftModel: its adapter alone
         if self._world() == 1:
             return self.weight_sync.push(policy)
-        from lightning.pytorch.strategies import DDPStrategy
-
+        version, error = -1, None
         if self.global_rank == 0:
-            version = int(self.weight_sync.push(policy))
-        else:
-            version = -1
-            if not isinstance(self.trainer.strategy, DDPStrategy):
-                hf_state_dict(self.model)  # FSDP: gathering the full state dict is a collective
-        self.own_version = int(self.trainer.strategy.broadcast(version, src=0))
+            try:
+                version = int(self.weight_sync.push(policy))
+            except Exception as e:
+                error = f"{type(e).__name__}: {e}"
+                self.trainer.strategy.broadcast((version, error), src=0)
+                raise
+        elif self.sharded:
+            self.weight_sync.follow(policy)
+        version, error = self.trainer.strategy.broadcast((version, error), src=0)
+        if error is not None:
+            raise RuntimeError(f"rank 0's weight push failed: {error}")
+        self.own_version = int(version)
         return self.own_version
 
     @property

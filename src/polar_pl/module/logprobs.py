@@ -33,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from polar_pl.datamodule.tree import attention_tail, has_branches, parents
 from polar_pl.engine.sampling import processed_logits
+from polar_pl.module.sharding import run_sharded
 from polar_pl.module.tree_attention import check_tree_attention
 
 
@@ -180,12 +181,31 @@ def token_logprobs(
     Returns (logp (N, T) float32, entropy (N, T) float32 or None), aligned with input_ids:
     logp[:, t] = log p(input_ids[:, t] | the tokens t attends to), 0 in column 0. Both carry
     grad when grad is enabled (the entropy bonus trains on it).
+    A sharded model (module/sharding.py) runs all of it inside its root's forward: the decoder,
+    then the LM head chunk by chunk, with the root's weights gathered.
     """
-    n, t = input_ids.shape
     if sampling is None:
         sampling = Sampling.uniform(input_ids, temperature)
     if parents is not None:
         check_tree_attention(model)
+    return run_sharded(
+        model, _token_logprobs, model, input_ids, position_ids, attention_mask, parents, sampling,
+        with_entropy, chunk_tokens, need,
+    )  # fmt: skip
+
+
+def _token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    parents: torch.Tensor | None,
+    sampling: Sampling,
+    with_entropy: bool,
+    chunk_tokens: int | None,
+    need: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    n, t = input_ids.shape
     hidden, head = _hidden_and_head(model, input_ids, position_ids, attention_mask)
     cols = _scored_columns(need, parents, t)
     hidden, targets = _predictions(hidden, input_ids, cols, parents)

@@ -111,11 +111,13 @@ def adapter_state(
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, config) of the adapter in PEFT's format: the A / B tensors under the names
     `PeftModel.from_pretrained` and vLLM read (`base_model.model.<module>.lora_A.weight`),
-    detached (cast to `dtype` if given), and the content of `adapter_config.json`."""
+    whole (a sharded model's gathered: a collective every rank joins), detached (cast to `dtype`
+    if given), and the content of `adapter_config.json`."""
     from peft.utils import get_peft_model_state_dict
 
-    tensors = get_peft_model_state_dict(peft_model, save_embedding_layers=False)
-    tensors = {k: v.detach() if dtype is None else v.detach().to(dtype) for k, v in tensors.items()}
+    from polar_pl.module.gather import full_tensors
+
+    tensors = dict(full_tensors(get_peft_model_state_dict(peft_model, save_embedding_layers=False), dtype))
     config = peft_model.peft_config["default"].to_dict()
     # as PeftConfig.save_pretrained writes them: sets (the resolved target modules) become lists
     config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}

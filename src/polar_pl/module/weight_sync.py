@@ -25,13 +25,20 @@ A push is checked whole before any weight changes (engine/weights.py): one the e
 tensor of the wrong shape or dtype, NaN or inf) raises ValueError and leaves the engine serving
 what it served, under the same version. `VLLMWeightTransferSync` checks the parameters are finite
 before it sends anything.
+
+Sharded training (`trainer.strategy=fsdp`, module/sharding.py): rank 0 pushes, gathering each
+tensor as it reaches it (module/gather.py), and every other rank runs `follow(model)`, the same
+gathers with nothing kept. `DiskSync` writes the gathered tensors in files of at most 1 GiB as they
+come, so rank 0 holds no whole extra copy of the model; `EmbeddedStateDictSync` hands the engine
+one whole state dict (the in-process engine checks a push whole before loading it).
+`VLLMWeightTransferSync` does not gather shards: under FSDP use `module/weight_sync=disk`.
 """
 
 from __future__ import annotations
 
 import functools
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol, Self, cast, runtime_checkable
 
@@ -40,7 +47,8 @@ import torch
 from torch import nn
 
 from polar_pl.engine.protocol import AdapterEngine, Engine
-from polar_pl.engine.weights import check_tensors, save_adapter, save_state_dict
+from polar_pl.engine.weights import check_tensors, save_adapter
+from polar_pl.module.gather import INDEX, drain, full_tensors, write_safetensors
 
 
 @runtime_checkable
@@ -65,15 +73,15 @@ class WeightSync(Protocol):
     def close(self) -> None:
         """Called at teardown; idempotent. Does not stop the engine (its owner does)."""
 
+    def follow(self, model: nn.Module) -> None:
+        """Called on every rank but 0 while rank 0 pushes a sharded `model`: joins the gathers
+        that push runs (the same tensors in the same order), keeping nothing."""
+
 
 def hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """HF-named, fully materialised, detached tensors of `model` (FSDP DTensors are gathered,
     a collective every rank must join), optionally cast to `dtype`."""
-    out = {}
-    for name, t in model.state_dict().items():
-        full = t.full_tensor() if hasattr(t, "full_tensor") else t
-        out[name] = full.detach() if dtype is None else full.detach().to(dtype)
-    return out
+    return dict(full_tensors(model, dtype))
 
 
 def is_adapter(model: nn.Module) -> bool:
@@ -126,6 +134,12 @@ class _Bound:
     def close(self) -> None:
         pass
 
+    def follow(self, model: nn.Module) -> None:
+        if is_adapter(model):
+            adapter_payload(model, None)
+        else:
+            drain(full_tensors(model))
+
 
 class EmbeddedStateDictSync(_Bound):
     """`engine.update_weights_from_state_dict(model.state_dict())`; a LoRA model's adapter with
@@ -152,6 +166,8 @@ class DiskSync(_Bound):
     dir: where to write; None = a fresh temporary directory per push, removed afterwards.
     A given `dir` is emptied of *.safetensors before each write and keeps the last push.
     dtype: cast before writing (e.g. bfloat16 halves the bytes); None keeps the trainer's.
+    Tensors are written as they are gathered, in files of at most 1 GiB (transformers' sharded
+    layout), so the push holds one file's worth beyond the model.
     A LoRA model's push is a PEFT adapter folder, loaded with `engine.update_adapter_from_disk`.
     """
 
@@ -162,25 +178,28 @@ class DiskSync(_Bound):
 
     def push(self, model: nn.Module) -> int:
         engine = self._engine()
+        write: Callable[[Path], int]
         if is_adapter(model):
             tensors, config = adapter_payload(model, self.dtype)
-            write, load = (
-                functools.partial(save_adapter, tensors, config),
-                cast(AdapterEngine, engine).update_adapter_from_disk,
-            )
+            write = functools.partial(_write_adapter, tensors, config)
+            load = cast(AdapterEngine, engine).update_adapter_from_disk
         else:
-            tensors = hf_state_dict(model, self.dtype)
-            write, load = functools.partial(save_state_dict, tensors), engine.update_weights_from_disk
-        self.pushed_bytes = nbytes(tensors)
+            write = functools.partial(write_safetensors, full_tensors(model, self.dtype))
+            load = engine.update_weights_from_disk
         if self.dir is None:
             with tempfile.TemporaryDirectory(prefix="polar-push-") as tmp:
-                write(Path(tmp))
+                self.pushed_bytes = write(Path(tmp))
                 return int(load(tmp))
         out = Path(self.dir)
-        for old in (*out.glob("*.safetensors"), *out.glob("adapter_config.json")):
+        for old in (*out.glob("*.safetensors"), *out.glob(INDEX), *out.glob("adapter_config.json")):
             old.unlink()
-        write(out)
+        self.pushed_bytes = write(out)
         return int(load(str(out)))
+
+
+def _write_adapter(tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any], out: Path) -> int:
+    save_adapter(tensors, config, out)
+    return nbytes(tensors)
 
 
 class NoSync(_Bound):
@@ -196,6 +215,9 @@ class NoSync(_Bound):
 
     def policy_version(self) -> int:
         return int(self.engine.policy_version()) if self.engine is not None else 0
+
+    def follow(self, model: nn.Module) -> None:
+        pass  # push gathers nothing
 
 
 class VLLMRoutes:
@@ -314,6 +336,13 @@ class VLLMWeightTransferSync(_Bound):
         )
 
     def push(self, model: nn.Module) -> int:
+        from polar_pl.module.sharding import is_sharded
+
+        if is_sharded(model):  # vLLM's trainer side reads whole parameters from the module
+            raise ValueError(
+                "module.weight_sync=vllm_nccl cannot push a sharded model (trainer.strategy=fsdp): "
+                "use module/weight_sync=disk"
+            )
         # checked before anything is sent: vLLM loads NaN weights without a word (engine/weights.py)
         check_tensors(dict(model.named_parameters()), None)
         if self._transfer is None:
@@ -331,6 +360,9 @@ class VLLMWeightTransferSync(_Bound):
             if self.pause is not None:
                 self._routes.resume()
         return version
+
+    def follow(self, model: nn.Module) -> None:
+        pass  # rank 0 refuses a sharded model before any gather
 
     def close(self) -> None:
         if self._transfer is not None:
