@@ -9,7 +9,8 @@ several times):
             after the push (a DiskSync folder, rank 0's embedded engine), the trained weights
             (gathered), and `<out>/model` exported by ExportModel;
     resume: two steps uninterrupted; then one step that saves a sharded checkpoint, and a second
-            run resumed from it; the weights after each (gathered);
+            run resumed from it, pushing to rank 0's engine; the weights after each (gathered),
+            and what the engine serves when the resumed run's first batch starts;
     lora:   one LoRA step; the adapter gathered, and the adapter folder the push wrote.
 
     python tests/module/fsdp_step.py --model DIR --mode step --out OUT
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import lightning as L
@@ -59,6 +61,24 @@ class Record(L.Callback):
         (self.out / f"{self.tag}-rank{trainer.global_rank}.json").write_text(json.dumps(info))
 
 
+class EngineAtStart(L.Callback):
+    """What rank 0's engine serves when the first batch starts (weights and version)."""
+
+    def __init__(self, engine: EmbeddedEngine, out: Path) -> None:
+        self.engine, self.out, self.done = engine, out, False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == 0 and not self.done:
+            self.done = True
+            torch.save(served(self.engine), self.out / "engine-at-start.pt")
+
+
+def served(engine: EmbeddedEngine) -> dict:
+    assert engine.backend is not None  # thread mode
+    state = {k: v.clone() for k, v in engine.backend.model.state_dict().items()}
+    return {"weights": state, "model": engine.model, "version": engine.policy_version()}
+
+
 def fit(module: Counting, out: Path, tag: str, steps: int, *, ckpt_dir: Path | None = None,
         ckpt_path: str | None = None, callbacks: tuple = ()) -> L.Trainer:  # fmt: skip
     extra = (
@@ -96,14 +116,21 @@ def main() -> None:
     if a.mode == "grads":
         fit(Counting(a.model, **{**kw, "dtype": a.dtype, "micro_batch_size": 2}), out, "grads", 1)
         return
+    rank = int(os.environ["LOCAL_RANK"])
     if a.mode == "resume":
         fit(Counting(a.model, **kw), out, "continued", 2)
         fit(Counting(a.model, **kw), out, "first", 1, ckpt_dir=out / "ckpt")
-        fit(Counting(a.model, **kw), out, "resumed", 2, ckpt_path=str(out / "ckpt" / "last.ckpt"))
+        engine = engine_for(a.model, rank)
+        try:
+            module = Counting(a.model, weight_sync=DiskSync().bind(engine), **kw)
+            fit(module, out, "resumed", 2, ckpt_path=str(out / "ckpt" / "last.ckpt"),
+                callbacks=(EngineAtStart(engine, out),))  # fmt: skip
+        finally:
+            if rank == 0:
+                engine.stop()
         return
     import torch.distributed as dist
 
-    rank = int(__import__("os").environ["LOCAL_RANK"])
     engine = engine_for(a.model, rank)
     try:
         if a.mode == "step":
@@ -116,10 +143,7 @@ def main() -> None:
             module = Counting(a.model, weight_sync=sync.bind(engine), lora=lora, **kw)
             fit(module, out, "lora", 1, callbacks=(ExportModel(str(out / "model")),))
         if rank == 0:
-            assert engine.backend is not None  # thread mode
-            state = {k: v.clone() for k, v in engine.backend.model.state_dict().items()}
-            torch.save({"weights": state, "model": engine.model, "version": engine.policy_version()},
-                       out / "engine.pt")  # fmt: skip
+            torch.save(served(engine), out / "engine.pt")
         dist.barrier()
     finally:
         if rank == 0:

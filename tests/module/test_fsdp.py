@@ -143,9 +143,14 @@ def test_resume_from_a_sharded_checkpoint_equals_continuing(tiny_model_dir, tmp_
     )
     assert worst == 0.0 and moved > 1e-3
     assert info(tmp_path, "resumed")["loss"] == info(tmp_path, "continued")["loss"]
+    # the engine (started from the initial model) got the checkpoint's weights before the first
+    # batch: under FSDP Lightning restores after on_fit_start, so the resume push waits for it
+    first = torch.load(tmp_path / "first-weights.pt")
+    at_start = torch.load(tmp_path / "engine-at-start.pt")
+    assert at_start["version"] == 1
+    assert all(torch.equal(at_start["weights"][k], first[k]) for k in first)
 
     # the sharded checkpoint as one HF folder (`polar-pl eval eval.ckpt_path=<folder>`)
-    first = torch.load(tmp_path / "first-weights.pt")
     from transformers import AutoModelForCausalLM
 
     out = hf_from_checkpoint(ckpt, tiny_model_dir, tmp_path / "hf")

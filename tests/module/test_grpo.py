@@ -24,13 +24,26 @@ from polar_pl.module.weight_sync import EmbeddedStateDictSync
 BUDGET = 64
 
 
+class Runtime:
+    """Stands in for the rollout runtime: pushes go to the engine itself (no gateway to pause)."""
+
+    interrupted = False
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def push_target(self):
+        return self.engine
+
+
 class Batches(L.LightningDataModule):
-    """Stands in for the RolloutDataModule (not under test): fixed batches, its engine, and the
-    `last_metrics` it sets for each batch."""
+    """Stands in for the RolloutDataModule (not under test; a `RolloutFeed`): fixed batches, a
+    runtime with its engine, and the `last_metrics` it sets for each batch."""
 
     def __init__(self, engine, batches):
         super().__init__()
-        self.engine, self.batches = engine, batches
+        self.runtime, self.batches = Runtime(engine), batches
+        self.steps, self.batches_done, self.wait_total_s, self.last_groups = len(batches), 0, 0.0, []
         self.last_metrics = {
             "rollout/reward_mean": 0.5,
             "rollout/sessions": 8,
@@ -39,9 +52,6 @@ class Batches(L.LightningDataModule):
 
     def train_dataloader(self):
         return DataLoader(self.batches, batch_size=None, collate_fn=lambda b: b)
-
-    def push_target(self):
-        return self.engine  # no gateway in front of it: nothing to pause
 
 
 def per_row(logp: torch.Tensor, batch) -> list[list[float]]:
@@ -64,7 +74,7 @@ def test_lightning_step_logs_pushes_and_matches_engine(tiny_model_dir, fresh_eng
     )  # fmt: skip
     trainer.fit(module, datamodule=Batches(fresh_engine, [collate(rows, token_budget=BUDGET)]))
 
-    assert module.weight_sync.engine is fresh_engine  # bound from the datamodule in on_fit_start
+    assert module.weight_sync.engine is fresh_engine  # bound from the runtime in on_fit_start
     assert fresh_engine.policy_version() == v0 + 1 and trainer.global_step == 1
     assert any(not torch.equal(before[k], v) for k, v in params(module).items())
     (metrics_csv,) = tmp_path.glob("run/*/metrics.csv")

@@ -93,7 +93,8 @@ def test_fit_binds_the_datamodules_push_target_and_never_the_raw_engine(
     tiny_model_dir, engine, tmp_path
 ) -> None:
     """on_fit_start used to fall back to `datamodule.engine`, which skips the gateway pause and the
-    policy-version hint; the sync is now bound to `datamodule.push_target()` or the fit fails."""
+    policy-version hint; the sync is now bound to the rollout runtime's `push_target()` or the fit
+    fails."""
     import lightning as L
 
     class EngineOnly(L.LightningDataModule):
@@ -107,7 +108,7 @@ def test_fit_binds_the_datamodules_push_target_and_never_the_raw_engine(
     trainer = L.Trainer(accelerator="cpu", max_steps=1, default_root_dir=tmp_path, logger=False,
                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
     module = GRPOModule(tiny_model_dir, weight_sync=DiskSync())
-    with pytest.raises(ValueError, match="push_target"):
+    with pytest.raises(ValueError, match="no rollout runtime feeds the trainer"):
         trainer.fit(module, datamodule=EngineOnly())
     assert module.weight_sync.engine is None
 

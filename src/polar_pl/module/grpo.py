@@ -237,9 +237,12 @@ class GRPOModule(L.LightningModule):
                     "RolloutDataModule, or bind_engine(...) before fit"
                 )
             self.weight_sync.bind(feed.runtime.push_target())
+
+    def on_train_start(self) -> None:
         if self.optimizer_steps and self.weight_sync is not None:
-            # Resumed (Lightning restores the weights before this hook): the engine started from the
-            # initial checkpoint, so it must receive the trained weights before the first rollout.
+            # Resumed: the engine started from the initial checkpoint, so it must receive the
+            # trained weights before the first rollout (groups start with the first batch, after
+            # this hook). Not in on_fit_start: a sharded strategy restores the weights after it.
             self._push()
 
     def on_fit_end(self) -> None:

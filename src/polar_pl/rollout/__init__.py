@@ -1,5 +1,9 @@
 """polar_pl.rollout: where sessions run, behind one interface the DataModule talks to.
 
+`runtime.py`   `RolloutRuntime`, a run's rollouts without Lightning: the engine, the rollout client,
+               the push target, health, interrupt (the DataModule owns one in training; the HTTP
+               service, SFT generation and the held-out evaluation drive one directly);
+`build.py`     a runtime from a composed config (`build_runtime`);
 `protocol.py`  the `RolloutClient` the DataModule (or any trainer) drives, the `RolloutBackend`
                that connects one (Hydra group `rollout=`), and `RolloutSetup`, what a run needs;
 `local.py`     `rollout=local`: one gateway and the stage pools in this process (the CPU default);

@@ -1,6 +1,6 @@
 """The rollout client a trainer drives, the backend that connects one, and what a run needs.
 
-    client = backend.connect(setup)        # gateways / workers up (DataModule.setup)
+    client = backend.connect(setup)        # gateways / workers up (RolloutRuntime.start)
     client.start_groups(cursor)            # feed groups from the resume cursor ({} on a fresh run)
     groups = client.next_groups(2, consume=False)
     ...train...; client.mark_consumed([g.seq for g in groups])
@@ -153,4 +153,4 @@ class RolloutBackend(Protocol):
         the run builds the `engine` group's."""
 
     def connect(self, setup: RolloutSetup) -> RolloutClient:
-        """Called by the DataModule's setup once the engine is up: starts gateways and workers."""
+        """Called by `RolloutRuntime.start` once the engine is up: starts gateways and workers."""
