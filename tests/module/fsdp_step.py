@@ -35,6 +35,10 @@ from polar_pl.module.lora import adapter_state
 from polar_pl.module.sharding import FSDPStrategy
 from polar_pl.module.weight_sync import DiskSync, EmbeddedStateDictSync, hf_state_dict
 
+# the module's settings here and in the one-process reference (activation checkpointing as configured)
+KW = {"lr": 1e-2, "grad_clip": None, "micro_batch_size": 1, "filter_zero_variance": False, "tis": None,
+      "gradient_checkpointing": True}  # fmt: skip
+
 
 class Record(L.Callback):
     """Gradients before the optimizer step and the weights at the end, gathered on every rank
@@ -111,7 +115,7 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
-    kw = {"lr": 1e-2, "grad_clip": None, "micro_batch_size": 1, "filter_zero_variance": False, "tis": None}
+    kw = KW
     L.seed_everything(0, verbose=False)
     if a.mode == "grads":
         fit(Counting(a.model, **{**kw, "dtype": a.dtype, "micro_batch_size": 2}), out, "grads", 1)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from ddp_step import Counting, fixed_batch
+from fsdp_step import KW
 from safetensors.torch import load_file
 
 from polar_pl.module.export import hf_from_checkpoint
@@ -25,7 +26,6 @@ from polar_pl.utils.serving import free_port
 
 SCRIPT = Path(__file__).with_name("fsdp_step.py")
 TOL = 1e-5  # relative: max |difference| over max |value|
-KW = {"lr": 1e-2, "grad_clip": None, "micro_batch_size": 1, "filter_zero_variance": False, "tis": None}
 
 
 def ranks(model: Path, mode: str, out: Path, *args: str, world: int = 2) -> None:
