@@ -5,13 +5,14 @@ several times):
 
     grads:  one step, no push, in --dtype, two sequences per micro-batch: the gradients about to
             be applied (gathered) and the loss;
-    step:   one step; the gradients about to be applied (gathered), the loss, what the engine holds
+    step:   one step (KL to the sharded reference monitored); the gradients about to be applied
+            (gathered), the loss, what the engine holds
             after the push (a DiskSync folder, rank 0's embedded engine), the trained weights
             (gathered), and `<out>/model` exported by ExportModel;
     resume: two steps uninterrupted; then one step that saves a sharded checkpoint, and a second
             run resumed from it, pushing to rank 0's engine; the weights after each (gathered),
             and what the engine serves when the resumed run's first batch starts;
-    lora:   one LoRA step; the adapter gathered, and the adapter folder the push wrote.
+    lora:   one LoRA step and its sharded checkpoint; the adapter gathered, and what the engine got.
 
     python tests/module/fsdp_step.py --model DIR --mode step --out OUT
 """
@@ -59,7 +60,9 @@ class Record(L.Callback):
         self._save(trainer, hf_state_dict(pl_module.model), "weights.pt")
         if pl_module.lora is not None:
             self._save(trainer, adapter_state(pl_module.peft_model)[0], "adapter.pt")
-        info = {"loss": float(trainer.callback_metrics["train/loss"]), "seqs": pl_module.trained_seqs,
+        m = trainer.callback_metrics
+        info = {"loss": float(m["train/loss"]), "kl_ref": float(m.get("train/kl_ref", float("nan"))),
+                "seqs": pl_module.trained_seqs,
                 "optimizer_steps": pl_module.optimizer_steps, "sharded": pl_module.sharded,
                 "version": pl_module.own_version, "pushed_bytes": getattr(pl_module.weight_sync, "pushed_bytes", 0)}  # fmt: skip
         (self.out / f"{self.tag}-rank{trainer.global_rank}.json").write_text(json.dumps(info))
@@ -139,13 +142,14 @@ def main() -> None:
     try:
         if a.mode == "step":
             sync = DiskSync(dir=str(out / "pushed"))
-            module = Counting(a.model, weight_sync=sync.bind(engine), **kw)
+            # kl_monitor: the frozen reference is sharded too, and runs a forward every step
+            module = Counting(a.model, weight_sync=sync.bind(engine), kl_monitor=True, **kw)
             fit(module, out, "step", 1, callbacks=(ExportModel(str(out / "model")),))
         else:
             sync = EmbeddedStateDictSync()
             lora = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
             module = Counting(a.model, weight_sync=sync.bind(engine), lora=lora, **kw)
-            fit(module, out, "lora", 1, callbacks=(ExportModel(str(out / "model")),))
+            fit(module, out, "lora", 1, ckpt_dir=out / "ckpt", callbacks=(ExportModel(str(out / "model")),))
         if rank == 0:
             torch.save(served(engine), out / "engine.pt")
         dist.barrier()

@@ -59,8 +59,9 @@ def reference(model: Path, **extra) -> tuple[dict[str, torch.Tensor], float, Cou
     grads: dict[str, torch.Tensor] = {}
     opt.register_step_pre_hook(lambda *_: grads.update(
         {n: p.grad.detach().clone() for n, p in module.model.named_parameters() if p.grad is not None}))  # fmt: skip
-    loss = module.update(fixed_batch(), opt)["train/loss"]
-    return grads, loss, module
+    metrics = module.update(fixed_batch(), opt)
+    module.last_kl_ref = metrics.get("train/kl_ref", float("nan"))
+    return grads, metrics["train/loss"], module
 
 
 def applied(model: Path, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -102,7 +103,9 @@ def assert_same_step(out: Path, tag: str, model: Path, **extra) -> tuple[float, 
 @pytest.mark.slow
 def test_fsdp_step_equals_one_process_and_pushes_the_whole_model(tiny_model_dir, tmp_path):
     ranks(tiny_model_dir, "step", tmp_path)
-    assert_same_step(tmp_path, "step", tiny_model_dir)
+    _, _, module = assert_same_step(tmp_path, "step", tiny_model_dir, kl_monitor=True)
+    kl = info(tmp_path, "step")["kl_ref"]  # the sharded reference's logprobs against pi_old's
+    assert abs(kl - module.last_kl_ref) <= TOL * max(abs(module.last_kl_ref), 1e-6)
 
     trained = torch.load(tmp_path / "step-weights.pt")  # the sharded model, gathered
     engine = torch.load(tmp_path / "engine.pt")
@@ -181,6 +184,18 @@ def test_lora_under_fsdp_pushes_only_the_adapter(tiny_model_dir, tmp_path):
     ref_adapter = adapter_state(module.peft_model)[0]
     assert rel_diff(adapter, ref_adapter) < 1e-4
     assert (tmp_path / "adapter" / "adapter_config.json").exists()  # ExportModel from the shards
+
+    # the sharded checkpoint keeps the adapter alone, and converts to the merged model
+    ckpt = tmp_path / "ckpt" / "last.ckpt"
+    assert ckpt.is_dir()
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(
+        str(hf_from_checkpoint(ckpt, tiny_model_dir, tmp_path / "hf"))
+    )
+    expected = module.peft_model.merge_and_unload().state_dict()
+    worst = max(float((merged.state_dict()[k] - expected[k]).abs().max()) for k in expected)
+    assert worst < 1e-4, worst
 
 
 @pytest.mark.slow
