@@ -57,11 +57,12 @@ def scripted_runtime(engine, tmp_path: Path, *, backend=None, tasks: int = 2, **
     source = LearnableTaskSource(n_tasks=tasks)
     sandbox = partial(LocalSandbox, base_dir=str(sbx))
     kw.setdefault("pools", {"init": 2, "ready": 2, "running": 2, "postrun": 2, "run_timeout_s": 60})
+    feed = kw.pop("task_feed", None)  # a TaskQueue: empty, so falsy, until tasks are submitted
     return RolloutRuntime(
         engine=engine,
         sandbox=sandbox,
         harness=kw.pop("harness", None) or OneCall(),
-        tasks=kw.pop("task_feed", None) or source.tasks(),
+        tasks=source.tasks() if feed is None else feed,
         evaluator=source.make_evaluator(sandbox),
         builder=PrefixBuilder(),
         backend=backend,
