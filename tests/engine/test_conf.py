@@ -71,3 +71,17 @@ def test_engine_replicas_build_one_handle_over_n_engines(choice, tiny_model_dir,
     assert engines.model_dir == Path(tiny_model_dir)  # what the replicas share, from the first
     with pytest.raises(ValueError, match=r"engine.replicas=2: needs engine.port=null"):
         build_engine(compose_engine(f"engine={choice}", "engine.replicas=2", "engine.port=8000"))
+
+
+def test_vllm_tensor_parallel_size_reaches_the_server(tiny_model_dir, monkeypatch):
+    """`engine.tensor_parallel_size=N` shards one vLLM server over N GPUs (vLLM's own
+    --tensor-parallel-size); it used to take `engine.extra_args` spelled by hand."""
+    monkeypatch.setenv("POLAR_TINY_MODEL", str(tiny_model_dir))
+    monkeypatch.setenv("POLAR_VLLM_PYTHON", "/opt/vllm/bin/python")
+    engine = build_engine(compose_engine("engine=vllm", "engine.tensor_parallel_size=4", "engine.port=1234"))
+    cmd = engine.command()
+    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "4"
+    default = build_engine(compose_engine("engine=vllm", "engine.port=1234"))
+    assert "--tensor-parallel-size" not in default.command()
+    with pytest.raises(ValueError, match=r"engine.tensor_parallel_size=0"):
+        VLLMEngine(tiny_model_dir, tensor_parallel_size=0)

@@ -113,6 +113,7 @@ class VLLMEngine:
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 600.0,
         max_lora_rank: int | None = None,
+        tensor_parallel_size: int = 1,
     ):
         if model_dir is None and url is None:
             raise ValueError("VLLMEngine needs engine.model_dir (to launch) or engine.url (to connect)")
@@ -120,6 +121,15 @@ class VLLMEngine:
             raise ValueError(
                 f"engine.max_lora_rank={max_lora_rank}: 1 to {LORA_RANKS[-1]}, or null (no LoRA)"
             )
+        if (
+            isinstance(tensor_parallel_size, bool)
+            or not isinstance(tensor_parallel_size, int)
+            or tensor_parallel_size < 1
+        ):
+            raise ValueError(
+                f"engine.tensor_parallel_size={tensor_parallel_size!r}: a positive number of GPUs"
+            )
+        self.tensor_parallel_size = tensor_parallel_size
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self._url = url.rstrip("/") if url else None
         self.served_model_name = served_model_name
@@ -174,6 +184,8 @@ class VLLMEngine:
         ]  # fmt: skip
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
+        if self.tensor_parallel_size > 1:  # one server over that many GPUs (of CUDA_VISIBLE_DEVICES)
+            cmd += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
         if self.reasoning_parser:
             cmd += ["--reasoning-parser", self.reasoning_parser]
         if self.enforce_eager:  # skips torch.compile warm-up: minutes on a small CPU
