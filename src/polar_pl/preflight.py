@@ -49,9 +49,12 @@ def check_recipe(cfg: DictConfig, harness: str) -> None:
     tiny = is_generic_tiny_model(cfg)
     if tiny and harness != "mini":
         real = REAL_CLI_RECIPES.get(harness)
-        instead = (f"`{real}` (SmolLM2-135M-Instruct, cold-started inside {harness}'s own request, then "
-                   f"GRPO)" if real else f"the real-model recipe through a CLI, `{REAL_CLI_RECIPES['pi']}` "
-                   f"(pi; none for {harness} yet)")  # fmt: skip
+        instead = (
+            f"`{real}` (SmolLM2-135M-Instruct, cold-started inside {harness}'s own request, then GRPO)"
+            if real
+            else f"the real-model recipe through a CLI, `{REAL_CLI_RECIPES['pi']}` "
+            f"(pi; none for {harness} yet)"
+        )
         raise ConfigError(
             f"harness={harness} on the untrained tiny model (model_dir {cfg.model_dir}) trains nothing: it "
             f"cannot act behind a CLI's prompt. Run {instead}, or `python train.py experiment=cli_tiny "

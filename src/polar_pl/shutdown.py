@@ -85,8 +85,9 @@ class GracefulShutdown(L.Callback):
         self.signum, self.t0 = signum, time.monotonic()
         log.warning(
             "%s: no new rollouts, running harnesses cancelled; checkpoint, then exit (at most %.0f s)",
-            name, self.grace_s,
-        )  # fmt: skip
+            name,
+            self.grace_s,
+        )
         threading.Thread(target=self._watchdog, name="shutdown-watchdog", daemon=True).start()
         self.rollouts.interrupt(self.harness_grace_s)
         if self.trainer is None:

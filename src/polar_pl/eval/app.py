@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -31,8 +31,12 @@ def evaluate(cfg: DictConfig, on_group: Callable[[dict[str, Any]], None] | None 
 
     opts = cfg.eval
     out = Path(opts.output_dir).resolve()
-    spec = EvalSpec(n=int(opts.n), ks=tuple(int(k) for k in opts.ks if k <= opts.n), threshold=float(opts.threshold),
-                    group_timeout_s=opts.group_timeout_s)  # fmt: skip
+    spec = EvalSpec(
+        n=int(opts.n),
+        ks=tuple(int(k) for k in opts.ks if k <= opts.n),
+        threshold=float(opts.threshold),
+        group_timeout_s=opts.group_timeout_s,
+    )
     if cfg.get("pretrained"):
         ensure_pretrained_model(cfg)
     with open_dict(cfg):
@@ -46,8 +50,9 @@ def evaluate(cfg: DictConfig, on_group: Callable[[dict[str, Any]], None] | None 
     tasks = runtime.tasks[: opts.limit] if opts.limit else runtime.tasks
     try:
         runtime.engine.start()
-        report = run_eval(runtime, tasks, spec, out, label=str(opts.label), resume=bool(opts.resume),
-                          on_group=on_group)  # fmt: skip
+        report = run_eval(
+            runtime, tasks, spec, out, label=str(opts.label), resume=bool(opts.resume), on_group=on_group
+        )
     finally:
         runtime.close()  # the engine, the evaluator, the sandbox hosts
     print(report.table(), flush=True)
@@ -64,12 +69,23 @@ def evaluate(cfg: DictConfig, on_group: Callable[[dict[str, Any]], None] | None 
 def _to_wandb(cfg: DictConfig, report: EvalReport, out: Path) -> None:
     import wandb
 
-    run = wandb.init(project="polar_pl", name=str(cfg.run_name), dir=str(out), mode="offline",
-                     config=OmegaConf.to_container(cfg.eval, resolve=True), job_type="eval")  # type: ignore[arg-type]  # omegaconf: a DictConfig node gives a dict  # fmt: skip
+    config = cast(dict[str, Any], OmegaConf.to_container(cfg.eval, resolve=True))  # a DictConfig node: a dict
+    run = wandb.init(
+        project="polar_pl",
+        name=str(cfg.run_name),
+        dir=str(out),
+        mode="offline",
+        config=config,
+        job_type="eval",
+    )
     try:
         run.log(report.metrics("eval"))
         rows = [[t, n, c] for t, (n, c) in sorted(report.counts.items())]
-        run.log({"eval/tasks": wandb.Table(columns=["task_id", "n", "passed"], data=rows),
-                 "eval/pass_at_k": wandb.Image(str(out / "pass_at_k.png"))})  # fmt: skip
+        run.log(
+            {
+                "eval/tasks": wandb.Table(columns=["task_id", "n", "passed"], data=rows),
+                "eval/pass_at_k": wandb.Image(str(out / "pass_at_k.png")),
+            }
+        )
     finally:
         run.finish()

@@ -28,9 +28,17 @@ class HeldOutEval(L.Callback):
     """tasks: the held-out task source (e.g. the `arith` family's test split); n: attempts per
     task; ks: the pass@k reported; limit: only the first `limit` tasks (null: all)."""
 
-    def __init__(self, tasks: TaskSource, out_dir: str, n: int = 4, ks: tuple[int, ...] = (1,),
-                 threshold: float = 1.0, before: bool = True, after: bool = True,
-                 limit: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tasks: TaskSource,
+        out_dir: str,
+        n: int = 4,
+        ks: tuple[int, ...] = (1,),
+        threshold: float = 1.0,
+        before: bool = True,
+        after: bool = True,
+        limit: int | None = None,
+    ) -> None:
         self.tasks = tasks.tasks()[:limit] if limit else tasks.tasks()
         self.out_dir = Path(out_dir)
         self.spec = EvalSpec(n=n, ks=tuple(ks), threshold=threshold)
@@ -53,8 +61,10 @@ class HeldOutEval(L.Callback):
             comparison = compare(self.reports["before"], self.reports["after"])
             comparison.write(self.out_dir)
             d = comparison.diff
-            _log(trainer, {"eval/pass@1_gain": d.mean, "eval/pass@1_gain_low": d.low,
-                           "eval/pass@1_gain_high": d.high})  # fmt: skip
+            _log(
+                trainer,
+                {"eval/pass@1_gain": d.mean, "eval/pass@1_gain_low": d.low, "eval/pass@1_gain_high": d.high},
+            )
             log.info("held-out evaluation (%s):\n%s", self.out_dir, comparison.table())
 
     def _evaluate(self, trainer: L.Trainer, label: str) -> None:

@@ -9,8 +9,13 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--compare", nargs=2, metavar=("A", "B"), default=None,
-                        help="two evaluation output directories: the paired difference of pass@1 (B - A)")  # fmt: skip
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A", "B"),
+        default=None,
+        help="two evaluation output directories: the paired difference of pass@1 (B - A)",
+    )
     parser.add_argument("overrides", nargs=argparse.REMAINDER, help="Hydra overrides (conf/eval.yaml)")
 
 

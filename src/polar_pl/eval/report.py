@@ -38,8 +38,13 @@ class EvalReport:
         """Flat metrics for a logger: <prefix>/pass@k, its interval, attempts and infra failures."""
         out: dict[str, float] = {}
         for k, est in self.estimates.items():
-            out.update({f"{prefix}/pass@{k}": est.mean, f"{prefix}/pass@{k}_low": est.low,
-                        f"{prefix}/pass@{k}_high": est.high})  # fmt: skip
+            out.update(
+                {
+                    f"{prefix}/pass@{k}": est.mean,
+                    f"{prefix}/pass@{k}_low": est.low,
+                    f"{prefix}/pass@{k}_high": est.high,
+                }
+            )
         out[f"{prefix}/tasks"] = float(len(self.counts))
         out[f"{prefix}/infra_failures"] = float(self.infra_failures)
         return out
@@ -77,8 +82,10 @@ class EvalReport:
 def table(reports: list[EvalReport]) -> str:
     """A Markdown table, one row per report, a column per pass@k they all have."""
     ks = [k for k in reports[0].estimates if all(k in r.estimates for r in reports)]
-    lines = ["| model | tasks | n | " + " | ".join(f"pass@{k} % [95% CI]" for k in ks) + " |",
-             "|---|---|---|" + "---|" * len(ks)]  # fmt: skip
+    lines = [
+        "| model | tasks | n | " + " | ".join(f"pass@{k} % [95% CI]" for k in ks) + " |",
+        "|---|---|---|" + "---|" * len(ks),
+    ]
     for r in reports:
         cells = " | ".join(str(r.estimates[k]) for k in ks)
         lines.append(f"| {r.label} | {len(r.counts)} | {r.n} | {cells} |")
@@ -104,8 +111,10 @@ class Comparison:
     diff: Estimate
 
     def table(self) -> str:
-        return (f"{table([self.a, self.b])}\n\npaired difference of pass@1 ({self.b.label} - {self.a.label}) "
-                f"over {self.diff.tasks} tasks: {self.diff} points (95% CI)")  # fmt: skip
+        return (
+            f"{table([self.a, self.b])}\n\npaired difference of pass@1 ({self.b.label} - {self.a.label}) "
+            f"over {self.diff.tasks} tasks: {self.diff} points (95% CI)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {"a": self.a.to_dict(), "b": self.b.to_dict(), "pass@1_diff": self.diff.to_dict()}
@@ -129,8 +138,14 @@ def load_report(out: Path) -> EvalReport:
         row = json.loads(line)
         counts[row["task_id"]] = (int(row["n"]), int(row["c"]))
     ks = [int(k) for k in summary["pass_at_k"]]
-    return EvalReport(summary["label"], int(summary["n"]), summarize(counts, ks), counts,
-                      summary.get("statuses", {}), int(summary.get("infra_failures", 0)))  # fmt: skip
+    return EvalReport(
+        summary["label"],
+        int(summary["n"]),
+        summarize(counts, ks),
+        counts,
+        summary.get("statuses", {}),
+        int(summary.get("infra_failures", 0)),
+    )
 
 
 def plot(reports: Iterable[EvalReport], path: Path) -> None:

@@ -105,8 +105,7 @@ def run_eval(
     attempts run with `runtime`'s parts (harness, sandboxes, evaluator, merge, pool sizes) against
     its engine, which must be up, through a gateway of their own."""
     out = Path(out_dir)
-    logbook = RolloutLog(out, fingerprint(tasks, spec, runtime.harness.name), resume=resume,
-                         setting="eval")  # fmt: skip
+    logbook = RolloutLog(out, fingerprint(tasks, spec, runtime.harness.name), resume=resume, setting="eval")
     todo = [s for s in range(len(tasks)) if s not in logbook.done]
     if todo:
         if logbook.done:
@@ -119,15 +118,29 @@ def run_eval(
     return report
 
 
-def _run_groups(runtime: RolloutRuntime, tasks: Sequence[Any], spec: EvalSpec, logbook: RolloutLog,
-                todo: list[int], out: Path, label: str, on_group) -> None:  # fmt: skip
+def _run_groups(
+    runtime: RolloutRuntime,
+    tasks: Sequence[Any],
+    spec: EvalSpec,
+    logbook: RolloutLog,
+    todo: list[int],
+    out: Path,
+    label: str,
+    on_group,
+) -> None:
     gateway = Gateway(list(runtime.engine.urls), str(out / "traces.db"), **runtime.gateway_kwargs()).start()
     sizes = runtime.sizes
     in_flight = max(2, -(-sizes.running // spec.n) + 1)  # keep the RUNNING pool full
     service = RolloutService(
-        runtime.stages()(gateway), tasks, group_size=spec.n, sizes=sizes, max_groups_in_flight=in_flight,
-        limit=todo[-1] + 1, id_prefix=label, **logbook.cursor(),
-    ).start()  # fmt: skip
+        runtime.stages()(gateway),
+        tasks,
+        group_size=spec.n,
+        sizes=sizes,
+        max_groups_in_flight=in_flight,
+        limit=todo[-1] + 1,
+        id_prefix=label,
+        **logbook.cursor(),
+    ).start()
     t0, passed, valid = time.monotonic(), 0, 0
     fail_fast = FailFast(spec.n)
     try:
@@ -141,8 +154,15 @@ def _run_groups(runtime: RolloutRuntime, tasks: Sequence[Any], spec: EvalSpec, l
             if on_group is not None:
                 on_group(record)
             if i % 25 == 0 or i == len(todo):
-                log.info("%s: %d/%d tasks, %d/%d attempts passed, %.0f s", label, len(logbook.done),
-                         len(tasks), passed, valid, time.monotonic() - t0)  # fmt: skip
+                log.info(
+                    "%s: %d/%d tasks, %d/%d attempts passed, %.0f s",
+                    label,
+                    len(logbook.done),
+                    len(tasks),
+                    passed,
+                    valid,
+                    time.monotonic() - t0,
+                )
     finally:
         service.stop()
         gateway.stop()

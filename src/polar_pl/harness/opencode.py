@@ -52,9 +52,14 @@ class OpenCode(NpmHarness):
             "XDG_STATE_HOME": f"{paths.home}/.local/state",
         }
         argv = (
-            *self.command(paths.harness_prefix), "run", "-m", f"polar/{session.model}",
-            "--print-logs", *self.extra_args, prompt,
-        )  # fmt: skip
+            *self.command(paths.harness_prefix),
+            "run",
+            "-m",
+            f"polar/{session.model}",
+            "--print-logs",
+            *self.extra_args,
+            prompt,
+        )
         return LaunchPlan(
             argv=argv,
             env=env,

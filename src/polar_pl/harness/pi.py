@@ -40,9 +40,15 @@ class Pi(NpmHarness):
             "PI_CODING_AGENT_DIR": agent_dir,
         }
         argv = (
-            *self.command(paths.harness_prefix), "--provider", "polar", "--model", session.model,
-            *self.extra_args, "-p", prompt,
-        )  # fmt: skip
+            *self.command(paths.harness_prefix),
+            "--provider",
+            "polar",
+            "--model",
+            session.model,
+            *self.extra_args,
+            "-p",
+            prompt,
+        )
         return LaunchPlan(
             argv=argv,
             env=env,

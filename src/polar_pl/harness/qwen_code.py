@@ -44,9 +44,16 @@ class QwenCode(NpmHarness):
             "security": {"auth": {"selectedType": AUTH_TYPE[self.provider]}},
         }
         argv = (
-            *self.command(paths.harness_prefix), "--yolo", "--auth-type", AUTH_TYPE[self.provider],
-            "-m", session.model, *self.extra_args, "-p", prompt,
-        )  # fmt: skip
+            *self.command(paths.harness_prefix),
+            "--yolo",
+            "--auth-type",
+            AUTH_TYPE[self.provider],
+            "-m",
+            session.model,
+            *self.extra_args,
+            "-p",
+            prompt,
+        )
         return LaunchPlan(
             argv=argv,
             env=QUIET_ENV | creds | {"QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"},

@@ -93,8 +93,14 @@ def plot_pass_rate(steps, x, out: Path) -> Path:
 
 def plot_merge(steps, x, out: Path) -> Path:
     fig, ax = _figure("prefix merge: compression ratio and chain breaks", "compression ratio")
-    ax.plot(x, _series(steps, "merge/compression_ratio"), color="black", marker="o", ms=3,
-            label="compression ratio")  # fmt: skip
+    ax.plot(
+        x,
+        _series(steps, "merge/compression_ratio"),
+        color="black",
+        marker="o",
+        ms=3,
+        label="compression ratio",
+    )
     kinds = sorted(
         {k.removeprefix("merge/breaks/") for s in steps for k in s if k.startswith("merge/breaks/")}
     )

@@ -45,8 +45,18 @@ def table_rows(lines: list[dict[str, Any]], per_step: int) -> list[list[Any]]:
     for x in sample_per_step(lines, per_step):
         breaks = ", ".join(f"{k} {n}" for k, n in (x.get("breaks") or {}).items() if n) or "none"
         masks = f"{x.get('trainable_tokens', 0)} sampled / {x.get('tokens', 0)} tokens, {x.get('rows', 0)} rows, breaks: {breaks}"
-        rows.append([x.get("step"), x.get("group_id"), x.get("session_id"), x.get("reward"), x.get("status"),
-                     (x.get("prompt") or "")[:200], (x.get("answer") or "")[:500], masks])  # fmt: skip
+        rows.append(
+            [
+                x.get("step"),
+                x.get("group_id"),
+                x.get("session_id"),
+                x.get("reward"),
+                x.get("status"),
+                (x.get("prompt") or "")[:200],
+                (x.get("answer") or "")[:500],
+                masks,
+            ]
+        )
     return rows
 
 

@@ -62,9 +62,13 @@ def step_line(step: int, total: int | None, m: Mapping[str, Any]) -> str:
     reward = f("rollout/reward_mean", ".3f") + (f" ± {std:.3f}" if std is not None else "")
     times = ", ".join(
         f"{name} {f(f'time/{key}', '.1f')}"
-        for name, key in (("wait", "rollout_wait_s"), ("old", "old_logprobs_s"), ("update", "update_s"),
-                          ("push", "push_s"))
-    )  # fmt: skip
+        for name, key in (
+            ("wait", "rollout_wait_s"),
+            ("old", "old_logprobs_s"),
+            ("update", "update_s"),
+            ("push", "push_s"),
+        )
+    )
     version = f("train/policy_version", ".0f")
     busy = _num(m, "rollout/engine_busy")
     line = (

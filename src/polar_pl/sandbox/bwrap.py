@@ -35,15 +35,50 @@ RELAY_SCRIPT = str(Path(__file__).with_name("relay.py"))
 NOBODY = 65534
 ROOT_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 ETC = (
-    "hosts", "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf", "ld.so.cache", "ld.so.conf",
-    "ld.so.conf.d", "alternatives", "localtime", "timezone", "ssl/certs", "ssl/openssl.cnf",
-    "ca-certificates", "ca-certificates.conf", "pki/tls/certs", "os-release", "debian_version",
-    "profile", "profile.d", "bash.bashrc", "inputrc", "gitconfig", "mime.types", "terminfo",
-    "locale.alias", "protocols", "services", "shells", "magic", "magic.mime", "python3",
+    "hosts",
+    "resolv.conf",
+    "nsswitch.conf",
+    "host.conf",
+    "gai.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "localtime",
+    "timezone",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki/tls/certs",
+    "os-release",
+    "debian_version",
+    "profile",
+    "profile.d",
+    "bash.bashrc",
+    "inputrc",
+    "gitconfig",
+    "mime.types",
+    "terminfo",
+    "locale.alias",
+    "protocols",
+    "services",
+    "shells",
+    "magic",
+    "magic.mime",
+    "python3",
     f"python{sys.version_info.major}.{sys.version_info.minor}",
-)  # fmt: skip
-SETPRIV = ("setpriv", f"--reuid={SANDBOX_ID}", f"--regid={SANDBOX_ID}", "--clear-groups",
-           "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--")  # fmt: skip
+)
+SETPRIV = (
+    "setpriv",
+    f"--reuid={SANDBOX_ID}",
+    f"--regid={SANDBOX_ID}",
+    "--clear-groups",
+    "--bounding-set=-all",
+    "--inh-caps=-all",
+    "--no-new-privs",
+    "--",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,14 +207,51 @@ def argv(
     `aliases`: (writable host path, a second path inside it is bound read-write at)."""
     a = _Args()
     if userns is not None:  # the three capabilities are for setpriv, which drops them all
-        a.add("bwrap", "--userns", str(userns[0]), "--userns2", str(userns[1]), "--uid", "0", "--gid", "0",
-              "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-              "--cap-add", "CAP_SETPCAP")  # fmt: skip
+        a.add(
+            "bwrap",
+            "--userns",
+            str(userns[0]),
+            "--userns2",
+            str(userns[1]),
+            "--uid",
+            "0",
+            "--gid",
+            "0",
+            "--cap-drop",
+            "ALL",
+            "--cap-add",
+            "CAP_SETUID",
+            "--cap-add",
+            "CAP_SETGID",
+            "--cap-add",
+            "CAP_SETPCAP",
+        )
     else:
-        a.add("bwrap", "--unshare-user", "--uid", str(SANDBOX_ID), "--gid", str(SANDBOX_ID),
-              "--disable-userns", "--cap-drop", "ALL")  # fmt: skip
-    a.add("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-          "--hostname", "sandbox", "--new-session", "--die-with-parent", "--ro-bind", "/usr", "/usr")  # fmt: skip
+        a.add(
+            "bwrap",
+            "--unshare-user",
+            "--uid",
+            str(SANDBOX_ID),
+            "--gid",
+            str(SANDBOX_ID),
+            "--disable-userns",
+            "--cap-drop",
+            "ALL",
+        )
+    a.add(
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        "sandbox",
+        "--new-session",
+        "--die-with-parent",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    )
     for name in ROOT_LINKS:
         host = f"/{name}"
         if os.path.islink(host):

@@ -41,8 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from polar_pl.sandbox import images_cli
 
-    actions = {"build-image": _build, "cleanup": _cleanup, "dockerd": _dockerd, "images": images_cli.images,
-               "gc": images_cli.gc}  # fmt: skip
+    actions = {
+        "build-image": _build,
+        "cleanup": _cleanup,
+        "dockerd": _dockerd,
+        "images": images_cli.images,
+        "gc": images_cli.gc,
+    }
     return actions[args.action](args)
 
 

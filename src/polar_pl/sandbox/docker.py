@@ -225,8 +225,10 @@ class DockerSandbox(ContainerFiles):
         SWE-bench and most Harbor images)."""
         u, w, h = USER_UID, self.workdir, self.home
         owned = " ".join(shlex.quote(p) for p in (h, *self.owned_paths))
-        script = (f"set -e; mkdir -p {w} {owned} /tmp; chown {u}:{u} {owned}; "
-                  f'[ "$(stat -c %u {w})" = {u} ] || chown -R {u}:{u} {w}')  # fmt: skip
+        script = (
+            f"set -e; mkdir -p {w} {owned} /tmp; chown {u}:{u} {owned}; "
+            f'[ "$(stat -c %u {w})" = {u} ] || chown -R {u}:{u} {w}'
+        )
         api = self.client.api
         exec_id = api.exec_create(self.container_id, ["sh", "-c", script], user="0")["Id"]
         out = api.exec_start(exec_id)
@@ -351,9 +353,13 @@ class DockerSandbox(ContainerFiles):
         InfraError("exec")."""
         api = self._api
         for attempt in range(1, self.retries.attempts + 1):
-            exec_id = self._retry("exec", "creating an exec",
-                                  lambda: api.exec_create(self.container_id, argv, environment=env, workdir=cwd,
-                                                          user=self.exec_user)["Id"])  # fmt: skip
+            exec_id = self._retry(
+                "exec",
+                "creating an exec",
+                lambda: api.exec_create(
+                    self.container_id, argv, environment=env, workdir=cwd, user=self.exec_user
+                )["Id"],
+            )
             try:
                 out, err = self._exec_client.api.exec_start(exec_id, demux=True)
             except Exception as exc:

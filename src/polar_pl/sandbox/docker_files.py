@@ -58,8 +58,12 @@ class ContainerFiles:
 
     def _put(self, dest: str, data: bytes) -> None:
         api = self._api
-        self._retry("copy", f"copying into {dest}", lambda: api.put_archive(self.container_id, dest, data),
-                    retry_if=_copy_transient)  # fmt: skip
+        self._retry(
+            "copy",
+            f"copying into {dest}",
+            lambda: api.put_archive(self.container_id, dest, data),
+            retry_if=_copy_transient,
+        )
 
     def _get(self, src: str):
         api = self._api

@@ -68,9 +68,12 @@ def ensure_tools_volume(host, client, image: str, tools: dict[str, str]) -> str:
         helper = None
         try:
             helper = client.containers.create(
-                image, command=["true"], mounts=[Mount(TOOLS_IN, name, type="volume")],
-                labels={TOOLS_LABEL: "1"}, name=f"polar-tools-fill-{uuid.uuid4().hex[:8]}",
-            )  # fmt: skip
+                image,
+                command=["true"],
+                mounts=[Mount(TOOLS_IN, name, type="volume")],
+                labels={TOOLS_LABEL: "1"},
+                name=f"polar-tools-fill-{uuid.uuid4().hex[:8]}",
+            )
             with tempfile.TemporaryFile() as buf:
                 with tarfile.open(fileobj=buf, mode="w") as tar:
                     for inside, path in tools.items():
@@ -121,8 +124,9 @@ def _readable(info: tarfile.TarInfo) -> tarfile.TarInfo:
 def start_mux_relay(api, container_id: str, port: int, gw_host: str, gw_port: int, user: str) -> MuxRelay:
     """Run `relay.py mux 127.0.0.1:<port>` in the container, attached; bridge it to the gateway."""
     argv = ["python3", "-I", "-S", f"{TOOLS_IN}/relay.py", "mux", f"127.0.0.1:{port}"]
-    exec_id = api.exec_create(container_id, argv, stdin=True, stdout=True, stderr=False, tty=False,
-                              user=user)["Id"]  # fmt: skip
+    exec_id = api.exec_create(
+        container_id, argv, stdin=True, stdout=True, stderr=False, tty=False, user=user
+    )["Id"]
     sock = api.exec_start(exec_id, socket=True)
     # a relay is idle between model calls for as long as the harness thinks: no read timeout
     for s in (sock, getattr(sock, "_sock", None)):

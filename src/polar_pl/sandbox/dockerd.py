@@ -104,15 +104,27 @@ class DockerDaemon:
     def _launch(self, driver: str, timeout: float) -> None:
         data_root = self.root / f"data-{driver}"
         cmd = [
-            "dockerd", f"--data-root={data_root}", f"--exec-root={self.run_dir / 'exec'}",
-            f"--pidfile={self.pidfile}", f"--host={self.url}", "--iptables=false", "--ip6tables=false",
-            "--bridge=none", f"--storage-driver={driver}", "--log-level=warn",
-        ]  # fmt: skip
+            "dockerd",
+            f"--data-root={data_root}",
+            f"--exec-root={self.run_dir / 'exec'}",
+            f"--pidfile={self.pidfile}",
+            f"--host={self.url}",
+            "--iptables=false",
+            "--ip6tables=false",
+            "--bridge=none",
+            f"--storage-driver={driver}",
+            "--log-level=warn",
+        ]
         if self.tcp:
             assert self.tls is not None  # __init__ refuses tcp without tls
             ca, cert, key = self.tls
-            cmd += [f"--host=tcp://{self.tcp}", "--tlsverify", f"--tlscacert={ca}", f"--tlscert={cert}",
-                    f"--tlskey={key}"]  # fmt: skip
+            cmd += [
+                f"--host=tcp://{self.tcp}",
+                "--tlsverify",
+                f"--tlscacert={ca}",
+                f"--tlscert={cert}",
+                f"--tlskey={key}",
+            ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout

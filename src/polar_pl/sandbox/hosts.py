@@ -54,13 +54,18 @@ class HostSpec:
         tls = dict(entry.pop("tls", None) or {})
         if cert_path := entry.pop("cert_path", None):
             d = Path(cert_path)
-            tls = {"ca_cert": str(d / "ca.pem"), "client_cert": str(d / "cert.pem"),
-                   "client_key": str(d / "key.pem")} | tls  # fmt: skip
+            tls = {
+                "ca_cert": str(d / "ca.pem"),
+                "client_cert": str(d / "cert.pem"),
+                "client_key": str(d / "key.pem"),
+            } | tls
         capacity = entry.pop("capacity", None)
         if entry or set(tls) - {"ca_cert", "client_cert", "client_key"}:
             unknown = sorted(set(entry) | (set(tls) - {"ca_cert", "client_cert", "client_key"}))
-            raise ValueError(f"sandbox.docker_hosts[{url}]: unknown keys {unknown}; allowed: url, "
-                             "capacity, cert_path, tls.ca_cert, tls.client_cert, tls.client_key")  # fmt: skip
+            raise ValueError(
+                f"sandbox.docker_hosts[{url}]: unknown keys {unknown}; allowed: url, "
+                "capacity, cert_path, tls.ca_cert, tls.client_cert, tls.client_key"
+            )
         if capacity is not None and int(capacity) < 1:
             raise ValueError(f"sandbox.docker_hosts[{url}].capacity={capacity}: must be at least 1")
         return cls(url, None if capacity is None else int(capacity), **tls)
@@ -224,7 +229,17 @@ class HostPool:
             h.images.close()
 
 
-def images_options(registry: str | None, docker_config: str | None, max_pulls: int,
-                   retries: RetryPolicy, build_timeout_s: float) -> dict[str, Any]:  # fmt: skip
-    return {"registry": registry, "docker_config": docker_config, "max_pulls": max_pulls,
-            "retries": retries, "build_timeout_s": build_timeout_s}  # fmt: skip
+def images_options(
+    registry: str | None,
+    docker_config: str | None,
+    max_pulls: int,
+    retries: RetryPolicy,
+    build_timeout_s: float,
+) -> dict[str, Any]:
+    return {
+        "registry": registry,
+        "docker_config": docker_config,
+        "max_pulls": max_pulls,
+        "retries": retries,
+        "build_timeout_s": build_timeout_s,
+    }

@@ -206,9 +206,16 @@ class ImageCache:
             self._make_present(client, base, None)  # in this thread: a queued prefetch could deadlock
         try:
             # network_mode none: a build gets no network either (the test engines have no bridge)
-            client.images.build(path=str(ctx), tag=name, rm=True, forcerm=True, pull=False,
-                                network_mode="none", timeout=self.build_timeout_s,
-                                labels={IMAGE_LABEL: "1"})  # fmt: skip
+            client.images.build(
+                path=str(ctx),
+                tag=name,
+                rm=True,
+                forcerm=True,
+                pull=False,
+                network_mode="none",
+                timeout=self.build_timeout_s,
+                labels={IMAGE_LABEL: "1"},
+            )
         except docker.errors.BuildError as exc:
             tail = "".join(str(c.get("stream", c.get("error", ""))) for c in list(exc.build_log)[-8:])
             raise docker.errors.BuildError(f"{exc.msg}\n{tail.strip()[-1500:]}", exc.build_log) from None

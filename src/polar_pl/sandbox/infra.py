@@ -103,7 +103,14 @@ def with_retries(
                 detail = exc if not isinstance(exc, InfraError) else exc.args[0].split(": ", 1)[-1]
                 raise InfraError(kind, f"{what}: {type(exc).__name__}: {detail}", attempt) from exc
             delay = policy.delay(attempt)
-            log.warning("%s failed (%s: %s); retry %d/%d in %.1fs", what, type(exc).__name__, exc,
-                        attempt, policy.attempts - 1, delay)  # fmt: skip
+            log.warning(
+                "%s failed (%s: %s); retry %d/%d in %.1fs",
+                what,
+                type(exc).__name__,
+                exc,
+                attempt,
+                policy.attempts - 1,
+                delay,
+            )
             time.sleep(delay)
     raise AssertionError("unreachable")

@@ -270,10 +270,17 @@ class LocalSandbox:
                 (str(root / "run" / name), f"/etc/{name}") for name in ("passwd", "group")
             ]
             argv = [
-                *bwrap.argv(self._runtime, writable=writable, readonly=readonly, aliases=aliases,
-                            harness_prefix=self.harness_prefix, cwd=cwd, userns=ns),
+                *bwrap.argv(
+                    self._runtime,
+                    writable=writable,
+                    readonly=readonly,
+                    aliases=aliases,
+                    harness_prefix=self.harness_prefix,
+                    cwd=cwd,
+                    userns=ns,
+                ),
                 *argv,
-            ]  # fmt: skip
+            ]
         if self._cgroup is not None:
             # Join the cgroup before exec so that every descendant is limited and killable.
             joins = " ".join(f"echo $$ > {f};" for f in self._cgroup.procs_files)
@@ -404,9 +411,10 @@ def sweep_local(
     those whose creating process is gone. Returns (workspaces, processes)."""
     base = Path(base_dir or tempfile.gettempdir())
     roots = [
-        d for d in base.glob(f"{TMP_PREFIX}{owner + '-' if owner else ''}*")
+        d
+        for d in base.glob(f"{TMP_PREFIX}{owner + '-' if owner else ''}*")
         if not dead_only or not creator.alive(_read(d / CREATOR_FILE))
-    ]  # fmt: skip
+    ]
     killed = _kill_working_in(roots)
     for d in roots:
         shutil.rmtree(d, ignore_errors=True)

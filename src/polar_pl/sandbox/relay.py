@@ -316,8 +316,10 @@ def main(argv: list[str]) -> int:
             return 0
         return 0
     if len(argv) < 3 or argv[0] != "tcp2unix":
-        print("usage: relay.py tcp2unix HOST:PORT SOCKET [-- COMMAND ...] | relay.py mux HOST:PORT",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "usage: relay.py tcp2unix HOST:PORT SOCKET [-- COMMAND ...] | relay.py mux HOST:PORT",
+            file=sys.stderr,
+        )
         return 2
     host, _, port = argv[1].rpartition(":")
     relay = tcp_to_unix(host, int(port), argv[2])

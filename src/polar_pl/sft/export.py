@@ -76,8 +76,15 @@ def examples(log: RolloutLog) -> tuple[list[dict[str, Any]], list[dict[str, Any]
                 "reward": float(a["reward"]),
             }
             turns, assistant = turn_counts(a["chat"]["messages"])
-            chat.append({"id": a["rollout_id"], **common, **a["chat"], "num_turns": turns,
-                         "num_assistant_turns": assistant})  # fmt: skip
+            chat.append(
+                {
+                    "id": a["rollout_id"],
+                    **common,
+                    **a["chat"],
+                    "num_turns": turns,
+                    "num_assistant_turns": assistant,
+                }
+            )
             for i, row in enumerate(a["rows"]):
                 tokens.append(
                     {
@@ -100,8 +107,9 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-def compute_stats(log: RolloutLog, chat: list[dict[str, Any]], tokens: list[dict[str, Any]],
-                  num_groups: int) -> dict[str, Any]:  # fmt: skip
+def compute_stats(
+    log: RolloutLog, chat: list[dict[str, Any]], tokens: list[dict[str, Any]], num_groups: int
+) -> dict[str, Any]:
     """Attempts, acceptance, turns per trajectory, tokens and chain breaks (merge stats)."""
     every = list(log.attempts())
     # infrastructure failures are not the model's attempts: counted apart, out of the rates

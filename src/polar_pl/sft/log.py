@@ -38,8 +38,14 @@ class RolloutLog:
     resume=False forgets an earlier log in the directory and starts over.
     """
 
-    def __init__(self, out_dir: str | Path, fingerprint: Mapping[str, Any], *, resume: bool = True,
-                 setting: str = "sft") -> None:  # fmt: skip
+    def __init__(
+        self,
+        out_dir: str | Path,
+        fingerprint: Mapping[str, Any],
+        *,
+        resume: bool = True,
+        setting: str = "sft",
+    ) -> None:
         self.dir = Path(out_dir)
         self.setting = setting  # the config section whose output_dir / resume the errors name
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -199,8 +199,15 @@ def generate(
     return export(log, out_dir, num_groups=num_groups, config_yaml=resolved_config_yaml(cfg))
 
 
-def _run_groups(runtime: RolloutRuntime, log: RolloutLog, todo: list[int], opts: SFTOptions, num_groups: int,
-                on_group: GroupCallback | None, console: Console) -> None:  # fmt: skip
+def _run_groups(
+    runtime: RolloutRuntime,
+    log: RolloutLog,
+    todo: list[int],
+    opts: SFTOptions,
+    num_groups: int,
+    on_group: GroupCallback | None,
+    console: Console,
+) -> None:
     """The groups of `todo` in a service of this process on the runtime's gateway (the log's cursor
     is the service's: groups already logged are skipped)."""
     assert opts.tokenizer is not None  # SFTOptions refuses None

@@ -106,8 +106,10 @@ def final_integer(answer: str, params: Mapping[str, Any]) -> float:
     if not params.get("partial") or got is None or got != int(got):
         return 0.0
     digits, mine = str(want), str(int(got))
-    right = next((i for i, (a, b) in enumerate(zip(reversed(digits), reversed(mine), strict=False)) if a != b),
-                 min(len(digits), len(mine)))  # fmt: skip
+    right = next(
+        (i for i, (a, b) in enumerate(zip(reversed(digits), reversed(mine), strict=False)) if a != b),
+        min(len(digits), len(mine)),
+    )
     return 0.5 * right / max(len(digits), len(mine))
 
 

@@ -35,13 +35,25 @@ RESULT_FILE = "result.txt"
 Problem = tuple[int, str, int]  # (a, op, b)
 
 _WORDS: dict[str, tuple[str, ...]] = {
-    "+": ("What is {a} plus {b}?", "What is the sum of {a} and {b}?", "Add {a} and {b}.",
-          "How much is {a} plus {b}?"),
-    "-": ("What is {a} minus {b}?", "Subtract {b} from {a}.", "What is {a} take away {b}?",
-          "How much is {a} minus {b}?"),
-    "*": ("What is {a} times {b}?", "Multiply {a} by {b}.", "What is the product of {a} and {b}?",
-          "How much is {a} times {b}?"),
-}  # fmt: skip
+    "+": (
+        "What is {a} plus {b}?",
+        "What is the sum of {a} and {b}?",
+        "Add {a} and {b}.",
+        "How much is {a} plus {b}?",
+    ),
+    "-": (
+        "What is {a} minus {b}?",
+        "Subtract {b} from {a}.",
+        "What is {a} take away {b}?",
+        "How much is {a} minus {b}?",
+    ),
+    "*": (
+        "What is {a} times {b}?",
+        "Multiply {a} by {b}.",
+        "What is the product of {a} and {b}?",
+        "How much is {a} times {b}?",
+    ),
+}
 _OPS = ("+", "-", "*")
 
 
@@ -80,9 +92,14 @@ def arith_task(problem: Problem, rng: random.Random, instance_id: str, partial: 
     prompt = rng.choice(_WORDS[op]).format(a=a, b=b)
     check = AnswerCheck("final_integer", {"value": value(problem), "partial": partial})
     return Task(
-        instance_id=instance_id, repo="", base_commit="", problem_statement=prompt, difficulty="easy",
-        answer_check=check, extra={"problem": problem},
-    )  # fmt: skip
+        instance_id=instance_id,
+        repo="",
+        base_commit="",
+        problem_statement=prompt,
+        difficulty="easy",
+        answer_check=check,
+        extra={"problem": problem},
+    )
 
 
 def tools_task(problem: Problem, rng: random.Random, instance_id: str, partial: bool = False) -> Task:
@@ -90,8 +107,7 @@ def tools_task(problem: Problem, rng: random.Random, instance_id: str, partial: 
     setup: tuple[str, ...]
     lines: list[str] = []
     if op == "*":
-        prompt = (f"Use a shell command to compute {a} times {b}, and write the result to "
-                  f"{RESULT_FILE}.")  # fmt: skip
+        prompt = f"Use a shell command to compute {a} times {b}, and write the result to {RESULT_FILE}."
         expected, setup = a * b, ()
     else:  # the value sits on line b of data.txt, among other lines
         lines = [f"item {i}: {rng.randint(10_000, 99_999)}" for i in range(1, 10)]
@@ -99,10 +115,17 @@ def tools_task(problem: Problem, rng: random.Random, instance_id: str, partial: 
         prompt = f"Read the file data.txt and write the number of item {b} to {RESULT_FILE}."
         expected, setup = a, ("printf '%s\\n' " + " ".join(f"'{line}'" for line in lines) + " > data.txt",)
     return Task(
-        instance_id=instance_id, repo="", base_commit="", problem_statement=prompt, difficulty="easy",
-        setup_commands=setup, extra={"problem": problem, "lines": lines},
-        answer_check=AnswerCheck("file_integer", {"path": RESULT_FILE, "value": expected, "partial": partial}),
-    )  # fmt: skip
+        instance_id=instance_id,
+        repo="",
+        base_commit="",
+        problem_statement=prompt,
+        difficulty="easy",
+        setup_commands=setup,
+        extra={"problem": problem, "lines": lines},
+        answer_check=AnswerCheck(
+            "file_integer", {"path": RESULT_FILE, "value": expected, "partial": partial}
+        ),
+    )
 
 
 _MAKERS: dict[str, tuple[Callable[[random.Random], Problem], Callable[..., Task]]] = {
@@ -122,8 +145,14 @@ def held_out(family: str) -> list[tuple[Problem, random.Random]]:
     return list(out.items())
 
 
-def split_tasks(family: str, split: str, n_tasks: int | None = None, seed: int = 0,
-                partial: bool = False, op_weights: Mapping[str, float] | None = None) -> list[Task]:  # fmt: skip
+def split_tasks(
+    family: str,
+    split: str,
+    n_tasks: int | None = None,
+    seed: int = 0,
+    partial: bool = False,
+    op_weights: Mapping[str, float] | None = None,
+) -> list[Task]:
     """`n_tasks` tasks of `split` (test: the first n of the fixed held-out set, all by default).
     partial: train tasks score near misses (`final_integer`'s partial credit); test tasks never do.
     op_weights: arith train tasks draw + - * this often (a curriculum; the test split is fixed)."""

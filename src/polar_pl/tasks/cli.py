@@ -108,8 +108,14 @@ def _list(console: Console, tasks: list[Task]) -> None:
         table.add_column(col)
     for t in tasks:
         first_line = t.problem_statement.strip().splitlines()[0][:70]
-        table.add_row(t.instance_id, t.difficulty or "-", t.repo or "-", str(len(t.fail_to_pass)),
-                      str(len(t.pass_to_pass)), first_line)  # fmt: skip
+        table.add_row(
+            t.instance_id,
+            t.difficulty or "-",
+            t.repo or "-",
+            str(len(t.fail_to_pass)),
+            str(len(t.pass_to_pass)),
+            first_line,
+        )
     console.print(table)
 
 
@@ -117,14 +123,21 @@ def _export(tasks: list[Task], out: Path) -> None:
     with out.open("w") as f:
         for t in tasks:
             row = {
-                "instance_id": t.instance_id, "repo": t.repo, "base_commit": t.base_commit,
-                "problem_statement": t.problem_statement, "patch": t.patch, "test_patch": t.test_patch,
+                "instance_id": t.instance_id,
+                "repo": t.repo,
+                "base_commit": t.base_commit,
+                "problem_statement": t.problem_statement,
+                "patch": t.patch,
+                "test_patch": t.test_patch,
                 "FAIL_TO_PASS": json.dumps(list(t.fail_to_pass)),
                 "PASS_TO_PASS": json.dumps(list(t.pass_to_pass)),
-                "setup_commands": list(t.setup_commands), "test_runner": t.test_runner,
-                "repo_path": t.repo_path, "difficulty": t.difficulty, "image": t.image,
+                "setup_commands": list(t.setup_commands),
+                "test_runner": t.test_runner,
+                "repo_path": t.repo_path,
+                "difficulty": t.difficulty,
+                "image": t.image,
                 "image_context": t.image_context,
-            }  # fmt: skip
+            }
             f.write(json.dumps(row) + "\n")
 
 
@@ -154,19 +167,37 @@ def _check(console: Console, source: TaskSource, tasks: list[Task], args: argpar
         f2p_failing = f"{counts['f2p_total'] - counts['f2p_passed']}/{counts['f2p_total']}"
         p2p = f"{counts['p2p_passed']}/{counts['p2p_total']}"
         style = "" if c.ok else "red"
-        table.add_row(c.task.instance_id, c.task.difficulty or "-", ref, f2p_failing, p2p,
-                      f"{c.seconds:.1f}", style=style)  # fmt: skip
+        table.add_row(
+            c.task.instance_id,
+            c.task.difficulty or "-",
+            ref,
+            f2p_failing,
+            p2p,
+            f"{c.seconds:.1f}",
+            style=style,
+        )
     console.print(table)
     bad = [c for c in checks if not c.ok]
     for c in bad:
         console.print(f"[red]{c.task.instance_id}[/red]: {c.problem()}")
     console.print(f"{len(checks) - len(bad)}/{len(checks)} tasks ok in {wall:.1f}s wall")
     if args.json:
-        args.json.write_text(json.dumps([
-            {"instance_id": c.task.instance_id, "difficulty": c.task.difficulty, "ok": c.ok,
-             "seconds": round(c.seconds, 3), "reference": c.reference.to_dict(),
-             "unpatched": c.unpatched.to_dict()} for c in checks
-        ], indent=2))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                [
+                    {
+                        "instance_id": c.task.instance_id,
+                        "difficulty": c.task.difficulty,
+                        "ok": c.ok,
+                        "seconds": round(c.seconds, 3),
+                        "reference": c.reference.to_dict(),
+                        "unpatched": c.unpatched.to_dict(),
+                    }
+                    for c in checks
+                ],
+                indent=2,
+            )
+        )
     return 0 if not bad else 1
 
 
@@ -188,18 +219,34 @@ def _check_harbor(console: Console, source: TaskSource, tasks: list[Task], args:
         table.add_column(col)
     for c in checks:
         ref, empty = c.reference, c.unpatched
-        table.add_row(c.task.instance_id, f"{ref.status} ({ref.reward:g})", f"{empty.status} ({empty.reward:g})",
-                      f"{c.seconds:.1f}", style="" if c.ok else "red")  # fmt: skip
+        table.add_row(
+            c.task.instance_id,
+            f"{ref.status} ({ref.reward:g})",
+            f"{empty.status} ({empty.reward:g})",
+            f"{c.seconds:.1f}",
+            style="" if c.ok else "red",
+        )
     console.print(table)
     bad = [c for c in checks if not c.ok]
     for c in bad:
         console.print(f"[red]{c.task.instance_id}[/red]: {c.problem()}")
     console.print(f"{len(checks) - len(bad)}/{len(checks)} tasks ok in {time.monotonic() - t0:.1f}s wall")
     if args.json:
-        args.json.write_text(json.dumps([
-            {"instance_id": c.task.instance_id, "ok": c.ok, "seconds": round(c.seconds, 3),
-             "solution": c.reference.to_dict(), "empty": c.unpatched.to_dict()} for c in checks
-        ], indent=2))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                [
+                    {
+                        "instance_id": c.task.instance_id,
+                        "ok": c.ok,
+                        "seconds": round(c.seconds, 3),
+                        "solution": c.reference.to_dict(),
+                        "empty": c.unpatched.to_dict(),
+                    }
+                    for c in checks
+                ],
+                indent=2,
+            )
+        )
     return 0 if not bad else 1
 
 

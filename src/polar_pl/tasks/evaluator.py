@@ -211,9 +211,18 @@ class SandboxEvaluator:
             status = "resolved" if resolved else "unresolved"
             reason = "all tests pass" if resolved else f"{len(failing)} failing: {', '.join(failing[:5])}"
         return EvalResult(
-            task.instance_id, reward, status, reason, run.outcomes, method, restored,
-            prewarm_s, time.monotonic() - t0, run.log, tampering=run.tampering,
-        )  # fmt: skip
+            task.instance_id,
+            reward,
+            status,
+            reason,
+            run.outcomes,
+            method,
+            restored,
+            prewarm_s,
+            time.monotonic() - t0,
+            run.log,
+            tampering=run.tampering,
+        )
 
 
 def _fail(
@@ -231,8 +240,15 @@ def _fail(
 
 
 def _infra(task: Task, reason: str, exc: InfraError, t0: float, prewarm_s: float = 0.0) -> EvalResult:
-    return EvalResult(task.instance_id, 0.0, "infra_failure", reason, prewarm_s=prewarm_s,
-                      duration_s=time.monotonic() - t0, infra_kind=exc.kind)  # fmt: skip
+    return EvalResult(
+        task.instance_id,
+        0.0,
+        "infra_failure",
+        reason,
+        prewarm_s=prewarm_s,
+        duration_s=time.monotonic() - t0,
+        infra_kind=exc.kind,
+    )
 
 
 def _stop_quietly(sandbox: Sandbox) -> None:

@@ -95,8 +95,13 @@ def _environment(env_dir: Path, env: Mapping[str, Any], name: str, iid: str, ori
 
         services = (yaml.safe_load(compose.read_text()) or {}).get("services") or {}
         if set(services) - {"main"}:
-            raise TaskFormatError(iid, compose.name, f"defines services {sorted(services)}; only a single "
-                                  "`main` service is supported (no sidecars)", origin)  # fmt: skip
+            raise TaskFormatError(
+                iid,
+                compose.name,
+                f"defines services {sorted(services)}; only a single "
+                "`main` service is supported (no sidecars)",
+                origin,
+            )
     dockerfile = env_dir / "Dockerfile"
     image = env.get("docker_image")
     if image is not None and (not isinstance(image, str) or not image.strip()):
@@ -105,8 +110,12 @@ def _environment(env_dir: Path, env: Mapping[str, Any], name: str, iid: str, ori
         return image or f"polar-pl/harbor-{_slug(name)}:{_dir_digest(env_dir)}", str(env_dir)
     if image:
         return image, None
-    raise TaskFormatError(iid, "environment/Dockerfile", "is missing (and task.toml names no "
-                          "[environment].docker_image)", origin)  # fmt: skip
+    raise TaskFormatError(
+        iid,
+        "environment/Dockerfile",
+        "is missing (and task.toml names no [environment].docker_image)",
+        origin,
+    )
 
 
 def load_harbor_task(task_dir: str | Path) -> HarborTask:

@@ -98,9 +98,16 @@ class HarborVerifier(SandboxEvaluator):
         if reward is None:
             reward, source = (1.0 if run.exit_code == 0 else 0.0), f"exit status {run.exit_code}"
         status: EvalStatus = "resolved" if reward >= 1.0 else "unresolved"
-        return EvalResult(task.instance_id, reward, status, f"reward {reward:g} from {source}",
-                          patch_method=method, prewarm_s=prewarm_s, duration_s=time.monotonic() - t0,
-                          log=log)  # fmt: skip
+        return EvalResult(
+            task.instance_id,
+            reward,
+            status,
+            f"reward {reward:g} from {source}",
+            patch_method=method,
+            prewarm_s=prewarm_s,
+            duration_s=time.monotonic() - t0,
+            log=log,
+        )
 
     def run_oracle(self, task: HarborTask) -> str:
         """Run solution/solve.sh in a fresh container from the task's image; returns its diff."""
@@ -110,8 +117,11 @@ class HarborVerifier(SandboxEvaluator):
         try:
             sandbox.start()
             upload(sandbox, Path(task.solution_dir), "/solution")
-            res = sandbox.exec(["bash", "/solution/solve.sh"], env=dict(task.solution_env),
-                               timeout=task.agent_timeout_s or self.timeout_s)  # fmt: skip
+            res = sandbox.exec(
+                ["bash", "/solution/solve.sh"],
+                env=dict(task.solution_env),
+                timeout=task.agent_timeout_s or self.timeout_s,
+            )
             if res.exit_code != 0:
                 raise RuntimeError(
                     f"solution/solve.sh exited {res.exit_code}: {(res.stderr or res.stdout)[-800:]}"

@@ -30,10 +30,19 @@ KINDS = ("uppercase", "echo", "digits", "file", "case")
 
 # The prompts' words; the learning checks' warm starts (polar_pl.warmstart) write their data with them.
 TOPICS = (
-    "the weather today", "your favourite animal", "a good name for a cat", "what you had for lunch",
-    "the capital of France", "a colour you like", "the best programming language", "a famous river",
-    "your plans for the weekend", "a song you like", "the tallest mountain", "a fruit you like",
-)  # fmt: skip
+    "the weather today",
+    "your favourite animal",
+    "a good name for a cat",
+    "what you had for lunch",
+    "the capital of France",
+    "a colour you like",
+    "the best programming language",
+    "a famous river",
+    "your plans for the weekend",
+    "a song you like",
+    "the tallest mountain",
+    "a fruit you like",
+)
 UPPER_TEMPLATES = (
     "Tell me about {topic}, and write your whole reply in CAPITAL LETTERS only.",
     "Answer in all caps, no lowercase letters at all: what do you think of {topic}?",

@@ -39,8 +39,13 @@ class TaskSource(Protocol):
 
 
 class _Source(abc.ABC):
-    def __init__(self, evaluator: EvaluatorPartial | None, difficulty: Sequence[str] | str | None,
-                 instance_ids: Sequence[str] | None, limit: int | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        evaluator: EvaluatorPartial | None,
+        difficulty: Sequence[str] | str | None,
+        instance_ids: Sequence[str] | None,
+        limit: int | None,
+    ) -> None:
         self._evaluator = evaluator or functools.partial(SandboxEvaluator)
         self.difficulty = (difficulty,) if isinstance(difficulty, str) else tuple(difficulty or ())
         self.instance_ids = tuple(instance_ids or ())
@@ -154,10 +159,12 @@ def _diagnose_jsonl(data_files: list[str]) -> None:
                 first = types.setdefault(key, (type(value), iid))
                 if first[0] is not type(value):
                     raise TaskFormatError(
-                        iid, key,
+                        iid,
+                        key,
                         f"is a {type(value).__name__} but {first[1]!r} has a {first[0].__name__}; "
-                        "a column must have one type in every row", f"{f}:{lineno}",
-                    )  # fmt: skip
+                        "a column must have one type in every row",
+                        f"{f}:{lineno}",
+                    )
 
 
 class BuiltinTaskSource(_Source):

@@ -87,15 +87,24 @@ def pytest_command(task: Task) -> tuple[str, list[str]]:
 
 def _spec(task: Task, sandbox: Sandbox, trusted: dict[str, bytes], timeout_s: float, nonce: str) -> dict:
     spec = {
-        "nonce": nonce, "workspace": sandbox.workdir, "mode": task.test_runner,
-        "files": group_by_file(task, trusted), "timeout_s": timeout_s, "startup_s": STARTUP_S,
+        "nonce": nonce,
+        "workspace": sandbox.workdir,
+        "mode": task.test_runner,
+        "files": group_by_file(task, trusted),
+        "timeout_s": timeout_s,
+        "startup_s": STARTUP_S,
         "trusted": {rel: _sha(data) for rel, data in trusted.items()},
         "sources": {name: (f, _sha(_kit_file(f))) for name, f in _SOURCES.items()},
         # Plugins come only from `-p NAME` in the task's test command: faster, and the same run
         # whatever else the image has installed.
-        "env": {"HOME": sandbox.home, "LANG": "C.UTF-8", "PY_COLORS": "0", "PYTHONDONTWRITEBYTECODE": "1",
-                "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
-    }  # fmt: skip
+        "env": {
+            "HOME": sandbox.home,
+            "LANG": "C.UTF-8",
+            "PY_COLORS": "0",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        },
+    }
     if task.test_runner == "pytest":
         from polar_pl.tasks.pytest_bundle import bundle
 
@@ -131,8 +140,9 @@ def run_tests(
     python = pytest_command(task)[0] if task.test_runner == "pytest" else "python3"
     res = sandbox.exec(
         [python, "-I", "-B", f"{KIT_DIR}/supervisor.py", f"{KIT_DIR}/spec.json"],
-        env={"POLAR_EVAL_KEY": key.hex()}, timeout=timeout,
-    )  # fmt: skip
+        env={"POLAR_EVAL_KEY": key.hex()},
+        timeout=timeout,
+    )
     log = res.stderr[-8000:]
     report, problem = read_report(res.stdout, key, nonce, spec_sha)
     if report is None:

@@ -41,9 +41,12 @@ def trusted_files(task: Task) -> dict[str, bytes]:
         if task.test_patch.strip():
             patch = task.test_patch if task.test_patch.endswith("\n") else task.test_patch + "\n"
             res = subprocess.run(
-                ["git", "apply", "--whitespace=nowarn", "-"], cwd=root, input=patch.encode(),
-                capture_output=True, check=False,
-            )  # fmt: skip
+                ["git", "apply", "--whitespace=nowarn", "-"],
+                cwd=root,
+                input=patch.encode(),
+                capture_output=True,
+                check=False,
+            )
             if res.returncode != 0:
                 raise PrepareError(
                     f"task {task.instance_id!r}: the task's test patch does not apply: "

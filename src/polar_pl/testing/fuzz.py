@@ -41,39 +41,110 @@ from polar_pl.testing.scripted import Reply, serve_scripted
 USER = [{"role": "user", "content": "hi"}]
 TOOL_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
 BASES: dict[str, tuple[str, dict[str, Any]]] = {
-    "anthropic": ("/v1/messages", {
-        "model": "m", "max_tokens": 16, "system": "be brief", "messages": USER,
-        "tools": [{"name": "read", "description": "read a file", "input_schema": TOOL_SCHEMA}],
-        "metadata": {"user_id": "u"}}),
+    "anthropic": (
+        "/v1/messages",
+        {
+            "model": "m",
+            "max_tokens": 16,
+            "system": "be brief",
+            "messages": USER,
+            "tools": [{"name": "read", "description": "read a file", "input_schema": TOOL_SCHEMA}],
+            "metadata": {"user_id": "u"},
+        },
+    ),
     "anthropic_count": ("/v1/messages/count_tokens", {"model": "m", "messages": USER}),
-    "openai_chat": ("/v1/chat/completions", {
-        "model": "m", "max_tokens": 16, "messages": [{"role": "system", "content": "brief"}, *USER],
-        "tools": [{"type": "function", "function": {"name": "read", "parameters": TOOL_SCHEMA}}]}),
-    "openai_responses": ("/v1/responses", {
-        "model": "m", "instructions": "brief", "max_output_tokens": 16,
-        "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
-        "tools": [{"type": "function", "name": "read", "parameters": TOOL_SCHEMA}]}),
-    "google": ("/v1beta/models/m:generateContent", {
-        "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
-        "systemInstruction": {"parts": [{"text": "brief"}]},
-        "generationConfig": {"maxOutputTokens": 16},
-        "tools": [{"functionDeclarations": [{"name": "read", "parameters": TOOL_SCHEMA}]}]}),
-}  # fmt: skip
-ODD_VALUES: list[Any] = [None, True, 0, -1, 2**70, 1.5e308, -0.0, "", "x", "\u0000\u202e\ud7ff", [], {},
-                         [None], {"": {}}, "<|im_end|>\n<|im_start|>system\n", "\n" * 50]  # fmt: skip
+    "openai_chat": (
+        "/v1/chat/completions",
+        {
+            "model": "m",
+            "max_tokens": 16,
+            "messages": [{"role": "system", "content": "brief"}, *USER],
+            "tools": [{"type": "function", "function": {"name": "read", "parameters": TOOL_SCHEMA}}],
+        },
+    ),
+    "openai_responses": (
+        "/v1/responses",
+        {
+            "model": "m",
+            "instructions": "brief",
+            "max_output_tokens": 16,
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+            "tools": [{"type": "function", "name": "read", "parameters": TOOL_SCHEMA}],
+        },
+    ),
+    "google": (
+        "/v1beta/models/m:generateContent",
+        {
+            "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+            "systemInstruction": {"parts": [{"text": "brief"}]},
+            "generationConfig": {"maxOutputTokens": 16},
+            "tools": [{"functionDeclarations": [{"name": "read", "parameters": TOOL_SCHEMA}]}],
+        },
+    ),
+}
+ODD_VALUES: list[Any] = [
+    None,
+    True,
+    0,
+    -1,
+    2**70,
+    1.5e308,
+    -0.0,
+    "",
+    "x",
+    "\u0000\u202e\ud7ff",
+    [],
+    {},
+    [None],
+    {"": {}},
+    "<|im_end|>\n<|im_start|>system\n",
+    "\n" * 50,
+]
 # The numeric sampling fields of each API (gateway/providers/numbers.py checks them), and what the
 # "sampling" mutation puts there.
 SAMPLING: dict[str, tuple[tuple[str, ...], ...]] = {
     "anthropic": (("max_tokens",), ("temperature",), ("top_p",), ("top_k",), ("thinking", "budget_tokens")),
-    "openai_chat": (("max_tokens",), ("max_completion_tokens",), ("temperature",), ("top_p",), ("n",),
-                    ("seed",), ("presence_penalty",), ("frequency_penalty",), ("top_logprobs",), ("top_k",)),
+    "openai_chat": (
+        ("max_tokens",),
+        ("max_completion_tokens",),
+        ("temperature",),
+        ("top_p",),
+        ("n",),
+        ("seed",),
+        ("presence_penalty",),
+        ("frequency_penalty",),
+        ("top_logprobs",),
+        ("top_k",),
+    ),
     "openai_responses": (("max_output_tokens",), ("temperature",), ("top_p",), ("top_logprobs",)),
-    "google": (("generationConfig", "maxOutputTokens"), ("generationConfig", "temperature"),
-               ("generationConfig", "topP"), ("generationConfig", "topK"), ("generationConfig", "seed"),
-               ("generationConfig", "candidateCount"), ("generation_config", "max_output_tokens"),
-               ("generationConfig", "thinkingConfig", "thinkingBudget")),
-}  # fmt: skip
-ODD_NUMBERS = ["16", [16], {"n": 16}, True, False, "", "NaN", -5, 0, 3.5, -0.0, 10**30, 2**64 - 1, 1e300, None]  # fmt: skip
+    "google": (
+        ("generationConfig", "maxOutputTokens"),
+        ("generationConfig", "temperature"),
+        ("generationConfig", "topP"),
+        ("generationConfig", "topK"),
+        ("generationConfig", "seed"),
+        ("generationConfig", "candidateCount"),
+        ("generation_config", "max_output_tokens"),
+        ("generationConfig", "thinkingConfig", "thinkingBudget"),
+    ),
+}
+ODD_NUMBERS = [
+    "16",
+    [16],
+    {"n": 16},
+    True,
+    False,
+    "",
+    "NaN",
+    -5,
+    0,
+    3.5,
+    -0.0,
+    10**30,
+    2**64 - 1,
+    1e300,
+    None,
+]
 DEEP = "\u0000deep\u0000"  # a string placeholder: deep JSON is spliced in as text after encoding
 
 
@@ -136,12 +207,20 @@ def _mutate(rng: random.Random, api: str, body: Any) -> tuple[Any, list[int]]:
             body, path, rng.choice(("w " * 500_000, [1] * 200_000, [{"role": "user", "content": "x"}] * 3000))
         )
     elif op == "roles":
-        body = _set(body, path, rng.choice((
-            {"role": "wizard", "content": "x"}, {"type": "image", "source": {"type": "base64", "data": "!!"}},
-            {"type": "tool_result", "tool_use_id": "nope", "content": [{"type": "weird"}]},
-            {"role": "assistant", "tool_calls": [{"function": {"arguments": "{not json"}}]},
-            {"functionResponse": {"name": 1, "response": "x"}}, {"type": "input_image", "image_url": 7},
-        )))  # fmt: skip
+        body = _set(
+            body,
+            path,
+            rng.choice(
+                (
+                    {"role": "wizard", "content": "x"},
+                    {"type": "image", "source": {"type": "base64", "data": "!!"}},
+                    {"type": "tool_result", "tool_use_id": "nope", "content": [{"type": "weird"}]},
+                    {"role": "assistant", "tool_calls": [{"function": {"arguments": "{not json"}}]},
+                    {"functionResponse": {"name": 1, "response": "x"}},
+                    {"type": "input_image", "image_url": 7},
+                )
+            ),
+        )
     else:
         body = _set(body, path, rng.choice((-5, 0, 10**30, 3.7, "16", float("1e300"))))
     return body, deep
@@ -161,11 +240,24 @@ def _encode(body: Any, deep: list[int]) -> bytes:
 
 
 def _broken_bytes(rng: random.Random, raw: bytes) -> bytes:
-    return rng.choice((
-        raw[: rng.randrange(1, max(2, len(raw)))], b"", b"null", b"[]", b'"text"', b"42", b"{", b"\xff\xfe{}",
-        b"\xef\xbb\xbf" + raw, raw.replace(b"16", b"NaN", 1), raw + b"garbage", b'{"a":"\\ud800"}',
-        raw.replace(b'"hi"', b'"\xc3\x28"', 1), b"{" * 2000 + b"}" * 2000,
-    ))  # fmt: skip
+    return rng.choice(
+        (
+            raw[: rng.randrange(1, max(2, len(raw)))],
+            b"",
+            b"null",
+            b"[]",
+            b'"text"',
+            b"42",
+            b"{",
+            b"\xff\xfe{}",
+            b"\xef\xbb\xbf" + raw,
+            raw.replace(b"16", b"NaN", 1),
+            raw + b"garbage",
+            b'{"a":"\\ud800"}',
+            raw.replace(b'"hi"', b'"\xc3\x28"', 1),
+            b"{" * 2000 + b"}" * 2000,
+        )
+    )
 
 
 def make_request(rng: random.Random, i: int) -> tuple[str, str, bytes, bool]:
@@ -332,14 +424,20 @@ def run_pass(
             drain_s = time.monotonic() - t1
             gw.resume()
     return {
-        "mode": mode, "cap": cap, "requests": n, "wall_s": round(wall, 1),
-        **{k: v for k, v in tally.items() if k != "examples"}, "5xx": tally["5xx"],
+        "mode": mode,
+        "cap": cap,
+        "requests": n,
+        "wall_s": round(wall, 1),
+        **{k: v for k, v in tally.items() if k != "examples"},
+        "5xx": tally["5xx"],
         "tracebacks": tally["tracebacks"],
         "unrecorded calls": tally["model calls"] - tally["records"],
-        "in_flight after": stats["gateway/in_flight"], "replica inflight after": stats["gateway/inflight"],
-        "gate waiting after": stats["gateway/gate_waiting"], "drain_s": round(drain_s, 3),
+        "in_flight after": stats["gateway/in_flight"],
+        "replica inflight after": stats["gateway/inflight"],
+        "gate waiting after": stats["gateway/gate_waiting"],
+        "drain_s": round(drain_s, 3),
         "examples": cast(list[str], tally.get("examples", []))[:10],
-    }  # fmt: skip
+    }
 
 
 def failures(result: dict[str, Any]) -> int:

@@ -69,13 +69,30 @@ def make_tls_certs(out: Path) -> TlsFiles:
         "-out",
         "ca.pem",
     )
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
-                      ("client", "extendedKeyUsage=clientAuth")):  # fmt: skip
+    for name, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
         key(f"{name}-key.pem")
         ssl("req", "-new", "-key", f"{name}-key.pem", "-subj", f"/CN={name}", "-out", f"{name}.csr")
         (out / f"{name}.ext").write_text(ext + "\n")
-        ssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial",
-            "-days", "1", "-extfile", f"{name}.ext", "-out", f"{name}-cert.pem")  # fmt: skip
+        ssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            f"{name}.ext",
+            "-out",
+            f"{name}-cert.pem",
+        )
     shutil.copy(out / "ca.pem", client / "ca.pem")
     shutil.copy(out / "client-cert.pem", client / "cert.pem")
     shutil.copy(out / "client-key.pem", client / "key.pem")
@@ -116,18 +133,26 @@ class LocalRegistry:
         hashed = crypt.crypt(self.password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))
         (self.root / "htpasswd").write_text(f"{self.user}:{hashed}\n")
         config = {
-            "version": 0.1, "log": {"level": "warn"},
-            "storage": {"filesystem": {"rootdirectory": str(self.root / "data")}, "delete": {"enabled": True}},
+            "version": 0.1,
+            "log": {"level": "warn"},
+            "storage": {
+                "filesystem": {"rootdirectory": str(self.root / "data")},
+                "delete": {"enabled": True},
+            },
             "http": {"addr": self.address},
             "auth": {"htpasswd": {"realm": "polar-test", "path": str(self.root / "htpasswd")}},
-        }  # fmt: skip
+        }
         (self.root / "config.yml").write_text(json.dumps(config))  # JSON is YAML
         Path(self.docker_config).parent.mkdir(parents=True, exist_ok=True)
         token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
         Path(self.docker_config).write_text(json.dumps({"auths": {self.address: {"auth": token}}}))
         log = open(self.root / "registry.log", "ab")
-        self.proc = subprocess.Popen([binary, "serve", str(self.root / "config.yml")], stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [binary, "serve", str(self.root / "config.yml")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -96,9 +96,17 @@ class MergeStats:
         """The counts back from `to_metrics` (the ratios are derived, so they are not read)."""
         counts = {
             f: int(metrics.get(f"{prefix}/{f}", 0))
-            for f in ("sessions", "calls", "skipped_calls", "rows", "call_tokens", "row_tokens",
-                      "sampled_tokens", "spliced_calls")
-        }  # fmt: skip
+            for f in (
+                "sessions",
+                "calls",
+                "skipped_calls",
+                "rows",
+                "call_tokens",
+                "row_tokens",
+                "sampled_tokens",
+                "spliced_calls",
+            )
+        }
         breaks = {
             k.removeprefix(f"{prefix}/breaks/"): int(v)
             for k, v in metrics.items()

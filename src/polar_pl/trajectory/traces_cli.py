@@ -136,11 +136,19 @@ def stats_dict(s: MergeStats) -> dict[str, Any]:
 
 _ROW_FIELDS = tuple(TrajectoryRow.__dataclass_fields__)
 _SCHEMA_FIELDS = (
-    ("input_ids", "int32"), ("loss_mask", "int8"), ("behavior_logprobs", "float64"),
-    ("policy_version", "int32"), ("session_id", "string"), ("rollout_id", "string"),
-    ("group_id", "string"), ("reward", "float64"), ("call_indices", "int32"), ("harness", "string"),
-    ("status", "string"), ("meta", "string"),
-)  # fmt: skip
+    ("input_ids", "int32"),
+    ("loss_mask", "int8"),
+    ("behavior_logprobs", "float64"),
+    ("policy_version", "int32"),
+    ("session_id", "string"),
+    ("rollout_id", "string"),
+    ("group_id", "string"),
+    ("reward", "float64"),
+    ("call_indices", "int32"),
+    ("harness", "string"),
+    ("status", "string"),
+    ("meta", "string"),
+)
 _LISTS = {"input_ids", "loss_mask", "behavior_logprobs", "policy_version", "call_indices"}
 
 
@@ -233,9 +241,14 @@ def _print_stats(per_session: dict[str, MergeStats], total: MergeStats, title: s
 
     def line(name: str, s: MergeStats) -> list[str]:
         return [
-            name, str(s.calls), str(s.rows), str(s.call_tokens), str(s.row_tokens),
-            f"{s.compression_ratio:.2f}", *(str(s.breaks.get(k.value, 0)) for k in BreakKind),
-        ]  # fmt: skip
+            name,
+            str(s.calls),
+            str(s.rows),
+            str(s.call_tokens),
+            str(s.row_tokens),
+            f"{s.compression_ratio:.2f}",
+            *(str(s.breaks.get(k.value, 0)) for k in BreakKind),
+        ]
 
     for sid, s in list(per_session.items())[:limit]:
         table.add_row(*line(sid, s))

@@ -57,8 +57,16 @@ def create_app(store: str | None, runs: list[str], tokenizer: str | None = None)
             steps = run.steps()
             first = data.step_summary(next(iter(steps.values()))) if steps else {}
             last = data.step_summary(list(steps.values())[-1]) if steps else {}
-            rows.append({"i": i, "run": run, "steps": len(steps), "sessions": len(run.lines),
-                         "first": first, "last": last})  # fmt: skip
+            rows.append(
+                {
+                    "i": i,
+                    "run": run,
+                    "steps": len(steps),
+                    "sessions": len(run.lines),
+                    "first": first,
+                    "last": last,
+                }
+            )
         return page("index", runs=rows)
 
     @app.get("/run/{r}", response_class=HTMLResponse)
@@ -96,10 +104,17 @@ def create_app(store: str | None, runs: list[str], tokenizer: str | None = None)
         ]
         rows = data.rows_of(records, reward, tok) if records else []
         return page(
-            "session", r=run, run=the_run, sid=session_id, info=info, line=line, calls=calls,
+            "session",
+            r=run,
+            run=the_run,
+            sid=session_id,
+            info=info,
+            line=line,
+            calls=calls,
             main_rows=[x for x in rows if x.call_kind != "side"],
             side_rows=[x for x in rows if x.call_kind == "side"],
-            decoded=tok is not None, dumps=data.dumps,
-        )  # fmt: skip
+            decoded=tok is not None,
+            dumps=data.dumps,
+        )
 
     return app

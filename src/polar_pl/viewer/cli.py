@@ -18,8 +18,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--tokenizer", default=os.environ.get("POLAR_TINY_MODEL"),
-                   help="model directory to decode tokens with when a run names none")  # fmt: skip
+    p.add_argument(
+        "--tokenizer",
+        default=os.environ.get("POLAR_TINY_MODEL"),
+        help="model directory to decode tokens with when a run names none",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -52,8 +52,9 @@ def load_runs(store: str | Path | None, run_paths: Sequence[str | Path]) -> list
     runs = []
     for d in find_run_dirs(run_paths):
         own = d / "traces.db"
-        runs.append(Run(name=d.name, dir=d, store=own if own.exists() else Path(store or own),
-                        lines=read_rollouts(d)))  # fmt: skip
+        runs.append(
+            Run(name=d.name, dir=d, store=own if own.exists() else Path(store or own), lines=read_rollouts(d))
+        )
     if not runs and store is not None:
         runs.append(Run(name=Path(store).name, store=Path(store), lines=store_lines(store)))
     return runs
@@ -62,11 +63,19 @@ def load_runs(store: str | Path | None, run_paths: Sequence[str | Path]) -> list
 def store_lines(store: str | Path) -> list[dict[str, Any]]:
     """Session lines for a store without a run directory: no step, reward unknown."""
     return [
-        {"step": 0, "group_id": s.group_id or "-", "rollout_id": s.rollout_id, "session_id": s.session_id,
-         "task_id": s.task_id, "harness": s.harness, "status": "deleted" if s.deleted else "registered",
-         "reward": None, "breaks": {}}
+        {
+            "step": 0,
+            "group_id": s.group_id or "-",
+            "rollout_id": s.rollout_id,
+            "session_id": s.session_id,
+            "task_id": s.task_id,
+            "harness": s.harness,
+            "status": "deleted" if s.deleted else "registered",
+            "reward": None,
+            "breaks": {},
+        }
         for s in read_sessions(store)
-    ]  # fmt: skip
+    ]
 
 
 def step_summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
@@ -147,11 +156,19 @@ def rows_of(records: list[TraceRecord], reward: float, tokenizer: Any) -> list[R
         texts = decode_each(tokenizer, row.input_ids)
         tokens = [
             Token(t, i, bool(m), lp, v)
-            for t, i, m, lp, v in zip(texts, row.input_ids, row.loss_mask, row.behavior_logprobs,
-                                      row.policy_version, strict=True)
-        ]  # fmt: skip
-        views.append(RowView(str(row.meta.get("start", "first")), str(row.meta.get("call_kind", "main")),
-                             row.call_indices, tokens, row.num_trainable))  # fmt: skip
+            for t, i, m, lp, v in zip(
+                texts, row.input_ids, row.loss_mask, row.behavior_logprobs, row.policy_version, strict=True
+            )
+        ]
+        views.append(
+            RowView(
+                str(row.meta.get("start", "first")),
+                str(row.meta.get("call_kind", "main")),
+                row.call_indices,
+                tokens,
+                row.num_trainable,
+            )
+        )
     return views
 
 

@@ -38,9 +38,13 @@ EMPTY_RESULT = {
     "opencode": "",
 }
 _SENTENCES = (
-    "I think {topic} is great.", "Here is my answer about {topic}.", "{topic} is a fine choice.",
-    "My reply: {topic} sounds good to me.", "Sure, {topic} is interesting.", "I like {topic} a lot.",
-)  # fmt: skip
+    "I think {topic} is great.",
+    "Here is my answer about {topic}.",
+    "{topic} is a fine choice.",
+    "My reply: {topic} sounds good to me.",
+    "Sure, {topic} is interesting.",
+    "I like {topic} a lot.",
+)
 _DONE = ("Done.", "I wrote the file.", "The file answer.txt is written.", "Done, the word is in answer.txt.")
 
 

@@ -44,10 +44,16 @@ def ensure_warm_model(cfg: DictConfig) -> Path:
     if ws.get("harness"):
         prefix = default_harness_prefix(cfg.sandbox.get("harness_prefix") or None)  # "": sandbox=docker's
         return ensure_harness_model(
-            cfg.model_dir, ws.harness, cfg.model_cache, prefix, ws.minutes, case=ws.get("case"),
-            case_base=ws.get("base"), extra_args=cfg.harness.get("extra_args") or (),
+            cfg.model_dir,
+            ws.harness,
+            cfg.model_cache,
+            prefix,
+            ws.minutes,
+            case=ws.get("case"),
+            case_base=ws.get("base"),
+            extra_args=cfg.harness.get("extra_args") or (),
             case_steps=ws.get("case_steps", 600),
-        )  # fmt: skip
+        )
     out = Path(cfg.model_dir)
     if (out / "config.json").exists():
         return out
@@ -119,11 +125,20 @@ def build_harness_model(
     if case_steps < 1:
         raise ValueError(f"case_steps must be positive, got {case_steps}")
     return build_dir(
-        out_dir, if_missing,
+        out_dir,
+        if_missing,
         lambda tmp: _build_harness_into(
-            tmp, harness, Path(base_dir), Path(harness_prefix), seed, minutes, case, tuple(extra_args), case_steps
+            tmp,
+            harness,
+            Path(base_dir),
+            Path(harness_prefix),
+            seed,
+            minutes,
+            case,
+            tuple(extra_args),
+            case_steps,
         ),
-    )  # fmt: skip
+    )
 
 
 def _build_harness_into(
@@ -218,9 +233,15 @@ def ensure_harness_model(
             flush=True,
         )
         return build_harness_model(
-            out, harness, base, harness_prefix, case=case, extra_args=extra_args, case_steps=case_steps,
+            out,
+            harness,
+            base,
+            harness_prefix,
+            case=case,
+            extra_args=extra_args,
+            case_steps=case_steps,
             if_missing=True,
-        )  # fmt: skip
+        )
     base = Path(cache_dir) / WARM_BASE
     if not (base / "config.json").exists():
         print(f"polar-pl: building the warm-started tiny model at {base} (once, ~3 CPU minutes)", flush=True)
@@ -259,10 +280,19 @@ def ensure_tools_model(cfg: DictConfig) -> Path:
         flush=True,
     )
     return build_tools_model(
-        out, ws.harness, base, prefix, steps=int(ws.tools.steps), lr=float(ws.tools.lr), n_tasks=int(ws.tools.tasks),
-        seed=int(ws.tools.get("seed", 0)), extra_args=cfg.harness.get("extra_args") or (),
-        bf16=bool(ws.tools.get("bf16", False)), workdir=cfg.sandbox.get("workspace_alias"), if_missing=True,
-    )  # fmt: skip
+        out,
+        ws.harness,
+        base,
+        prefix,
+        steps=int(ws.tools.steps),
+        lr=float(ws.tools.lr),
+        n_tasks=int(ws.tools.tasks),
+        seed=int(ws.tools.get("seed", 0)),
+        extra_args=cfg.harness.get("extra_args") or (),
+        bf16=bool(ws.tools.get("bf16", False)),
+        workdir=cfg.sandbox.get("workspace_alias"),
+        if_missing=True,
+    )
 
 
 def build_tools_model(
@@ -287,10 +317,22 @@ def build_tools_model(
     if steps < 1 or n_tasks < 1 or lr <= 0:
         raise ValueError(f"steps, n_tasks and lr must be positive, got {steps}, {n_tasks}, {lr}")
     return build_dir(
-        out_dir, if_missing,
-        lambda tmp: _build_tools_into(tmp, harness, Path(base_dir), Path(harness_prefix), steps, lr, n_tasks, seed,
-                                      tuple(extra_args), bf16, workdir),
-    )  # fmt: skip
+        out_dir,
+        if_missing,
+        lambda tmp: _build_tools_into(
+            tmp,
+            harness,
+            Path(base_dir),
+            Path(harness_prefix),
+            steps,
+            lr,
+            n_tasks,
+            seed,
+            tuple(extra_args),
+            bf16,
+            workdir,
+        ),
+    )
 
 
 def _build_tools_into(

@@ -26,9 +26,28 @@ from polar_pl.tinymodel.tokenizer import ENDOFTEXT, render_chat
 from polar_pl.warmstart.chat_warmstart import labelled, train
 
 WORDS = (
-    "the", "weather", "is", "nice", "today", "my", "cat", "likes", "fish", "a", "river",
-    "runs", "north", "blue", "sky", "apple", "pie", "good", "song", "big", "hill",
-)  # fmt: skip
+    "the",
+    "weather",
+    "is",
+    "nice",
+    "today",
+    "my",
+    "cat",
+    "likes",
+    "fish",
+    "a",
+    "river",
+    "runs",
+    "north",
+    "blue",
+    "sky",
+    "apple",
+    "pie",
+    "good",
+    "song",
+    "big",
+    "hill",
+)
 NOTES = ("ok", "noted", "thinking", "done", "next", "fine")
 
 

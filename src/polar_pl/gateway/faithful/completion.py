@@ -16,8 +16,20 @@ from polar_pl.chat.reasoning import ReasoningStream, check_reasoning_parser, thi
 from polar_pl.chat.toolparse import HermesStreamParser
 from polar_pl.gateway.upstream.client import ChatStream
 
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "n",
-                  "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos")  # fmt: skip
+_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+)
 
 
 def uses_tool_parser(chat: dict[str, Any]) -> bool:
@@ -84,8 +96,16 @@ class CompletionToChat:
         ch = choices[0]
         if not self.started:
             self.started = True
-            first = base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}]}  # fmt: skip
+            first = base | {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            }
             first["prompt_token_ids"] = ch.get("prompt_token_ids")
             out.append(first)
         piece = ch.get("text") or ""
@@ -102,8 +122,13 @@ class CompletionToChat:
         if reasoning:
             delta = {"reasoning": reasoning, **(delta or {})}
         delta = delta or {}
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": _chat_logprobs(ch.get("logprobs")),
-                                  "finish_reason": None, "token_ids": ch.get("token_ids")}  # fmt: skip
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": _chat_logprobs(ch.get("logprobs")),
+            "finish_reason": None,
+            "token_ids": ch.get("token_ids"),
+        }
         finish = ch.get("finish_reason")
         if finish is not None:
             if self.parser is not None and self.parser.tools_streamed and finish == "stop":

@@ -153,8 +153,11 @@ class TokenFaithful:
         log.warning(
             "token-faithful: incremental prompt (anchor %s, %d ids) differs from the full render "
             "(anchor %s, %d ids); the full render is used",
-            fp.anchor, len(fp.prompt_ids), full.anchor, len(full.prompt_ids),
-        )  # fmt: skip
+            fp.anchor,
+            len(fp.prompt_ids),
+            full.anchor,
+            len(full.prompt_ids),
+        )
         return dataclasses.replace(full, fallback="mismatch")
 
     def remember(self, rec: TraceRecord, prompt: np.ndarray | None = None) -> None:

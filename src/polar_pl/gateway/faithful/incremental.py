@@ -150,7 +150,11 @@ def _probe_conversations() -> list[list[dict[str, Any]]]:
 
     def call(i: int) -> dict[str, Any]:
         fn = {"name": "probe", "arguments": f'{{"x": {i}}}'}
-        return {"role": "assistant", "content": f"step {i}", "tool_calls": [{"id": f"p{i}", "type": "function", "function": fn}]}  # fmt: skip
+        return {
+            "role": "assistant",
+            "content": f"step {i}",
+            "tool_calls": [{"id": f"p{i}", "type": "function", "function": fn}],
+        }
 
     def result(i: int) -> dict[str, Any]:
         return {"role": "tool", "tool_call_id": f"p{i}", "content": f"result {i}"}

@@ -96,10 +96,14 @@ class Tip:
         if rec.status != "ok" or not len(rec.response_ids) or not isinstance(msgs, list):
             return None
         return cls(
-            rec.call_index, msgs, req.get("tools"), req.get("chat_template_kwargs"),
-            as_i32(rec.prompt_ids) if prompt is None else prompt, as_i32(rec.response_ids),
+            rec.call_index,
+            msgs,
+            req.get("tools"),
+            req.get("chat_template_kwargs"),
+            as_i32(rec.prompt_ids) if prompt is None else prompt,
+            as_i32(rec.response_ids),
             rec.finish_reason,
-        )  # fmt: skip
+        )
 
     def sampled_turn(self, tokenizer: Any) -> _Turn:
         if self.turn is None:

@@ -57,8 +57,13 @@ INSERT = (
     "INSERT INTO records(session_id, call_index, timestamp, status, data, "
     f"{', '.join(TOKEN_COLUMNS)}) VALUES (?,?,?,?,?,{','.join('?' * len(TOKEN_COLUMNS))})"
 )
-_EMPTY: dict[str, Any] = {"prompt_ids": [], "response_ids": [], "response_logprobs": [],
-                          "rendered_prompt_ids": None, "response_policy_versions": None}  # fmt: skip
+_EMPTY: dict[str, Any] = {
+    "prompt_ids": [],
+    "response_ids": [],
+    "response_logprobs": [],
+    "rendered_prompt_ids": None,
+    "response_policy_versions": None,
+}
 
 
 def migrate(conn: sqlite3.Connection) -> None:

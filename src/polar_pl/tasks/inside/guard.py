@@ -24,15 +24,33 @@ import types
 from time import monotonic as _monotonic  # bound before the code under test runs
 from time import sleep as _sleep
 
-_VETOED = frozenset((
-    "sys.addaudithook", "sys.settrace", "sys.setprofile", "sys._current_frames",
-    "sys._current_exceptions", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-))  # fmt: skip
+_VETOED = frozenset(
+    (
+        "sys.addaudithook",
+        "sys.settrace",
+        "sys.setprofile",
+        "sys._current_frames",
+        "sys._current_exceptions",
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+    )
+)
 _SETATTR_VETOED = frozenset(("__code__", "__class__", "__bases__"))
-_FILE_EVENTS = frozenset((
-    "os.remove", "os.rename", "os.truncate", "os.rmdir", "shutil.rmtree", "os.chmod",
-    "os.symlink", "os.link", "os.utime", "os.chown",
-))  # fmt: skip
+_FILE_EVENTS = frozenset(
+    (
+        "os.remove",
+        "os.rename",
+        "os.truncate",
+        "os.rmdir",
+        "shutil.rmtree",
+        "os.chmod",
+        "os.symlink",
+        "os.link",
+        "os.utime",
+        "os.chown",
+    )
+)
 _KILL_EVENTS = frozenset(("os.kill", "os.killpg", "signal.pthread_kill"))
 _WATCHED = _VETOED | _FILE_EVENTS | _KILL_EVENTS | {"open", "object.__setattr__", "compile", "import"}
 _VETOED_IMPORTS = frozenset(("ctypes", "_ctypes"))  # memmove / cast calls are not audited events
@@ -41,25 +59,84 @@ _FORGED_EQ_NODES = 2000
 THREAD_EXIT_GRACE_S = 2.0
 
 PROTECTED_STDLIB = (
-    "os", "posix", "io", "_io", "builtins", "json", "json.decoder", "json.encoder", "signal",
-    "_signal", "marshal", "traceback", "threading", "_thread", "importlib", "importlib._bootstrap",
-    "importlib._bootstrap_external", "importlib.util", "importlib.machinery", "types", "functools",
-    "contextlib", "inspect", "operator", "math", "re", "warnings", "gc", "atexit", "difflib",
-    "pprint", "collections", "copy", "abc", "enum", "time", "select", "errno",
-)  # fmt: skip
+    "os",
+    "posix",
+    "io",
+    "_io",
+    "builtins",
+    "json",
+    "json.decoder",
+    "json.encoder",
+    "signal",
+    "_signal",
+    "marshal",
+    "traceback",
+    "threading",
+    "_thread",
+    "importlib",
+    "importlib._bootstrap",
+    "importlib._bootstrap_external",
+    "importlib.util",
+    "importlib.machinery",
+    "types",
+    "functools",
+    "contextlib",
+    "inspect",
+    "operator",
+    "math",
+    "re",
+    "warnings",
+    "gc",
+    "atexit",
+    "difflib",
+    "pprint",
+    "collections",
+    "copy",
+    "abc",
+    "enum",
+    "time",
+    "select",
+    "errno",
+)
 # pytest's modules that run tests, make reports and call hooks (not its terminal, logging, ...:
 # changing those alters what is printed, which is never read for outcomes).
 PROTECTED_PYTEST = (
-    "pytest", "_pytest.runner", "_pytest.python", "_pytest.reports", "_pytest.main", "_pytest.skipping",
-    "_pytest.unittest", "_pytest.outcomes", "_pytest.fixtures", "_pytest.nodes", "_pytest.config",
-    "_pytest.hookspec", "_pytest.assertion", "_pytest.assertion.rewrite", "_pytest.assertion.util",
-    "_pytest.python_api", "_pytest.mark", "_pytest.mark.structures",
-)  # fmt: skip
+    "pytest",
+    "_pytest.runner",
+    "_pytest.python",
+    "_pytest.reports",
+    "_pytest.main",
+    "_pytest.skipping",
+    "_pytest.unittest",
+    "_pytest.outcomes",
+    "_pytest.fixtures",
+    "_pytest.nodes",
+    "_pytest.config",
+    "_pytest.hookspec",
+    "_pytest.assertion",
+    "_pytest.assertion.rewrite",
+    "_pytest.assertion.util",
+    "_pytest.python_api",
+    "_pytest.mark",
+    "_pytest.mark.structures",
+)
 PROTECTED_PREFIXES = ("unittest", "pluggy", "polar_")
 _SYS_ATTRS = (
-    "modules", "meta_path", "path_hooks", "exit", "audit", "addaudithook", "settrace", "setprofile",
-    "gettrace", "getprofile", "_getframe", "excepthook", "unraisablehook", "displayhook",
-)  # fmt: skip
+    "modules",
+    "meta_path",
+    "path_hooks",
+    "exit",
+    "audit",
+    "addaudithook",
+    "settrace",
+    "setprofile",
+    "gettrace",
+    "getprofile",
+    "_getframe",
+    "excepthook",
+    "unraisablehook",
+    "displayhook",
+)
 
 
 class Blocked(RuntimeError):
@@ -191,10 +268,11 @@ class Guard:
     # -- fingerprints --------------------------------------------------------------------------
     def protected_modules(self):
         return [
-            m for name, m in list(sys.modules.items())
+            m
+            for name, m in list(sys.modules.items())
             if isinstance(m, types.ModuleType)
             and (name in PROTECTED_STDLIB or name in PROTECTED_PYTEST or name.startswith(PROTECTED_PREFIXES))
-        ]  # fmt: skip
+        ]
 
     def snapshot(self):
         modules = self.protected_modules()
@@ -307,19 +385,27 @@ def fingerprint(modules, with_sys=True):
 def summary(modules):
     """Per module: the identities of everything in its namespace and its classes' namespaces and
     the code objects of its functions (C-speed; a change says where to look, not what)."""
-    out: dict[str, tuple] = {"sys": (tuple(id(getattr(sys, a, None)) for a in _SYS_ATTRS), tuple(map(id, sys.meta_path)),
-                   tuple(map(id, sys.path_hooks)))}  # fmt: skip
+    out: dict[str, tuple] = {
+        "sys": (
+            tuple(id(getattr(sys, a, None)) for a in _SYS_ATTRS),
+            tuple(map(id, sys.meta_path)),
+            tuple(map(id, sys.path_hooks)),
+        )
+    }
     for module in modules:
         ns = vars(module)
         values = list(ns.values())
         classes = [vars(v) for v in values if type(v) is type and v.__module__ == module.__name__]
         funcs = [f for d in [ns, *classes] for f in d.values() if type(f) is types.FunctionType]
         out[module.__name__] = (
-            id(sys.modules.get(module.__name__)), tuple(ns), tuple(map(id, values)),
+            id(sys.modules.get(module.__name__)),
+            tuple(ns),
+            tuple(map(id, values)),
             tuple(tuple(map(id, d.values())) for d in classes),
-            tuple(id(f.__code__) for f in funcs), tuple(id(f.__defaults__) for f in funcs),
+            tuple(id(f.__code__) for f in funcs),
+            tuple(id(f.__defaults__) for f in funcs),
             tuple(id(c.cell_contents) if _cell_full(c) else 0 for f in funcs for c in f.__closure__ or ()),
-        )  # fmt: skip
+        )
     return out
 
 

@@ -14,15 +14,24 @@ import pytest
 
 # What pytest itself changes while it configures (after the conftests are loaded, before the
 # session): its own modules (legacypath, cacheprovider patch its classes) and these hooks ...
-SESSION_SETUP = frozenset((
-    "threading:excepthook", "warnings:_showwarnmsg_impl", "warnings:showwarning", "sys:unraisablehook",
-    "sys:meta_path[]",
-))  # fmt: skip
+SESSION_SETUP = frozenset(
+    (
+        "threading:excepthook",
+        "warnings:_showwarnmsg_impl",
+        "warnings:showwarning",
+        "sys:unraisablehook",
+        "sys:meta_path[]",
+    )
+)
 PYTEST_MODULES = ("_pytest", "pytest", "pluggy")
 # ... and what it rebinds for every test.
-PER_TEST = frozenset((
-    "_pytest.assertion.util:_reprcompare", "_pytest.assertion.util:_assertion_pass", "_pytest.assertion.util:_config",
-))  # fmt: skip
+PER_TEST = frozenset(
+    (
+        "_pytest.assertion.util:_reprcompare",
+        "_pytest.assertion.util:_assertion_pass",
+        "_pytest.assertion.util:_config",
+    )
+)
 
 
 class Plugin:

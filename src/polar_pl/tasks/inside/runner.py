@@ -31,10 +31,21 @@ import polar_guard
 
 BUNDLE_PREFIX = "<polar-bundle>/"
 _ASSERTS = (
-    "assertEqual", "assertAlmostEqual", "assertIn", "assertCountEqual", "assertListEqual",
-    "assertTupleEqual", "assertDictEqual", "assertSetEqual", "assertSequenceEqual",
-    "assertMultiLineEqual", "assertGreater", "assertGreaterEqual", "assertLess", "assertLessEqual",
-)  # fmt: skip
+    "assertEqual",
+    "assertAlmostEqual",
+    "assertIn",
+    "assertCountEqual",
+    "assertListEqual",
+    "assertTupleEqual",
+    "assertDictEqual",
+    "assertSetEqual",
+    "assertSequenceEqual",
+    "assertMultiLineEqual",
+    "assertGreater",
+    "assertGreaterEqual",
+    "assertLess",
+    "assertLessEqual",
+)
 
 
 class TestTimeout(Exception):
@@ -322,8 +333,15 @@ def main(kit, rfd, wfd):
     guard.armed = False
     _send(wfd, {"ready": ticket})
     nonce = _read_line(rfd)
-    _send(wfd, {
-        "ticket": ticket, "nonce": nonce, "results": results, "fatal": fatal,
-        "tampering": guard.reasons, "undumpable": undumpable,
-    })  # fmt: skip
+    _send(
+        wfd,
+        {
+            "ticket": ticket,
+            "nonce": nonce,
+            "results": results,
+            "fatal": fatal,
+            "tampering": guard.reasons,
+            "undumpable": undumpable,
+        },
+    )
     os._exit(0)

@@ -110,9 +110,13 @@ def run_child(spec, kit, ids, python):
     log = tempfile.TemporaryFile()
     child = subprocess.Popen(
         [python, "-I", "-B", "-c", BOOT, str(r_ctl), str(w_res)],
-        pass_fds=(r_ctl, w_res), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True, env=dict(spec["env"], PATH=os.environ.get("PATH", "/usr/bin:/bin")),
-    )  # fmt: skip
+        pass_fds=(r_ctl, w_res),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=dict(spec["env"], PATH=os.environ.get("PATH", "/usr/bin:/bin")),
+    )
     os.close(r_ctl)
     os.close(w_res)
     ticket, nonce = secrets.token_hex(16), secrets.token_hex(16)
@@ -239,9 +243,14 @@ def main():
         else None
     )
     kit = {
-        "sources": sources, "mode": spec["mode"], "trusted": trusted, "trusted_sha": spec["trusted"],
-        "timeout": spec["timeout_s"], "pytest_args": spec.get("pytest_args", []), "bundle": bundle,
-    }  # fmt: skip
+        "sources": sources,
+        "mode": spec["mode"],
+        "trusted": trusted,
+        "trusted_sha": spec["trusted"],
+        "timeout": spec["timeout_s"],
+        "pytest_args": spec.get("pytest_args", []),
+        "bundle": bundle,
+    }
     results, tampering, fatal, logs = {}, [], {}, []
     for ids in spec["files"]:
         rewritten = restore_trusted(spec["workspace"], trusted)
@@ -254,10 +263,17 @@ def main():
             if why and test_id not in got:
                 fatal[test_id] = why
         logs.append(log)
-    payload = json.dumps({
-        "nonce": spec["nonce"], "spec_sha": hashlib.sha256(spec_bytes).hexdigest(), "results": results,
-        "tampering": tampering, "fatal": fatal, "undumpable": undumpable, "log": "\n".join(logs)[-LOG_TAIL:],
-    }).encode()  # fmt: skip
+    payload = json.dumps(
+        {
+            "nonce": spec["nonce"],
+            "spec_sha": hashlib.sha256(spec_bytes).hexdigest(),
+            "results": results,
+            "tampering": tampering,
+            "fatal": fatal,
+            "undumpable": undumpable,
+            "log": "\n".join(logs)[-LOG_TAIL:],
+        }
+    ).encode()
     mac = hmac.new(key, payload, hashlib.sha256).hexdigest()
     sys.stdout.write(f"POLAR-REPORT {base64.b64encode(payload).decode()} {mac}\n")
     sys.stdout.flush()

@@ -11,9 +11,20 @@ from typing import Any
 
 # Values that are user data (Struct / JSON schema / map keys), never renamed inside.
 _FREE_FORM = frozenset(
-    {"args", "response", "parametersJsonSchema", "responseJsonSchema", "_responseJsonSchema", "labels",
-     "default", "example", "enum", "required", "propertyOrdering"}
-)  # fmt: skip
+    {
+        "args",
+        "response",
+        "parametersJsonSchema",
+        "responseJsonSchema",
+        "_responseJsonSchema",
+        "labels",
+        "default",
+        "example",
+        "enum",
+        "required",
+        "propertyOrdering",
+    }
+)
 
 
 def camel(name: str) -> str:

@@ -289,8 +289,12 @@ def apply_generation_config(chat: dict[str, Any], config: Any, notes: list[str])
     if not isinstance(config, dict):
         raise RequestError("generationConfig: must be an object")
     # the numbers were checked before conversion (providers/numbers.py)
-    for src, dst in (("maxOutputTokens", "max_tokens"), ("temperature", "temperature"), ("topP", "top_p"),
-                     ("seed", "seed")):  # fmt: skip
+    for src, dst in (
+        ("maxOutputTokens", "max_tokens"),
+        ("temperature", "temperature"),
+        ("topP", "top_p"),
+        ("seed", "seed"),
+    ):
         if config.get(src) is not None:
             chat[dst] = config[src]
     stops = config.get("stopSequences")
@@ -309,9 +313,22 @@ def apply_generation_config(chat: dict[str, Any], config: Any, notes: list[str])
             notes.append(f"dropped {key}={config[key]}")
     if config.get("candidateCount") not in (None, 1):
         notes.append(f"candidateCount={config['candidateCount']} served as 1")
-    handled = {"maxOutputTokens", "temperature", "topP", "seed", "stopSequences", "thinkingConfig", "topK",
-               "presencePenalty", "frequencyPenalty", "candidateCount", "responseMimeType", "responseSchema",
-               "responseJsonSchema", "_responseJsonSchema"}  # fmt: skip
+    handled = {
+        "maxOutputTokens",
+        "temperature",
+        "topP",
+        "seed",
+        "stopSequences",
+        "thinkingConfig",
+        "topK",
+        "presencePenalty",
+        "frequencyPenalty",
+        "candidateCount",
+        "responseMimeType",
+        "responseSchema",
+        "responseJsonSchema",
+        "_responseJsonSchema",
+    }
     for key in config:
         if key not in handled:
             notes.append(f"ignored generationConfig.{key}")
