@@ -109,6 +109,10 @@ def test_a_cli_harness_on_the_base_config_is_refused_with_the_command_that_train
          "trainer.accelerator=gpu with engine.device=cpu"),
         (["~experiment", "module.lora.rank=8", "module/weight_sync=vllm_nccl", "model_dir=/models/real"],
          "module.lora.rank=8 with module/weight_sync=VLLMWeightTransferSync"),
+
+        # vLLM's NCCL transfer reads whole parameters: a sharded trainer's first push would fail
+        (["~experiment", "trainer.strategy=fsdp", "module/weight_sync=vllm_nccl", "model_dir=/models/real"],
+         "trainer.strategy=fsdp with module/weight_sync=VLLMWeightTransferSync"),
     ],
 )  # fmt: skip
 def test_parts_that_do_not_fit_each_other_are_refused_naming_the_keys(overrides, keys):

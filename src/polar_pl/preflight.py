@@ -29,6 +29,8 @@ BUILD_RECORD = "tinymodel.json"  # a tiny model's (tinymodel/build.py)
 # Weight syncs that cannot send a LoRA adapter alone (module/weight_sync.py's `pushes_adapters`),
 # named here so that the check needs no torch.
 ADAPTERLESS_SYNCS = ("polar_pl.module.weight_sync.VLLMWeightTransferSync",)
+# Weight syncs that read whole parameters, so cannot push a sharded model (trainer.strategy=fsdp).
+UNSHARDED_SYNCS = ("polar_pl.module.weight_sync.VLLMWeightTransferSync",)
 # What each CLI harness can train on instead of the untrained tiny model.
 REAL_CLI_RECIPES = {"pi": "python train.py experiment=smollm2_tools"}
 
@@ -85,6 +87,22 @@ def check_recipe(cfg: DictConfig, harness: str) -> None:
             f"module.lora.rank={module.lora.rank} with module/weight_sync={sync.rsplit('.', 1)[-1]}, which "
             "cannot push an adapter alone: use module/weight_sync=embedded, disk or none"
         )
+    if _sharded(cfg.get("trainer", {})) and sync in UNSHARDED_SYNCS:
+        raise ConfigError(
+            f"trainer.strategy=fsdp with module/weight_sync={sync.rsplit('.', 1)[-1]}, which reads whole "
+            "parameters: use module/weight_sync=disk (written from the shards as they are gathered)"
+        )
+
+
+def _sharded(trainer: Any) -> bool:
+    """Whether the trainer's strategy shards the model (module/sharding.py), by name or target."""
+    strategy = trainer.get("strategy")
+    if isinstance(strategy, str):
+        return strategy == "fsdp"
+    return (
+        isinstance(strategy, DictConfig)
+        and strategy.get("_target_") == "polar_pl.module.sharding.FSDPStrategy"
+    )
 
 
 def is_generic_tiny_model(cfg: DictConfig) -> bool:
