@@ -62,6 +62,7 @@ class Record(L.Callback):
             self._save(trainer, adapter_state(pl_module.peft_model)[0], "adapter.pt")
         m = trainer.callback_metrics
         info = {"loss": float(m["train/loss"]), "kl_ref": float(m.get("train/kl_ref", float("nan"))),
+                "grad_norm": float(m["train/grad_norm"]),
                 "seqs": pl_module.trained_seqs,
                 "optimizer_steps": pl_module.optimizer_steps, "sharded": pl_module.sharded,
                 "version": pl_module.own_version, "pushed_bytes": getattr(pl_module.weight_sync, "pushed_bytes", 0)}  # fmt: skip

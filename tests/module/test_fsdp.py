@@ -61,6 +61,7 @@ def reference(model: Path, **extra) -> tuple[dict[str, torch.Tensor], float, Cou
         {n: p.grad.detach().clone() for n, p in module.model.named_parameters() if p.grad is not None}))  # fmt: skip
     metrics = module.update(fixed_batch(), opt)
     module.last_kl_ref = metrics.get("train/kl_ref", float("nan"))
+    module.last_grad_norm = metrics["train/grad_norm"]
     return grads, metrics["train/loss"], module
 
 
@@ -95,6 +96,9 @@ def assert_same_step(out: Path, tag: str, model: Path, **extra) -> tuple[float, 
     assert l0["sharded"] and l1["sharded"]
     assert g <= TOL and lrel <= TOL
     assert l0["loss"] == l1["loss"]  # all-reduced
+    # the norm of the sharded gradients (a DTensor reduced over the ranks) is the whole gradient's
+    assert l0["grad_norm"] == l1["grad_norm"]
+    assert abs(l0["grad_norm"] - module.last_grad_norm) <= TOL * module.last_grad_norm
     share0, share1 = set(l0["seqs"]), set(l1["seqs"])
     assert share0 and share1 and not share0 & share1 and share0 | share1 == set(module.trained_seqs)
     return g, lrel, module
