@@ -20,7 +20,7 @@ A group counts as consumed only once it was written to a reader still connected 
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -39,6 +39,9 @@ from polar_pl.rollout.http.schema import (
     WeightsRequest,
 )
 from polar_pl.utils.metrics import serve_metrics
+
+if TYPE_CHECKING:
+    from polar_pl.rollout.http.server import RolloutServer
 
 
 class ApiError(Exception):
@@ -60,7 +63,7 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 
 def create_app(
-    server: Any, *, token: str, max_streams: int = 64, metrics_token: str | None = None
+    server: RolloutServer, *, token: str, max_streams: int = 64, metrics_token: str | None = None
 ) -> FastAPI:
     """server: a `RolloutServer`. token: the bearer token every /v1 route requires. max_streams:
     how many GET /v1/groups/stream may be open at once. metrics_token: the bearer token

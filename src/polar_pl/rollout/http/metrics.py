@@ -7,7 +7,7 @@ produced and delivered, the policy version; with rollout=local also the in-proce
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter
@@ -16,6 +16,9 @@ from prometheus_client.registry import Collector
 
 from polar_pl.rollout.http.delivery import GroupOutbox
 from polar_pl.utils.metrics import counter, gauge
+
+if TYPE_CHECKING:
+    from polar_pl.rollout.http.server import RolloutServer
 
 QUEUES = ("init", "ready", "postrun")
 RAY_GAUGES = ("workers", "workers_alive", "nodes_alive", "jobs_in_flight")
@@ -32,7 +35,7 @@ def _by_name(m: dict[str, float], prefix: str) -> dict[tuple[str], float]:
 
 
 class RolloutCollector(Collector):
-    def __init__(self, server: Any, outbox: GroupOutbox) -> None:
+    def __init__(self, server: RolloutServer, outbox: GroupOutbox) -> None:
         """server: a `RolloutServer`; outbox: where HTTP readers take groups from."""
         self.server, self.outbox = server, outbox
 
@@ -103,7 +106,7 @@ class RolloutCollector(Collector):
             yield from gateway.app.state.metrics_registry.collect()
 
 
-def rollout_registry(server: Any, outbox: GroupOutbox) -> CollectorRegistry:
+def rollout_registry(server: RolloutServer, outbox: GroupOutbox) -> CollectorRegistry:
     """This service's registry; counts the groups `outbox` writes to readers (its `on_delivered`)."""
     registry = CollectorRegistry()
     registry.register(RolloutCollector(server, outbox))

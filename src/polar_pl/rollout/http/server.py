@@ -52,10 +52,17 @@ class RolloutServer:
 
     def __init__(self, runtime: RolloutRuntime) -> None:
         self.runtime = runtime
-        self.client: RolloutClient | None = None
+        self._client: RolloutClient | None = None
+
+    @property
+    def client(self) -> RolloutClient:
+        """The runtime's rollout client: the routes serve only once the service started."""
+        if self._client is None:
+            raise RuntimeError("the rollout service is not started")
+        return self._client
 
     def start(self) -> RolloutServer:
-        self.client = self.runtime.start().rollouts()
+        self._client = self.runtime.start().rollouts()
         return self
 
     def stop(self) -> None:
