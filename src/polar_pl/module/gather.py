@@ -67,12 +67,12 @@ def write_safetensors(
     everything, else `model-0000i-of-0000n.safetensors` with `model.safetensors.index.json`.
     A write that fails still drains `tensors` (the other ranks are in the same gathers) before
     raising. Returns the tensor bytes written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     it = iter(tensors)
     keys: list[list[str]] = []  # the names in each file
     names: list[Path] = []
     total = 0
     try:
+        out_dir.mkdir(parents=True, exist_ok=True)
         chunk: dict[str, torch.Tensor] = {}
         size = 0
         for name, t in it:
