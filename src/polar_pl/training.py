@@ -88,9 +88,11 @@ def _fit(cfg: DictConfig, parts: Parts, loggers: list, shutdown: GracefulShutdow
     # checkpoint always holds the batch just committed.
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
     trainer: L.Trainer = instantiate(
-        cfg.trainer, logger=loggers, callbacks=[*callbacks, CommitBatches(), shutdown],
+        cfg.trainer,
+        logger=loggers,
+        callbacks=[*callbacks, CommitBatches(), shutdown],
         **trainer_strategy(cfg.trainer.get("strategy")),
-    )  # fmt: skip
+    )
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     runtime = parts.runtime

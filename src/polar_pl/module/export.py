@@ -27,13 +27,23 @@ from polar_pl.module.sharding import is_sharded
 from polar_pl.rollout.runtime import feed_of
 
 if TYPE_CHECKING:
+    from peft import PeftModel
+
     from polar_pl.module.grpo import GRPOModule
 
 log = logging.getLogger("polar_pl.train")
 
 # What a model folder holds besides the weights and config.json: copied from the starting folder.
-_KEEP = ("tokenizer*", "chat_template*", "special_tokens_map.json", "vocab*", "merges.txt",
-         "generation_config.json", "polar_model.json", "tinymodel.json")  # fmt: skip
+_KEEP = (
+    "tokenizer*",
+    "chat_template*",
+    "special_tokens_map.json",
+    "vocab*",
+    "merges.txt",
+    "generation_config.json",
+    "polar_model.json",
+    "tinymodel.json",
+)
 
 
 def export_hf(model: nn.Module, model_dir: str | Path, out: str | Path, *, write: bool = True) -> Path:
@@ -74,7 +84,7 @@ def _copy_tokenizer(model_dir: str | Path, out: Path) -> None:
 
 
 def export_adapter(
-    peft_model: nn.Module, model_dir: str | Path, out: str | Path, *, write: bool = True
+    peft_model: PeftModel, model_dir: str | Path, out: str | Path, *, write: bool = True
 ) -> Path:
     """The adapter of a PEFT model as PEFT saves it into `out` (replaced), with the tokenizer
     files of `model_dir` (so the folder names its own chat template); returns it. A sharded
@@ -90,7 +100,7 @@ def export_adapter(
             save_adapter(tensors, config, out)
     elif write:
         _fresh(out)
-        peft_model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]  # HF method; torch types it Tensor | Module
+        peft_model.save_pretrained(out, safe_serialization=True)  # type: ignore[arg-type]  # PEFT annotates str, takes a path
     if write:
         _copy_tokenizer(model_dir, out)
     return out
@@ -171,8 +181,11 @@ class ExportModel(L.Callback):
         adapter = export_adapter(module.peft_model, module.model_dir, self.adapter_dir, write=write)
         if not write:
             return
-        log.info("adapter: %s (PeftModel.from_pretrained(base, %s) and vLLM's LoRA loading read it)",
-                 adapter, adapter)  # fmt: skip
+        log.info(
+            "adapter: %s (PeftModel.from_pretrained(base, %s) and vLLM's LoRA loading read it)",
+            adapter,
+            adapter,
+        )
         if lora.export_merged:
             path = export_merged(adapter, module.model_dir, self.out_dir)
             log.info(

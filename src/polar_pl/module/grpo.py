@@ -43,7 +43,7 @@ import copy
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, cast
 import lightning as L
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from polar_pl.datamodule.collate import TrainBatch
 from polar_pl.module import advantages as adv_fns
@@ -62,6 +63,7 @@ from polar_pl.module.metrics import batch_metrics, harness_metrics, numeric, uni
 from polar_pl.module.model import Frozen, enable_checkpointing, load_model
 from polar_pl.module.prepare import Prepared, prepare, unit_sums
 from polar_pl.module.rollouts import Rollouts
+from polar_pl.module.segments import Segments
 from polar_pl.module.sharding import FSDPStrategy, to_float
 from polar_pl.module.tree_attention import enable_tree_attention
 from polar_pl.module.validate import check_config
@@ -71,6 +73,7 @@ from polar_pl.rollout.runtime import feed_of
 if TYPE_CHECKING:
     from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
     from peft import PeftModel
+    from torch.nn.modules.module import _IncompatibleKeys
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +138,7 @@ class GRPOModule(L.LightningModule):
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
         adam_eps: float = 1e-8,
-        lr_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
+        lr_scheduler: Callable[[torch.optim.Optimizer], LRScheduler] | None = None,
         grad_clip: float | None = 1.0,
         temperature: float = 1.0,
         push_every: int = 1,
@@ -149,10 +152,17 @@ class GRPOModule(L.LightningModule):
         super().__init__()
         self.automatic_optimization = False
         check_config(
-            epochs=epochs, minibatches=minibatches, push_every=push_every, micro_batch_size=micro_batch_size,
-            micro_batch_tokens=micro_batch_tokens, logprob_chunk_tokens=logprob_chunk_tokens, kl=kl,
-            kl_coef=kl_coef, kl_reward=kl_reward, kl_reward_coef=kl_reward_coef,
-        )  # fmt: skip
+            epochs=epochs,
+            minibatches=minibatches,
+            push_every=push_every,
+            micro_batch_size=micro_batch_size,
+            micro_batch_tokens=micro_batch_tokens,
+            logprob_chunk_tokens=logprob_chunk_tokens,
+            kl=kl,
+            kl_coef=kl_coef,
+            kl_reward=kl_reward,
+            kl_reward_coef=kl_reward_coef,
+        )
         if model is None:
             if model_dir is None:
                 raise ValueError("GRPOModule needs module.model_dir (or a model)")
@@ -295,7 +305,7 @@ class GRPOModule(L.LightningModule):
         return self.own_version
 
     def update(
-        self, batch: TrainBatch | None, optimizer: torch.optim.Optimizer, scheduler: Any = None
+        self, batch: TrainBatch | None, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None = None
     ) -> dict[str, float]:
         """Run the optimiser steps for one rollout batch; returns train/* metrics. Works without a
         Lightning Trainer (bench/gpu_step.py calls it with a plain optimizer)."""
@@ -340,22 +350,32 @@ class GRPOModule(L.LightningModule):
             sampled = sampled * seen.covered
         assert old is not None  # fused: seen.old; else _old_logprobs'
         m = batch_metrics(
-            old=old, behavior=batch.behavior_logprobs, sampled=sampled, mask=mask, entropy=ent,
-            token_versions=batch.policy_version, current_version=version_now, tis_w=tis_w, keep_w=keep_w,
+            old=old,
+            behavior=batch.behavior_logprobs,
+            sampled=sampled,
+            mask=mask,
+            entropy=ent,
+            token_versions=batch.policy_version,
+            current_version=version_now,
+            tis_w=tis_w,
+            keep_w=keep_w,
             ref=ref,
-        )  # fmt: skip
+        )
         m.update(stats)
         m.update(unit_metrics(units, adv, penalty, prep.truncated_calls))
-        m.update({
-            "train/tokens_per_s": (batch.total_tokens - batch.padding_tokens) * self.epochs
-            / max(t2 - t0 - stats["train/push_s"], 1e-9),
-            "train/old_logprob_s": t1 - t0,
-            "train/update_s": t2 - t1 - stats["train/push_s"],
-            "train/filtered_groups_frac": filtered,
-            "train/trainable_tokens": float(mask.sum()),
-            "train/skipped_batches": float(self.skipped_batches),
-            "train/policy_version": float(self.current_version()),
-        })  # fmt: skip
+        m.update(
+            {
+                "train/tokens_per_s": (batch.total_tokens - batch.padding_tokens)
+                * self.epochs
+                / max(t2 - t0 - stats["train/push_s"], 1e-9),
+                "train/old_logprob_s": t1 - t0,
+                "train/update_s": t2 - t1 - stats["train/push_s"],
+                "train/filtered_groups_frac": filtered,
+                "train/trainable_tokens": float(mask.sum()),
+                "train/skipped_batches": float(self.skipped_batches),
+                "train/policy_version": float(self.current_version()),
+            }
+        )
         return m
 
     @property
@@ -364,7 +384,14 @@ class GRPOModule(L.LightningModule):
         the update's forward (detached) are pi_old's and no separate no-grad pass is needed."""
         return self.epochs == 1 and self.minibatches == 1
 
-    def _corrections(self, old, behavior, mask, segments, tok_adv):
+    def _corrections(
+        self,
+        old: torch.Tensor,
+        behavior: torch.Tensor,
+        mask: torch.Tensor,
+        segments: Segments,
+        tok_adv: torch.Tensor,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """(tis weights, off-policy keep weights, their product) against the engine's logprobs."""
         tis_w, keep_w = (
             fn(old, behavior, mask, segments, tok_adv) if fn is not None else None
@@ -391,7 +418,7 @@ class GRPOModule(L.LightningModule):
         return advantage, keep, filtered
 
     @contextlib.contextmanager
-    def _reference(self, device: torch.device):
+    def _reference(self, device: torch.device) -> Iterator[nn.Module]:
         """The frozen reference model: the initial model's copy, or with LoRA this model with its
         adapter off (PEFT's `disable_adapter`), in eval mode."""
         if self._peft is None:
@@ -451,7 +478,17 @@ class GRPOModule(L.LightningModule):
         return torch.cat(olds), torch.cat(ents), (torch.cat(refs) if refs else None)
 
     def _optimise(
-        self, batch, prep: Prepared, optimizer, scheduler, mask, tok_adv, old, ref, corr, seen=None
+        self,
+        batch: TrainBatch,
+        prep: Prepared,
+        optimizer: torch.optim.Optimizer,
+        scheduler: LRScheduler | None,
+        mask: torch.Tensor,
+        tok_adv: torch.Tensor,
+        old: torch.Tensor | None,
+        ref: torch.Tensor | None,
+        corr: torch.Tensor | None,
+        seen: _Seen | None = None,
     ) -> dict[str, float]:
         self.model.train()
         n = batch.input_ids.shape[0]
@@ -516,19 +553,36 @@ class GRPOModule(L.LightningModule):
             "train/lr": float(optimizer.param_groups[0]["lr"]),
         }
 
-    def _micro_step(self, batch, prep: Prepared, idx, w, mask, tok_adv, old, ref, corr, sums,
-                    grad_scale: int = 1, seen: _Seen | None = None) -> None:  # fmt: skip
+    def _micro_step(
+        self,
+        batch: TrainBatch,
+        prep: Prepared,
+        idx: torch.Tensor,
+        w: torch.Tensor,
+        mask: torch.Tensor,
+        tok_adv: torch.Tensor,
+        old: torch.Tensor | None,
+        ref: torch.Tensor | None,
+        corr: torch.Tensor | None,
+        sums: dict[str, torch.Tensor],
+        grad_scale: int = 1,
+        seen: _Seen | None = None,
+    ) -> None:
         """Forward, loss and backward of one micro-batch (sequences `idx`, token weights `w`);
         grad_scale: the number of ranks whose gradients the strategy averages. With `seen` (a
         single-step batch, no `old` given) pi_old is this forward's logprobs, detached, and the
         off-policy corrections are computed here; `seen` keeps them for the batch metrics."""
         m, segments = mask[idx], prep.segments.select(idx)
         logp, ent = token_logprobs(
-            self.model, **self._inputs(batch, idx), sampling=prep.sampling[idx],
-            with_entropy=self.entropy_coef > 0 or seen is not None, chunk_tokens=self.logprob_chunk_tokens,
+            self.model,
+            **self._inputs(batch, idx),
+            sampling=prep.sampling[idx],
+            with_entropy=self.entropy_coef > 0 or seen is not None,
+            chunk_tokens=self.logprob_chunk_tokens,
             need=m if seen is None else prep.sampled[idx],
-        )  # fmt: skip
+        )
         if seen is None:
+            assert old is not None  # not fused: update computed pi_old before the steps
             old_mb, corr_mb = old[idx], (corr[idx] if corr is not None else None)
         else:
             old_mb = logp.detach()
@@ -586,9 +640,12 @@ class GRPOModule(L.LightningModule):
             self._backward(self._touch_all())
             return
         logp, _ = token_logprobs(
-            self.model, **self._inputs(batch, idx), sampling=prep.sampling[idx],
-            chunk_tokens=self.logprob_chunk_tokens, need=mask[idx],
-        )  # fmt: skip
+            self.model,
+            **self._inputs(batch, idx),
+            sampling=prep.sampling[idx],
+            chunk_tokens=self.logprob_chunk_tokens,
+            need=mask[idx],
+        )
         self._backward(logp.sum() * 0.0)
 
     def _touch_all(self) -> torch.Tensor:
@@ -610,7 +667,7 @@ class GRPOModule(L.LightningModule):
         else:
             loss.backward()
 
-    def _step(self, optimizer: torch.optim.Optimizer, scheduler: Any = None) -> float:
+    def _step(self, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None = None) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
         norm = to_float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
@@ -654,7 +711,7 @@ class GRPOModule(L.LightningModule):
         return self.own_version
 
     @property
-    def peft_model(self) -> nn.Module | None:
+    def peft_model(self) -> PeftModel | None:
         """With LoRA: the PEFT model around `model` (its adapter's state and config); else None."""
         return self._peft.model if self._peft is not None else None
 
@@ -662,11 +719,13 @@ class GRPOModule(L.LightningModule):
         """Checkpoints keep the adapter alone: the frozen base is `model_dir`, rebuilt on resume."""
         trainable = {f"model.{n}" for n, p in self.model.named_parameters() if p.requires_grad}
 
-        def drop_base(module, state, prefix, metadata) -> None:
+        def drop_base(
+            module: nn.Module, state: dict[str, Any], prefix: str, metadata: dict[str, Any]
+        ) -> None:
             for key in [k for k in state if k.startswith(prefix) and k[len(prefix) :] not in trainable]:
                 del state[key]
 
-        def base_not_missing(module, incompatible) -> None:
+        def base_not_missing(module: nn.Module, incompatible: _IncompatibleKeys) -> None:
             incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if k in trainable]
 
         self.register_state_dict_post_hook(drop_base)
@@ -712,15 +771,29 @@ class _Seen:
     keep_w: torch.Tensor | None
 
     @classmethod
-    def zeros(cls, mask: torch.Tensor, tis: Any, off_policy_mask: Any) -> _Seen:
+    def zeros(
+        cls,
+        mask: torch.Tensor,
+        tis: Callable[..., torch.Tensor] | None,
+        off_policy_mask: Callable[..., torch.Tensor] | None,
+    ) -> _Seen:
         z = functools.partial(torch.zeros_like, mask, dtype=torch.float32)
         return cls(
             z(), z(), z(), z() if tis is not None else None, z() if off_policy_mask is not None else None
         )
 
-    def record(self, idx: torch.Tensor, old: torch.Tensor, ent: torch.Tensor, tis_w, keep_w) -> None:
+    def record(
+        self,
+        idx: torch.Tensor,
+        old: torch.Tensor,
+        ent: torch.Tensor,
+        tis_w: torch.Tensor | None,
+        keep_w: torch.Tensor | None,
+    ) -> None:
         self.old[idx], self.ent[idx], self.covered[idx] = old, ent, 1.0
         if self.tis_w is not None:
+            assert tis_w is not None  # both come from the same `tis`
             self.tis_w[idx] = tis_w
         if self.keep_w is not None:
+            assert keep_w is not None  # both come from the same `off_policy_mask`
             self.keep_w[idx] = keep_w

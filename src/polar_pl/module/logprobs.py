@@ -57,7 +57,8 @@ class Sampling:
             torch.ones(like.shape, device=like.device),
         )
 
-    def __getitem__(self, idx) -> Sampling:
+    def __getitem__(self, idx: torch.Tensor) -> Sampling:
+        """The settings of sequences `idx` ((K,) long), (K, T) each."""
         return Sampling(self.temperature[idx], self.top_k[idx], self.top_p[idx])
 
     def to(self, device: torch.device | str) -> Sampling:
@@ -107,11 +108,13 @@ def forward_logits(
     return out.logits
 
 
-def _hidden_and_head(model, input_ids, position_ids, attention_mask) -> tuple[torch.Tensor, nn.Module]:
+def _hidden_and_head(
+    model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None
+) -> tuple[torch.Tensor, nn.Module]:
     """(N, T, H) final hidden states and the LM head of a HF causal LM whose logits are
     head(hidden); any other model: its (N, T, V) logits and an identity head."""
     base = getattr(model, "base_model", None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None  # type: ignore[operator]  # HF method; torch types it Tensor | Module
     if base is None or base is model or head is None:
         return forward_logits(model, input_ids, position_ids, attention_mask), nn.Identity()
     out = base(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False)
@@ -189,9 +192,18 @@ def token_logprobs(
     if parents is not None:
         check_tree_attention(model)
     return run_sharded(
-        model, _token_logprobs, model, input_ids, position_ids, attention_mask, parents, sampling,
-        with_entropy, chunk_tokens, need,
-    )  # fmt: skip
+        model,
+        _token_logprobs,
+        model,
+        input_ids,
+        position_ids,
+        attention_mask,
+        parents,
+        sampling,
+        with_entropy,
+        chunk_tokens,
+        need,
+    )
 
 
 def _token_logprobs(
@@ -255,7 +267,12 @@ def _predictions(
 
 
 def _place(
-    chunks: list[torch.Tensor], cols: torch.Tensor | None, n: int, t: int, device, roots: torch.Tensor | None
+    chunks: list[torch.Tensor],
+    cols: torch.Tensor | None,
+    n: int,
+    t: int,
+    device: torch.device,
+    roots: torch.Tensor | None,
 ) -> torch.Tensor:
     """(N, T): the computed columns (concatenated chunks, at `cols`, or at 1..T-1 when None) put
     back in place, 0 in every column not computed and at a tree's `roots` ((N, T) bool)."""

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from peft import LoraConfig, PeftModel
 
 KEYS = ("rank", "alpha", "dropout", "target_modules", "lr", "export_merged")
 DEFAULTS: dict[str, Any] = {"alpha": 32.0, "dropout": 0.0, "target_modules": "all-linear"}
@@ -73,15 +76,18 @@ class LoraSpec:
             d["target_modules"] = list(self.target_modules)
         return d
 
-    def peft_config(self):
+    def peft_config(self) -> LoraConfig:
         from peft import LoraConfig
 
         targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
         return LoraConfig(
-            r=self.rank, lora_alpha=self.alpha,  # type: ignore[arg-type]  # PEFT annotates int, takes a float
-            lora_dropout=self.dropout, target_modules=targets,
-            bias="none", task_type="CAUSAL_LM",
-        )  # fmt: skip
+            r=self.rank,
+            lora_alpha=self.alpha,  # type: ignore[arg-type]  # PEFT annotates int, takes a float
+            lora_dropout=self.dropout,
+            target_modules=targets,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
 
 
 def _targets(value: Any) -> str | tuple[str, ...]:
@@ -94,20 +100,20 @@ def _targets(value: Any) -> str | tuple[str, ...]:
     )
 
 
-def attach(model: nn.Module, spec: LoraSpec):
+def attach(model: nn.Module, spec: LoraSpec) -> PeftModel:
     """PEFT's LoRA layers into `model` (in place); returns the `PeftModel` around it. The base
     weights are frozen, the adapter's A / B are the only trainable parameters."""
     from peft import get_peft_model
 
     try:
-        peft_model = get_peft_model(model, spec.peft_config())
+        peft_model = cast("PeftModel", get_peft_model(model, spec.peft_config()))  # mixed=False: a PeftModel
     except ValueError as e:  # PEFT's own message names the modules it could not find
         raise ValueError(f"module.lora.target_modules={spec.target_modules!r}: {e}") from e
     return peft_model
 
 
 def adapter_state(
-    peft_model, dtype: torch.dtype | None = None
+    peft_model: PeftModel, dtype: torch.dtype | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, config) of the adapter in PEFT's format: the A / B tensors under the names
     `PeftModel.from_pretrained` and vLLM read (`base_model.model.<module>.lora_A.weight`),

@@ -52,7 +52,13 @@ def clipped_policy_loss(
     return _clip(torch.exp(log_ratio), advantages, eps_low, eps_high, dual_clip)
 
 
-def _clip(ratio, advantages, eps_low, eps_high, dual_clip=None):
+def _clip(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     unclipped = -advantages * ratio
     clipped_obj = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     loss = torch.maximum(unclipped, clipped_obj)

@@ -43,7 +43,13 @@ def _weights(w: torch.Tensor, mask: torch.Tensor, like: torch.Tensor) -> torch.T
 
 
 def tis_token(
-    old_logp, behavior_logp, mask, segments=None, advantages=None, *, cap: float = 2.0
+    old_logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    mask: torch.Tensor,
+    segments: Segments | None = None,
+    advantages: torch.Tensor | None = None,
+    *,
+    cap: float = 2.0,
 ) -> torch.Tensor:
     """Token-level truncated importance weights min(pi_old / mu, cap)."""
     w = torch.exp(_log_ratio(old_logp, behavior_logp, mask).clamp(max=MAX_LOG_RATIO)).clamp(max=cap)
@@ -51,7 +57,14 @@ def tis_token(
 
 
 def tis_sequence(
-    old_logp, behavior_logp, mask, segments, advantages=None, *, cap: float = 2.0, length_norm: bool = False
+    old_logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    mask: torch.Tensor,
+    segments: Segments,
+    advantages: torch.Tensor | None = None,
+    *,
+    cap: float = 2.0,
+    length_norm: bool = False,
 ) -> torch.Tensor:
     """Call-level truncated importance weights, one per call segment, broadcast to its tokens:
     min(exp(sum over the call's trainable tokens of log(pi_old / mu)), cap) — the importance ratio
@@ -62,7 +75,14 @@ def tis_sequence(
 
 
 def mask_token(
-    old_logp, behavior_logp, mask, segments=None, advantages=None, *, low: float = 0.5, high: float = 2.0
+    old_logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    mask: torch.Tensor,
+    segments: Segments | None = None,
+    advantages: torch.Tensor | None = None,
+    *,
+    low: float = 0.5,
+    high: float = 2.0,
 ) -> torch.Tensor:
     """1 where the token's ratio pi_old / mu lies in [low, high], else 0 (TRL `token_mask`)."""
     r = torch.exp(_log_ratio(old_logp, behavior_logp, mask))
@@ -70,11 +90,11 @@ def mask_token(
 
 
 def mask_sequence(
-    old_logp,
-    behavior_logp,
-    mask,
-    segments,
-    advantages=None,
+    old_logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    mask: torch.Tensor,
+    segments: Segments,
+    advantages: torch.Tensor | None = None,
     *,
     low: float = 0.5,
     high: float = 2.0,
@@ -89,7 +109,13 @@ def mask_sequence(
 
 
 def mask_sequence_kl(
-    old_logp, behavior_logp, mask, segments, advantages, *, delta: float = 1e-2
+    old_logp: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    mask: torch.Tensor,
+    segments: Segments,
+    advantages: torch.Tensor,
+    *,
+    delta: float = 1e-2,
 ) -> torch.Tensor:
     """DeepSeek-V3.2 off-policy sequence masking: 0 on a call whose advantage is negative and
     whose mean log(mu / pi_old) over its trainable tokens (a KL(mu || pi_old) estimate) exceeds

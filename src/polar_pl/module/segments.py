@@ -66,7 +66,9 @@ def call_segments(
     return Segments(seg.view_as(row_index), rows, torch.arange(s, device=rows.device) - first[rows])
 
 
-def _explicit_starts(row_meta, row_index, position_ids) -> torch.Tensor | None:
+def _explicit_starts(
+    row_meta: Sequence[dict[str, Any]], row_index: torch.Tensor, position_ids: torch.Tensor
+) -> torch.Tensor | None:
     """(N*T,) bool at the recorded call starts, or None when no row records its calls."""
     starts = {
         i: [c["start"] for c in (m.get("meta") or {}).get("calls") or ()] for i, m in enumerate(row_meta)

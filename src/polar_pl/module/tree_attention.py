@@ -16,6 +16,8 @@ AttentionInterface (and sdpa's mask builder), the library's extension point for 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from transformers import AttentionInterface
@@ -31,7 +33,7 @@ def tree_sdpa_forward(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    **kwargs,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """query (N, H, T, d), key / value (N, H_kv, T, d) -> ((N, T, H, d), None), as sdpa. A 4-D
     mask with fewer query rows than T is a tree's tail mask: its rows are the last queries."""

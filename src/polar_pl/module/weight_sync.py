@@ -40,7 +40,7 @@ import functools
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol, Self, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeGuard, cast, runtime_checkable
 
 import httpx
 import torch
@@ -49,6 +49,9 @@ from torch import nn
 from polar_pl.engine.protocol import AdapterEngine, Engine
 from polar_pl.engine.weights import check_tensors, save_adapter
 from polar_pl.module.gather import INDEX, drain, full_tensors, write_safetensors
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 
 @runtime_checkable
@@ -84,14 +87,14 @@ def hf_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[st
     return dict(full_tensors(model, dtype))
 
 
-def is_adapter(model: nn.Module) -> bool:
+def is_adapter(model: nn.Module) -> TypeGuard[PeftModel]:
     """Whether `model` is a PEFT model, whose push is its adapter alone."""
     from peft import PeftModel
 
     return isinstance(model, PeftModel)
 
 
-def adapter_payload(model: nn.Module, dtype: torch.dtype | None) -> tuple[dict[str, torch.Tensor], dict]:
+def adapter_payload(model: PeftModel, dtype: torch.dtype | None) -> tuple[dict[str, torch.Tensor], dict]:
     """The adapter's (tensors, adapter_config.json content) as engines load it (inference mode)."""
     from polar_pl.module.lora import adapter_state
 
@@ -324,9 +327,12 @@ class VLLMWeightTransferSync(_Bound):
             from polar_pl.utils.serving import free_port
 
             info = NCCLTrainerInitInfo(
-                master_address=self.master_address, master_port=self.master_port or free_port(self.master_address),
-                world_size=1 + self._routes.world_size(), packed=self.packed, rank=0,
-            )  # fmt: skip
+                master_address=self.master_address,
+                master_port=self.master_port or free_port(self.master_address),
+                world_size=1 + self._routes.world_size(),
+                packed=self.packed,
+                rank=0,
+            )
         else:
             from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
