@@ -10,7 +10,7 @@ import asyncio
 
 import httpx
 import pytest
-import torch
+from adapter_kit import push_adapter
 
 from polar_pl.engine.backend import GenerationRequest, SamplingParams
 from polar_pl.engine.embedded import EmbeddedEngine
@@ -23,17 +23,6 @@ PROMPT = list(range(400, 420))
 def engine(tiny_model_dir):
     with EmbeddedEngine(tiny_model_dir, served_model_name="tiny", max_batch_size=4, max_model_len=256) as eng:
         yield eng
-
-
-def push_adapter(engine: EmbeddedEngine, seed: int) -> int:
-    g = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name, p in engine.backend.model.named_parameters():
-        if name.endswith("q_proj.weight"):
-            module = f"base_model.model.{name.removesuffix('.weight')}"
-            tensors[f"{module}.lora_A.weight"] = 0.1 * torch.randn(4, p.shape[1], generator=g)
-            tensors[f"{module}.lora_B.weight"] = 0.1 * torch.randn(p.shape[0], 4, generator=g)
-    return engine.update_adapter(tensors, {"peft_type": "LORA", "r": 4, "lora_alpha": 8})
 
 
 def complete(engine: EmbeddedEngine, model: str, route: str = "completions") -> httpx.Response:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-import torch
+from adapter_kit import push_adapter
 
 from polar_pl.engine.embedded import EmbeddedEngine
 from polar_pl.gateway.handle import Gateway
@@ -20,23 +20,12 @@ def engine(tiny_model_dir):
         yield eng
 
 
-def push_adapter(engine: EmbeddedEngine, seed: int) -> int:
-    g = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name, p in engine.backend.model.named_parameters():
-        if name.endswith("v_proj.weight"):
-            module = f"base_model.model.{name.removesuffix('.weight')}"
-            tensors[f"{module}.lora_A.weight"] = 0.1 * torch.randn(4, p.shape[1], generator=g)
-            tensors[f"{module}.lora_B.weight"] = 0.1 * torch.randn(p.shape[0], 4, generator=g)
-    return engine.update_adapter(tensors, {"peft_type": "LORA", "r": 4, "lora_alpha": 8})
-
-
 def test_a_call_under_an_adapter_name_the_engine_dropped_is_sent_again_under_the_current_one(
     engine, tmp_path
 ) -> None:
     """Failure guarded: the gateway kept asking for `tiny-lora-v1` after v2 was pushed (it read the
     name before the push), and the record said ('tiny-lora-v1', 2)."""
-    v1 = push_adapter(engine, seed=1)
+    v1 = push_adapter(engine, seed=1, target="v_proj")
     with Gateway([engine.url], tmp_path / "t.db") as gw:
         s = gw.create_session()
         client = openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="unused", max_retries=0)
@@ -44,7 +33,7 @@ def test_a_call_under_an_adapter_name_the_engine_dropped_is_sent_again_under_the
         for stream in (False, True):
             answer = client.chat.completions.create(model="m", messages=ask, max_tokens=3, stream=stream)
             list(answer) if stream else answer  # a stream is read to its end before the next push
-            v = push_adapter(engine, seed=v1 + 10)  # the gateway is not told
+            v = push_adapter(engine, seed=v1 + 10, target="v_proj")  # the gateway is not told
         last = client.chat.completions.create(model="m", messages=ask, max_tokens=3)
         records = gw.records(s.session_id)
     assert last.choices[0].message.content is not None
