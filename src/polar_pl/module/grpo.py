@@ -64,9 +64,9 @@ from polar_pl.module.model import Frozen, enable_checkpointing, load_model
 from polar_pl.module.prepare import Prepared, prepare, unit_sums
 from polar_pl.module.rollouts import Rollouts
 from polar_pl.module.segments import Segments
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.module.sharding import FSDPStrategy, to_float
 from polar_pl.module.tree_attention import enable_tree_attention
-from polar_pl.module.validate import check_config
 from polar_pl.module.weight_sync import WeightSync
 from polar_pl.rollout.runtime import feed_of
 
@@ -151,18 +151,19 @@ class GRPOModule(L.LightningModule):
     ):
         super().__init__()
         self.automatic_optimization = False
-        check_config(
-            epochs=epochs,
-            minibatches=minibatches,
-            push_every=push_every,
-            micro_batch_size=micro_batch_size,
-            micro_batch_tokens=micro_batch_tokens,
-            logprob_chunk_tokens=logprob_chunk_tokens,
-            kl=kl,
-            kl_coef=kl_coef,
-            kl_reward=kl_reward,
-            kl_reward_coef=kl_reward_coef,
-        )
+        self.settings = GRPOSettings.from_config(
+            dict(
+                advantage=advantage, aggregation=aggregation, policy_loss=policy_loss, kl=kl, kl_coef=kl_coef,
+                kl_reward=kl_reward, kl_reward_coef=kl_reward_coef, kl_monitor=kl_monitor, tis=tis,
+                off_policy_mask=off_policy_mask, entropy_coef=entropy_coef,
+                filter_zero_variance=filter_zero_variance, side_rows=side_rows, overlong=overlong, epochs=epochs,
+                minibatches=minibatches, micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens,
+                logprob_chunk_tokens=logprob_chunk_tokens, lr=lr, weight_decay=weight_decay, betas=betas,
+                adam_eps=adam_eps, lr_scheduler=lr_scheduler, grad_clip=grad_clip, temperature=temperature,
+                push_every=push_every, dtype=dtype, attn_implementation=attn_implementation,
+                gradient_checkpointing=gradient_checkpointing, seed=seed, lora=lora,
+            )
+        )  # fmt: skip
         if model is None:
             if model_dir is None:
                 raise ValueError("GRPOModule needs module.model_dir (or a model)")
