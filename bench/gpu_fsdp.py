@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader
 from polar_pl.datamodule.collate import collate
 from polar_pl.engine.backend import GenerationRequest, SamplingParams
 from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.module.sharding import FSDPStrategy
 from polar_pl.module.weight_sync import DiskSync
 from polar_pl.trajectory.rows import TrajectoryRow
@@ -217,8 +218,8 @@ def main() -> None:
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     sync = DiskSync(dir=str(work / "push"), dtype="bfloat16" if cuda else None)
-    module = Bench(args, model_dir=model_dir, lr=1e-6, micro_batch_size=1, gradient_checkpointing=True,
-                   weight_sync=sync)  # fmt: skip
+    settings = GRPOSettings(lr=1e-6, micro_batch_size=1, gradient_checkpointing=True)
+    module = Bench(args, model_dir=model_dir, settings=settings, weight_sync=sync)
     trainer.fit(module, train_dataloaders=DataLoader(range(args.steps), batch_size=None))
     if trainer.global_rank == 0:
         peak = None

@@ -41,8 +41,10 @@ from rich.table import Table
 
 from polar_pl.datamodule.collate import TrainBatch, collate
 from polar_pl.engine.weights import save_state_dict
-from polar_pl.module.grpo import GRPOModule, enable_checkpointing
+from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.model import enable_checkpointing
 from polar_pl.module.offpolicy import tis_token
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.module.weight_sync import DiskSync, hf_state_dict
 from polar_pl.trajectory.rows import TrajectoryRow
 
@@ -183,7 +185,10 @@ def vllm_push(model, python: str, device: torch.device, dtype: torch.dtype, time
 
 def run_shape(shape: str, args, device: torch.device, dtype: torch.dtype, deadline: float) -> Result:
     model, attn = build_model(shape, device, dtype, gradient_checkpointing=not args.no_checkpointing)
-    module = GRPOModule(model=model, lr=1e-6, micro_batch_size=1, tis=functools.partial(tis_token, cap=2.0))
+    module = GRPOModule(
+        model=model,
+        settings=GRPOSettings(lr=1e-6, micro_batch_size=1, tis=functools.partial(tis_token, cap=2.0)),
+    )
     optimizer = module.configure_optimizers()
     vocab = model.config.vocab_size
     rows = make_rows(args.rows, args.min_len, args.max_len, vocab, args.group_size, seed=1)

@@ -51,6 +51,7 @@ from pathlib import Path
 
 from polar_pl.engine.embedded import EmbeddedEngine
 from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.module.weight_sync import EmbeddedStateDictSync, NoSync
 from polar_pl.tasks.learnable import LearnableTaskSource
 from polar_pl.testing.multiturn import learn
@@ -96,7 +97,9 @@ def main() -> None:
         for name, sync in (("push", EmbeddedStateDictSync()), ("no push", NoSync())):
             engine.update_weights_from_state_dict(initial)
             module = GRPOModule(
-                args.model, lr=args.lr, entropy_coef=args.entropy_coef, weight_sync=sync.bind(engine)
+                args.model,
+                weight_sync=sync.bind(engine),
+                settings=GRPOSettings(lr=args.lr, entropy_coef=args.entropy_coef),
             )
             curves[name] = learn(module, engine, tasks, tmp / f"{name.replace(' ', '_')}.db", **kw)
     for name, c in curves.items():

@@ -32,6 +32,7 @@ from rich.table import Table
 
 from polar_pl.datamodule.collate import collate
 from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.trajectory.rows import TrajectoryRow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +95,10 @@ def main() -> None:
     if not (model_dir / "config.json").exists():
         raise SystemExit(f"no model at {model_dir}: `make real-model` builds it")
     module = GRPOModule(
-        model_dir, grad_clip=None, micro_batch_size=1, gradient_checkpointing=True, filter_zero_variance=False
+        model_dir,
+        settings=GRPOSettings(
+            grad_clip=None, micro_batch_size=1, gradient_checkpointing=True, filter_zero_variance=False
+        ),
     )
     vocab = module.model.config.vocab_size
     table = Table(title=f"one GRPO update of a group of {args.group} on {model_dir.name}")

@@ -43,10 +43,11 @@ def child(length: int, mode: str, model_dir: str) -> dict:
 
     from polar_pl.datamodule.collate import collate
     from polar_pl.module.grpo import GRPOModule
+    from polar_pl.module.settings import GRPOSettings
     from polar_pl.trajectory.rows import TrajectoryRow
 
     torch.manual_seed(0)
-    module = GRPOModule(model_dir, lr=1e-4, **MODES[mode])
+    module = GRPOModule(model_dir, settings=GRPOSettings(lr=1e-4, **MODES[mode]))
     vocab = module.model.config.vocab_size
 
     def row(n: int, rollout: str, reward: float) -> TrajectoryRow:

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from polar_pl.datamodule.collate import collate
 from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.settings import GRPOSettings
 
 
 def fixed_batch():
@@ -58,7 +59,12 @@ class Counting(GRPOModule):
 
 def make_module(model: str) -> Counting:
     L.seed_everything(0, verbose=False)
-    return Counting(model, lr=1e-2, grad_clip=None, micro_batch_size=1, filter_zero_variance=False, tis=None)
+    return Counting(
+        model,
+        settings=GRPOSettings(
+            lr=1e-2, grad_clip=None, micro_batch_size=1, filter_zero_variance=False, tis=None
+        ),
+    )
 
 
 def main() -> None:

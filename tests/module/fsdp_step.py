@@ -32,7 +32,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from polar_pl.engine.embedded import EmbeddedEngine
 from polar_pl.module.export import ExportModel
 from polar_pl.module.gather import full
-from polar_pl.module.lora import adapter_state
+from polar_pl.module.lora import LoraSpec, adapter_state
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.module.sharding import FSDPStrategy
 from polar_pl.module.weight_sync import DiskSync, EmbeddedStateDictSync, hf_state_dict
 
@@ -58,7 +59,7 @@ class Record(L.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._save(trainer, hf_state_dict(pl_module.model), "weights.pt")
-        if pl_module.lora is not None:
+        if pl_module.settings.lora is not None:
             self._save(trainer, adapter_state(pl_module.peft_model)[0], "adapter.pt")
         m = trainer.callback_metrics
         info = {"loss": float(m["train/loss"]), "kl_ref": float(m.get("train/kl_ref", float("nan"))),
@@ -122,15 +123,20 @@ def main() -> None:
     kw = KW
     L.seed_everything(0, verbose=False)
     if a.mode == "grads":
-        fit(Counting(a.model, **{**kw, "dtype": a.dtype, "micro_batch_size": 2}), out, "grads", 1)
+        fit(
+            Counting(a.model, settings=GRPOSettings(**{**kw, "dtype": a.dtype, "micro_batch_size": 2})),
+            out,
+            "grads",
+            1,
+        )
         return
     rank = int(os.environ["LOCAL_RANK"])
     if a.mode == "resume":
-        fit(Counting(a.model, **kw), out, "continued", 2)
-        fit(Counting(a.model, **kw), out, "first", 1, ckpt_dir=out / "ckpt")
+        fit(Counting(a.model, settings=GRPOSettings(**kw)), out, "continued", 2)
+        fit(Counting(a.model, settings=GRPOSettings(**kw)), out, "first", 1, ckpt_dir=out / "ckpt")
         engine = engine_for(a.model, rank)
         try:
-            module = Counting(a.model, weight_sync=DiskSync().bind(engine), **kw)
+            module = Counting(a.model, weight_sync=DiskSync().bind(engine), settings=GRPOSettings(**kw))
             fit(module, out, "resumed", 2, ckpt_path=str(out / "ckpt" / "last.ckpt"),
                 callbacks=(EngineAtStart(engine, out),))  # fmt: skip
         finally:
@@ -144,12 +150,14 @@ def main() -> None:
         if a.mode == "step":
             sync = DiskSync(dir=str(out / "pushed"))
             # kl_monitor: the frozen reference is sharded too, and runs a forward every step
-            module = Counting(a.model, weight_sync=sync.bind(engine), kl_monitor=True, **kw)
+            module = Counting(
+                a.model, weight_sync=sync.bind(engine), settings=GRPOSettings(kl_monitor=True, **kw)
+            )
             fit(module, out, "step", 1, callbacks=(ExportModel(str(out / "model")),))
         else:
             sync = EmbeddedStateDictSync()
-            lora = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
-            module = Counting(a.model, weight_sync=sync.bind(engine), lora=lora, **kw)
+            lora = LoraSpec(rank=4, alpha=8, target_modules=("q_proj", "v_proj"))
+            module = Counting(a.model, weight_sync=sync.bind(engine), settings=GRPOSettings(lora=lora, **kw))
             fit(module, out, "lora", 1, ckpt_dir=out / "ckpt", callbacks=(ExportModel(str(out / "model")),))
         if rank == 0:
             torch.save(served(engine), out / "engine.pt")

@@ -25,19 +25,29 @@ def test_default_module_config(tiny_model_dir) -> None:
     module = instantiate(module_cfg(tiny_model_dir))
     assert isinstance(module, GRPOModule)
     assert isinstance(module.weight_sync, EmbeddedStateDictSync) and module.weight_sync.engine is None
-    assert module.advantage.keywords == {"std_normalize": True}
-    assert module.aggregation.func is aggregation.token_mean
-    assert module.tis.func is offpolicy.tis_token and module.tis.keywords == {"cap": 2.0}
-    assert module.policy_loss.func is losses.clipped_policy_loss
-    assert module.policy_loss.keywords == {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None}
-    assert (module.kl, module.kl_coef, module.lr, module.push_every) == (None, 0.0, 3e-2, 1)
-    assert (module.side_rows, module.overlong, module.off_policy_mask, module.lr_scheduler) == (
+    assert module.settings.advantage.keywords == {"std_normalize": True}
+    assert module.settings.aggregation.func is aggregation.token_mean
+    assert module.settings.tis.func is offpolicy.tis_token and module.settings.tis.keywords == {"cap": 2.0}
+    assert module.settings.policy_loss.func is losses.clipped_policy_loss
+    assert module.settings.policy_loss.keywords == {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None}
+    assert (module.settings.kl, module.settings.kl_coef, module.settings.lr, module.settings.push_every) == (
+        None,
+        0.0,
+        3e-2,
+        1,
+    )
+    assert (
+        module.settings.side_rows,
+        module.settings.overlong,
+        module.settings.off_policy_mask,
+        module.settings.lr_scheduler,
+    ) == (
         "own",
         None,
         None,
         None,
     )
-    assert module.betas == (0.9, 0.999)
+    assert module.settings.betas == (0.9, 0.999)
 
 
 @pytest.mark.parametrize(
@@ -64,10 +74,14 @@ def test_variants_by_override(tiny_model_dir) -> None:
         "module.tis=null",
     )
     module = instantiate(cfg)
-    assert isinstance(module.aggregation, functools.partial) and module.aggregation.keywords == {
-        "max_len": 512
-    }
-    assert module.kl.func is losses.kl_k3 and module.kl_coef == 0.05 and module.tis is None
+    assert isinstance(
+        module.settings.aggregation, functools.partial
+    ) and module.settings.aggregation.keywords == {"max_len": 512}
+    assert (
+        module.settings.kl.func is losses.kl_k3
+        and module.settings.kl_coef == 0.05
+        and module.settings.tis is None
+    )
 
 
 def test_gpu_variant_extends_the_default(tiny_model_dir) -> None:

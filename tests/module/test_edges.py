@@ -15,6 +15,7 @@ from polar_pl.module.logprobs import Sampling, token_logprobs
 from polar_pl.module.losses import cispo_policy_loss, gspo_policy_loss, kl_k3, kl_k3_plus
 from polar_pl.module.offpolicy import mask_sequence, mask_sequence_kl, mask_token, tis_sequence, tis_token
 from polar_pl.module.segments import Segments
+from polar_pl.module.settings import GRPOSettings
 
 L = math.log
 
@@ -99,7 +100,9 @@ def test_unclamped_kl_past_the_float_guard() -> None:
 
 
 def test_optimizer_takes_the_configured_settings() -> None:
-    m = GRPOModule(model=small_model(), lr=0.3, betas=(0.5, 0.6), adam_eps=1e-3, weight_decay=0.2)
+    m = GRPOModule(
+        model=small_model(), settings=GRPOSettings(lr=0.3, betas=(0.5, 0.6), adam_eps=1e-3, weight_decay=0.2)
+    )
     (group,) = m.configure_optimizers().param_groups
     assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (0.3, (0.5, 0.6), 1e-3, 0.2)
 

@@ -22,6 +22,8 @@ from fsdp_step import KW
 from safetensors.torch import load_file
 
 from polar_pl.module.export import hf_from_checkpoint
+from polar_pl.module.lora import LoraSpec
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.utils.serving import free_port
 
 SCRIPT = Path(__file__).with_name("fsdp_step.py")
@@ -54,7 +56,7 @@ def reference(model: Path, **extra) -> tuple[dict[str, torch.Tensor], float, Cou
     import lightning as L
 
     L.seed_everything(0, verbose=False)
-    module = Counting(str(model), **{**KW, **extra})
+    module = Counting(str(model), settings=GRPOSettings(**{**KW, **extra}))
     opt = module.configure_optimizers()
     grads: dict[str, torch.Tensor] = {}
     opt.register_step_pre_hook(lambda *_: grads.update(
@@ -67,7 +69,7 @@ def reference(model: Path, **extra) -> tuple[dict[str, torch.Tensor], float, Cou
 
 def applied(model: Path, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The weights after one step of the module's optimizer on `grads`, in one process."""
-    module = Counting(str(model), **KW)
+    module = Counting(str(model), settings=GRPOSettings(**KW))
     opt = module.configure_optimizers()
     for n, p in module.model.named_parameters():
         p.grad = grads[n].clone()
@@ -167,7 +169,7 @@ def test_resume_from_a_sharded_checkpoint_equals_continuing(tiny_model_dir, tmp_
 
 @pytest.mark.slow
 def test_lora_under_fsdp_pushes_only_the_adapter(tiny_model_dir, tmp_path):
-    lora = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    lora = LoraSpec(rank=4, alpha=8, target_modules=("q_proj", "v_proj"))
     ranks(tiny_model_dir, "lora", tmp_path)
     one, loss, module = reference(tiny_model_dir, lora=lora)
     grads = torch.load(tmp_path / "lora-grads-0.pt")

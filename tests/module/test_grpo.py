@@ -19,6 +19,7 @@ from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.logprobs import scorable, token_logprobs
 from polar_pl.module.losses import kl_k3
 from polar_pl.module.offpolicy import tis_token
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.module.weight_sync import EmbeddedStateDictSync
 
 BUDGET = 64
@@ -65,7 +66,7 @@ def params(module) -> dict[str, torch.Tensor]:
 
 
 def test_lightning_step_logs_pushes_and_matches_engine(tiny_model_dir, fresh_engine, rows, tmp_path) -> None:
-    module = GRPOModule(tiny_model_dir, lr=1e-3, weight_sync=EmbeddedStateDictSync())
+    module = GRPOModule(tiny_model_dir, weight_sync=EmbeddedStateDictSync(), settings=GRPOSettings(lr=1e-3))
     before = params(module)
     v0 = fresh_engine.policy_version()
     trainer = L.Trainer(
@@ -112,7 +113,7 @@ def test_packed_logprobs_equal_padded(tiny_model_dir, rows) -> None:
 
 
 def test_positive_advantage_tokens_gain_probability(tiny_model_dir, rows) -> None:
-    module = GRPOModule(tiny_model_dir, lr=1e-3)
+    module = GRPOModule(tiny_model_dir, settings=GRPOSettings(lr=1e-3))
     batch = collate(rows, token_budget=BUDGET)
     with torch.no_grad():
         old = per_row(token_logprobs(module.model, batch.input_ids, batch.position_ids)[0], batch)
@@ -128,9 +129,19 @@ def test_positive_advantage_tokens_gain_probability(tiny_model_dir, rows) -> Non
 def test_epochs_minibatches_micro_batches_and_push_every(tiny_model_dir, fresh_engine, rows) -> None:
     sync = EmbeddedStateDictSync().bind(fresh_engine)
     module = GRPOModule(
-        tiny_model_dir, lr=1e-3, epochs=2, minibatches=2, micro_batch_size=1, push_every=2, weight_sync=sync,
-        kl=kl_k3, kl_coef=0.1, tis=functools.partial(tis_token, cap=2.0),
-    )  # fmt: skip
+        tiny_model_dir,
+        weight_sync=sync,
+        settings=GRPOSettings(
+            lr=1e-3,
+            epochs=2,
+            minibatches=2,
+            micro_batch_size=1,
+            push_every=2,
+            kl=kl_k3,
+            kl_coef=0.1,
+            tis=functools.partial(tis_token, cap=2.0),
+        ),
+    )
     v0 = fresh_engine.policy_version()
     batch = collate(rows, token_budget=32)  # several sequences, so the minibatches are not empty
     assert batch.input_ids.shape[0] >= 2
@@ -143,7 +154,7 @@ def test_epochs_minibatches_micro_batches_and_push_every(tiny_model_dir, fresh_e
 
 
 def test_zero_variance_and_empty_batches_are_skipped(tiny_model_dir, engine) -> None:
-    module = GRPOModule(tiny_model_dir, lr=1e-3)
+    module = GRPOModule(tiny_model_dir, settings=GRPOSettings(lr=1e-3))
     opt = module.configure_optimizers()
     before = params(module)
     same = sample_group(engine, "flat", prompt_ids(6, 3), rewards=[1.0] * 4)
@@ -152,16 +163,16 @@ def test_zero_variance_and_empty_batches_are_skipped(tiny_model_dir, engine) -> 
     assert module.update(None, opt)["train/skipped_batches"] == 2.0
     assert module.optimizer_steps == 0 and all(torch.equal(before[k], v) for k, v in params(module).items())
     # Without the filter the same batch trains (with zero advantages: the loss is 0).
-    keep = GRPOModule(tiny_model_dir, lr=1e-3, filter_zero_variance=False)
+    keep = GRPOModule(tiny_model_dir, settings=GRPOSettings(lr=1e-3, filter_zero_variance=False))
     m = keep.update(collate(same, token_budget=BUDGET), keep.configure_optimizers())
     assert m["train/optimizer_steps"] == 1.0 and m["train/loss"] == 0.0
 
 
 def test_bad_config_names_the_key(tiny_model_dir) -> None:
     with pytest.raises(ValueError, match="module.minibatches"):
-        GRPOModule(tiny_model_dir, minibatches=0)
+        GRPOModule(tiny_model_dir, settings=GRPOSettings(minibatches=0))
     with pytest.raises(ValueError, match="module.kl"):
-        GRPOModule(tiny_model_dir, kl_coef=0.1)
+        GRPOModule(tiny_model_dir, settings=GRPOSettings(kl_coef=0.1))
     with pytest.raises(FileNotFoundError, match="module.model_dir"):
         GRPOModule("/nonexistent/model")
 
@@ -181,7 +192,7 @@ def test_resume_restores_counters_and_pushes_trained_weights(
         return {k: v.detach().clone() for k, v in model.named_parameters()}
 
     def fit(max_steps: int, ckpt_path=None) -> tuple[GRPOModule, L.Trainer]:
-        module = GRPOModule(tiny_model_dir, lr=1e-2, weight_sync=Recording())
+        module = GRPOModule(tiny_model_dir, weight_sync=Recording(), settings=GRPOSettings(lr=1e-2))
         trainer = L.Trainer(
             accelerator="cpu", max_steps=max_steps, default_root_dir=tmp_path, logger=False,
             enable_progress_bar=False, enable_model_summary=False,
@@ -212,7 +223,10 @@ def test_single_step_batch_takes_pi_old_from_its_own_forward(
     metrics are those of the two-pass path, with TIS and KL on."""
     kw = {"lr": 1e-3, "micro_batch_size": micro_batch_size, "tis": functools.partial(tis_token, cap=2.0),
               "kl": kl_k3, "kl_coef": 0.1, "entropy_coef": 0.01}  # fmt: skip
-    fused, two_pass = GRPOModule(tiny_model_dir, **kw), GRPOModule(tiny_model_dir, **kw)
+    fused, two_pass = (
+        GRPOModule(tiny_model_dir, settings=GRPOSettings(**kw)),
+        GRPOModule(tiny_model_dir, settings=GRPOSettings(**kw)),
+    )
     assert fused.single_step
     passes = []
     monkeypatch.setattr(GRPOModule, "_old_logprobs", lambda self, *a: passes.append(1) or _OLD(self, *a))

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from polar_pl.datamodule.collate import collate
 from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.module.weight_sync import EmbeddedStateDictSync
 
 ROWS = [
@@ -103,7 +104,9 @@ def weights(model) -> dict[str, torch.Tensor]:
 def test_fit_binds_the_datamodules_target_logs_and_closes() -> None:
     engine = Engine(version=7)
     halve = functools.partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=lambda step: 0.5**step)
-    module = GRPOModule(model=small_model(), lr=1e-2, weight_sync=Sync(), lr_scheduler=halve)
+    module = GRPOModule(
+        model=small_model(), weight_sync=Sync(), settings=GRPOSettings(lr=1e-2, lr_scheduler=halve)
+    )
     trainer = fit(module, Batches([collate(ROWS, token_budget=16)], engine))
     assert module.weight_sync.engine is engine and module.weight_sync.closed
     assert len(engine.pushed) == 1 and module.optimizer_steps == 1 and trainer.global_step == 1
@@ -122,7 +125,7 @@ def test_resumed_fit_pushes_the_restored_weights_first() -> None:
     """A resumed run pushes before its first rollout: the engine restarts from the initial
     checkpoint while the trainer holds the trained weights."""
     engine = Engine()
-    module = GRPOModule(model=small_model(), lr=1e-2, weight_sync=Sync(engine))
+    module = GRPOModule(model=small_model(), weight_sync=Sync(engine), settings=GRPOSettings(lr=1e-2))
     module.on_load_checkpoint({"grpo": {"optimizer_steps": 5, "skipped_batches": 2, "own_version": 3}})
     restored = weights(module.model)
     fit(module, Batches([collate(ROWS, token_budget=16)]))
@@ -133,7 +136,9 @@ def test_resumed_fit_pushes_the_restored_weights_first() -> None:
 
 def test_a_fresh_fit_does_not_push_before_training() -> None:
     engine = Engine()
-    module = GRPOModule(model=small_model(), lr=1e-2, weight_sync=Sync(engine), push_every=2)
+    module = GRPOModule(
+        model=small_model(), weight_sync=Sync(engine), settings=GRPOSettings(lr=1e-2, push_every=2)
+    )
     fit(module, Batches([collate(ROWS, token_budget=16)]))
     assert engine.pushed == [] and module.optimizer_steps == 1
 
@@ -199,7 +204,7 @@ def test_a_skipped_step_logs_nan_not_the_step_befores_values(tmp_path) -> None:
     flat = [row("a0", "a", 1.0, [(2, 5)], 6), row("a1", "a", 1.0, [(1, 4)], 5)]  # no signal: skipped
     batches = [collate(ROWS, token_budget=16), collate(flat, token_budget=16), collate(ROWS, token_budget=16)]
     engine = Engine()
-    module = GRPOModule(model=small_model(), lr=1e-2, weight_sync=Sync())
+    module = GRPOModule(model=small_model(), weight_sync=Sync(), settings=GRPOSettings(lr=1e-2))
     fit(module, Batches(batches, engine), steps=2, logger=CSVLogger(tmp_path, name="", version=""))
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
     assert [r["train/skipped"] for r in rows] == ["0.0", "1.0", "0.0"]

@@ -16,6 +16,7 @@ from polar_pl.datamodule.collate import collate
 from polar_pl.module import losses, offpolicy
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.segments import call_segments
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.module.weight_sync import EmbeddedStateDictSync, hf_state_dict, nbytes
 
 # One row per sequence (mode "pad"); row i trains i + 1 tokens, so a micro-batch's mask row sums
@@ -41,8 +42,9 @@ class Seen:
         return per_token, (mask if self.clip_all else clipped)
 
 
-def module(seen: Seen, **kw) -> GRPOModule:
-    return GRPOModule(model=small_model(), policy_loss=seen, filter_zero_variance=False, lr=1e-3, **kw)
+def module(seen: Seen, weight_sync=None, **kw) -> GRPOModule:
+    settings = GRPOSettings(policy_loss=seen, filter_zero_variance=False, lr=1e-3, **kw)
+    return GRPOModule(model=small_model(), settings=settings, weight_sync=weight_sync)
 
 
 def counts(order: torch.Tensor) -> list[int]:
@@ -79,7 +81,7 @@ def test_minibatches_without_trainable_tokens_take_no_step() -> None:
         row("a1", "a", 0.0, [(1, 4)], 5),
         row("b0", "b", 1.0, [(1, 3)], 5),
     ]
-    mod = GRPOModule(model=small_model(), minibatches=3, lr=1e-3)
+    mod = GRPOModule(model=small_model(), settings=GRPOSettings(minibatches=3, lr=1e-3))
     m = mod.update(collate(rows, mode="pad"), mod.configure_optimizers())
     assert m["train/optimizer_steps"] == 2.0 and mod.optimizer_steps == 2
     assert m["train/filtered_groups_frac"] == 0.5
@@ -157,9 +159,17 @@ def test_update_metrics_by_hand(minibatches, epochs) -> None:
     rows = [row(f"r{i}", "g", float(i), [(1, 2 + i)], 8, behavior=-1.0, version=1) for i in range(6)]
     batch = collate(rows, mode="pad")
     mod = GRPOModule(
-        model=small_model(), kl=losses.kl_k2, kl_coef=0.1, entropy_coef=0.01, minibatches=minibatches,
-        epochs=epochs, grad_clip=None, temperature=0.7,
-    )  # fmt: skip
+        model=small_model(),
+        settings=GRPOSettings(
+            kl=losses.kl_k2,
+            kl_coef=0.1,
+            entropy_coef=0.01,
+            minibatches=minibatches,
+            epochs=epochs,
+            grad_clip=None,
+            temperature=0.7,
+        ),
+    )
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():  # move the policy off the frozen reference: KL > 0
         for p in mod.model.parameters():
@@ -263,9 +273,14 @@ def test_two_ranks_average_to_the_one_process_gradient() -> None:
 def test_gspo_micro_batches_see_their_own_segments() -> None:
     """A micro-batch's sequence-level ratio uses the segments of its own sequences."""
     gspo = functools.partial(losses.gspo_policy_loss, eps_low=3e-4, eps_high=4e-4)
-    full, _ = grads_of(GRPOModule(model=small_model(), policy_loss=gspo, filter_zero_variance=False))
+    full, _ = grads_of(
+        GRPOModule(model=small_model(), settings=GRPOSettings(policy_loss=gspo, filter_zero_variance=False))
+    )
     micro, _ = grads_of(
-        GRPOModule(model=small_model(), policy_loss=gspo, filter_zero_variance=False, micro_batch_size=1)
+        GRPOModule(
+            model=small_model(),
+            settings=GRPOSettings(policy_loss=gspo, filter_zero_variance=False, micro_batch_size=1),
+        )
     )
     assert full.abs().sum() > 0 and torch.allclose(micro, full, atol=1e-6, rtol=1e-5)
 
@@ -293,7 +308,7 @@ def test_off_policy_weights_see_segments_and_advantages() -> None:
     batch = collate(rows, mode="pad")
     tis = functools.partial(offpolicy.tis_sequence, cap=2.0, length_norm=True)
     mask_kl = functools.partial(offpolicy.mask_sequence_kl, delta=0.5)
-    mod = GRPOModule(model=small_model(), tis=tis, off_policy_mask=mask_kl)
+    mod = GRPOModule(model=small_model(), settings=GRPOSettings(tis=tis, off_policy_mask=mask_kl))
     m = mod.update(batch, torch.optim.SGD(mod.model.parameters(), lr=0.0))
     lp, _ = independent_logprobs(small_model(), batch)
     mask = batch.loss_mask.float()

@@ -16,6 +16,7 @@ from polar_pl.datamodule.collate import collate
 from polar_pl.module import advantages, losses, offpolicy
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.logprobs import token_logprobs
+from polar_pl.module.settings import GRPOSettings
 
 ROWS = [
     row("a0", "a", 1.0, [(2, 5)], 6),
@@ -38,7 +39,9 @@ def sgd(module: GRPOModule, lr: float = 0.1) -> torch.optim.SGD:
 
 def test_kl_in_reward_lowers_each_rollouts_reward_by_its_summed_k1() -> None:
     beta = 0.3
-    module = perturbed(GRPOModule(model=small_model(), kl_reward=losses.kl_k1, kl_reward_coef=beta))
+    module = perturbed(
+        GRPOModule(model=small_model(), settings=GRPOSettings(kl_reward=losses.kl_k1, kl_reward_coef=beta))
+    )
     batch = collate(ROWS, token_budget=16)
     with torch.no_grad():
         pol, _ = token_logprobs(module.model, batch.input_ids, batch.position_ids)
@@ -59,7 +62,10 @@ def test_kl_monitor_logs_the_distance_from_the_initial_model_and_leaves_the_step
     first step, then the k3 estimate of KL(pi_old || initial model) over the sampled tokens, and
     the weights move exactly as without it."""
     batch = collate(ROWS, token_budget=16)
-    plain, watched = GRPOModule(model=small_model()), GRPOModule(model=small_model(), kl_monitor=True)
+    plain, watched = (
+        GRPOModule(model=small_model()),
+        GRPOModule(model=small_model(), settings=GRPOSettings(kl_monitor=True)),
+    )
     assert plain._ref is None and watched._ref is not None
     first = [module.update(collate(ROWS, token_budget=16), sgd(module)) for module in (plain, watched)]
     assert "train/kl_ref" not in first[0]
@@ -77,7 +83,7 @@ def test_kl_monitor_logs_the_distance_from_the_initial_model_and_leaves_the_step
 
 def test_lr_schedule_is_stepped_per_optimiser_step() -> None:
     sched = functools.partial(get_constant_schedule_with_warmup, num_warmup_steps=4)
-    module = GRPOModule(model=small_model(), lr=0.4, lr_scheduler=sched, minibatches=2)
+    module = GRPOModule(model=small_model(), settings=GRPOSettings(lr=0.4, lr_scheduler=sched, minibatches=2))
     conf = module.configure_optimizers()
     opt, scheduler = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
     assert conf["lr_scheduler"]["interval"] == "step" and opt.param_groups[0]["lr"] == 0.0
@@ -94,7 +100,7 @@ def test_lr_schedule_is_stepped_per_optimiser_step() -> None:
     ],
 )
 def test_policy_losses_move_probability_toward_positive_advantages(loss) -> None:
-    module = GRPOModule(model=small_model(), policy_loss=loss)
+    module = GRPOModule(model=small_model(), settings=GRPOSettings(policy_loss=loss))
     batch = collate(ROWS, token_budget=16)
     with torch.no_grad():
         before, _ = token_logprobs(module.model, batch.input_ids, batch.position_ids)
@@ -111,11 +117,12 @@ def test_off_policy_mask_and_overlong_in_a_step() -> None:
     rows = [row(r.rollout_id, "a", r.reward, [(c["start"], c["start"] + 1) for c in r.meta["calls"]],
                 len(r.input_ids), behavior=-50.0) for r in ROWS]  # fmt: skip
     module = GRPOModule(
-        model=small_model(), off_policy_mask=functools.partial(offpolicy.mask_token, low=0.5, high=2.0)
+        model=small_model(),
+        settings=GRPOSettings(off_policy_mask=functools.partial(offpolicy.mask_token, low=0.5, high=2.0)),
     )
     m = module.update(collate(rows, token_budget=16), sgd(module))
     assert m["train/off_policy_masked_frac"] == 1.0  # mu = e^-50: every ratio far above 2
-    trimmed = GRPOModule(model=small_model(), overlong="call").update(
+    trimmed = GRPOModule(model=small_model(), settings=GRPOSettings(overlong="call")).update(
         collate(ROWS, token_budget=16), sgd(module)
     )
     assert trimmed["train/trainable_tokens"] == 3 + 5 and trimmed["train/truncated_calls"] == 1.0
@@ -125,12 +132,12 @@ def test_config_errors_name_the_key() -> None:
     model = small_model()
     for k1 in (losses.kl_k1, functools.partial(losses.kl_k1)):  # as config builds it: a partial
         with pytest.raises(ValueError, match="module.kl=kl_k1 has zero expected gradient as a loss"):
-            GRPOModule(model=model, kl=k1, kl_coef=0.1)
+            GRPOModule(model=model, settings=GRPOSettings(kl=k1, kl_coef=0.1))
     with pytest.raises(ValueError, match="module.kl_reward_coef > 0 needs module.kl_reward"):
-        GRPOModule(model=model, kl_reward_coef=0.1)
+        GRPOModule(model=model, settings=GRPOSettings(kl_reward_coef=0.1))
     with pytest.raises(ValueError, match="module.micro_batch_tokens=0"):
-        GRPOModule(model=model, micro_batch_tokens=0)
+        GRPOModule(model=model, settings=GRPOSettings(micro_batch_tokens=0))
     with pytest.raises(ValueError, match="module.side_rows"):
-        GRPOModule(model=model, side_rows="merge").update(
+        GRPOModule(model=model, settings=GRPOSettings(side_rows="merge")).update(
             collate(ROWS, token_budget=16), sgd(GRPOModule(model=model))
         )

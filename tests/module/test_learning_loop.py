@@ -12,6 +12,7 @@ from module_rows import prompt_ids, sample_group
 
 from polar_pl.datamodule.collate import collate
 from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.module.weight_sync import EmbeddedStateDictSync, NoSync
 from polar_pl.tasks.learnable import LearnableTaskSource
 from polar_pl.testing.multiturn import learn
@@ -25,7 +26,7 @@ PROMPT = 6
 
 def run(tiny_model_dir, engine, sync) -> tuple[list[float], list[float]]:
     """(mean reward, trainer-vs-engine logprob gap) per step."""
-    module = GRPOModule(tiny_model_dir, lr=3e-2, weight_sync=sync.bind(engine))
+    module = GRPOModule(tiny_model_dir, weight_sync=sync.bind(engine), settings=GRPOSettings(lr=3e-2))
     opt = module.configure_optimizers()
     rewards, gaps = [], []
     for step in range(STEPS):
@@ -87,7 +88,7 @@ def test_multiturn_sessions_learn_to_read_the_prompt(multiturn_model_dir, fresh_
 
     def run(sync, steps: int):
         fresh_engine.update_weights_from_state_dict(initial)
-        module = GRPOModule(model, lr=3e-3, weight_sync=sync.bind(fresh_engine))
+        module = GRPOModule(model, weight_sync=sync.bind(fresh_engine), settings=GRPOSettings(lr=3e-3))
         return learn(
             module, fresh_engine, tasks, tmp_path / f"{steps}.db", steps=steps, notes=NOTES, **MULTITURN
         )

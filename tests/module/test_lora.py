@@ -26,6 +26,7 @@ from polar_pl.module.lora import LoraSpec
 from polar_pl.module.losses import kl_k3
 from polar_pl.module.model import load_model
 from polar_pl.module.prepare import prepare
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.module.weight_sync import (
     DiskSync,
     EmbeddedStateDictSync,
@@ -34,11 +35,11 @@ from polar_pl.module.weight_sync import (
     nbytes,
 )
 
-LORA = {"rank": 4, "alpha": 8}
+LORA = LoraSpec(rank=4, alpha=8)
 
 
 def lora_module(tiny_model_dir, sync=None, **kw) -> GRPOModule:
-    return GRPOModule(tiny_model_dir, lr=2e-2, lora=LORA, weight_sync=sync, **kw)
+    return GRPOModule(tiny_model_dir, weight_sync=sync, settings=GRPOSettings(lr=2e-2, lora=LORA, **kw))
 
 
 def step(module: GRPOModule, rows) -> dict[str, float]:
@@ -66,9 +67,11 @@ def test_bad_lora_config_names_the_key(tiny_model_dir) -> None:
         with pytest.raises(ValueError, match=key):
             LoraSpec.from_config(cfg)
     with pytest.raises(ValueError, match="module.lora.target_modules=.*no_such_proj"):
-        GRPOModule(tiny_model_dir, lora={"rank": 4, "target_modules": ["no_such_proj"]})
+        GRPOModule(
+            tiny_model_dir, settings=GRPOSettings(lora=LoraSpec(rank=4, target_modules=("no_such_proj",)))
+        )
     with pytest.raises(ValueError, match="VLLMWeightTransferSync cannot push a LoRA adapter"):
-        GRPOModule(tiny_model_dir, lora=LORA, weight_sync=VLLMWeightTransferSync())
+        GRPOModule(tiny_model_dir, weight_sync=VLLMWeightTransferSync(), settings=GRPOSettings(lora=LORA))
 
 
 def test_only_the_adapter_trains_and_is_checkpointed(tiny_model_dir, rows) -> None:
@@ -188,7 +191,9 @@ def test_resume_from_a_lora_checkpoint(tiny_model_dir, fresh_engine, rows, tmp_p
             return super().push(model)
 
     def fit(max_steps: int, ckpt_path=None, lora=LORA) -> GRPOModule:
-        module = GRPOModule(tiny_model_dir, lr=2e-2, lora=lora, weight_sync=Recording())
+        module = GRPOModule(
+            tiny_model_dir, weight_sync=Recording(), settings=GRPOSettings(lr=2e-2, lora=lora)
+        )
         trainer = L.Trainer(
             accelerator="cpu", max_steps=max_steps, default_root_dir=tmp_path, logger=False,
             enable_progress_bar=False, enable_model_summary=False,

@@ -17,6 +17,7 @@ from polar_pl.engine.embedded import EmbeddedEngine
 from polar_pl.engine.vllm_engine import VLLMEngine, vllm_installed, vllm_python
 from polar_pl.harness.mini_agent import TOOLS
 from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.module.weight_sync import DiskSync, EmbeddedStateDictSync
 
 pytestmark = pytest.mark.slow
@@ -31,7 +32,7 @@ def prompt(smollm2_model_dir) -> list[int]:
 
 def one_step(model_dir, engine, prompt, sync) -> GRPOModule:
     """A GRPO step on a group the engine sampled (lr large enough that its answers move), pushed."""
-    module = GRPOModule(model_dir, lr=1e-4, weight_sync=sync)
+    module = GRPOModule(model_dir, weight_sync=sync, settings=GRPOSettings(lr=1e-4))
     rows = sample_group(engine, "g", prompt, size=4, max_tokens=8, seed=3)
     assert max_gap(module, rows) < GAP_TOL  # fresh: the trainer scores the engine's samples alike
     metrics = module.update(collate(rows, token_budget=256), module.configure_optimizers())

@@ -17,6 +17,7 @@ from polar_pl.engine.replicas import EngineReplicas
 from polar_pl.gateway.handle import Gateway
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.logprobs import scorable, token_logprobs
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.module.weight_sync import EmbeddedStateDictSync
 
 GAP_TOL = 0.01
@@ -57,7 +58,9 @@ def test_push_reaches_every_replica_and_a_dead_one_is_taken_out(tiny_model_dir, 
         assert all(len(u) == 1 for u in served)  # sticky
         assert set().union(*served) == set(engines.urls)  # spread over both
 
-        module = GRPOModule(tiny_model_dir, lr=1e-2, weight_sync=EmbeddedStateDictSync().bind(engines))
+        module = GRPOModule(
+            tiny_model_dir, weight_sync=EmbeddedStateDictSync().bind(engines), settings=GRPOSettings(lr=1e-2)
+        )
         opt = module.configure_optimizers()
         step(module, engines.engines[0], opt, seed=3)
         assert [e.policy_version() for e in engines.engines] == [1, 1] == [engines.policy_version()] * 2

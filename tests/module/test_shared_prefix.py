@@ -20,6 +20,7 @@ from polar_pl.datamodule.tree import parents, root_path
 from polar_pl.module import losses
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.logprobs import forward_inputs, token_logprobs
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.trajectory.rows import TrajectoryRow
 
 REL = 1e-5
@@ -150,7 +151,7 @@ def assert_tree_equals_per_row(module: GRPOModule, rows: list[TrajectoryRow], **
 
 @pytest.fixture(scope="module")
 def tiny_module(tiny_model_dir) -> GRPOModule:
-    return GRPOModule(tiny_model_dir, grad_clip=None, entropy_coef=0.01)
+    return GRPOModule(tiny_model_dir, settings=GRPOSettings(grad_clip=None, entropy_coef=0.01))
 
 
 @pytest.mark.parametrize("case", ["single_call", "two_groups", "multi_call", "edges"])
@@ -163,7 +164,8 @@ def test_trees_in_micro_batches_with_kl_and_two_epochs(tiny_model_dir) -> None:
     """The old-logprob and reference passes run the tree too; one tree per micro-batch (a tree is
     never cut), and a group over the token budget split into two trees."""
     module = GRPOModule(
-        tiny_model_dir, grad_clip=None, epochs=2, micro_batch_size=1, kl=losses.kl_k2, kl_coef=0.1
+        tiny_model_dir,
+        settings=GRPOSettings(grad_clip=None, epochs=2, micro_batch_size=1, kl=losses.kl_k2, kl_coef=0.1),
     )
     with torch.no_grad():  # the policy away from the reference, so KL has a gradient
         for p in module.model.parameters():
@@ -175,7 +177,7 @@ def test_trees_in_micro_batches_with_kl_and_two_epochs(tiny_model_dir) -> None:
 
 def test_tree_equals_per_row_on_smollm2(smollm2_model_dir) -> None:
     """The real model (30 layers, GQA, 49k vocabulary): all four cases in one batch."""
-    module = GRPOModule(smollm2_model_dir, grad_clip=None)
+    module = GRPOModule(smollm2_model_dir, settings=GRPOSettings(grad_clip=None))
     rows = [r for case in cases(module.model.config.vocab_size).values() for r in case]
     assert_tree_equals_per_row(module, rows)
 
@@ -203,7 +205,7 @@ def groups(draw):
 @given(rows=groups())
 def test_random_groups_train_as_per_row(rows) -> None:
     """Random groups on the small model: the same loss and gradient (or both skipped)."""
-    make = functools.partial(GRPOModule, grad_clip=None, filter_zero_variance=False)
+    make = functools.partial(GRPOModule, settings=GRPOSettings(grad_clip=None, filter_zero_variance=False))
     module = make(model=small_model())
     tree, per_row = collate(rows, mode="tree"), collate(rows, mode="pad")
     (loss_tree, g_tree), (loss_row, g_row) = update(module, tree), update(module, per_row)

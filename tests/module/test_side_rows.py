@@ -11,6 +11,7 @@ from small_model import small_model
 from polar_pl.datamodule.collate import collate
 from polar_pl.gateway.store.records import TraceRecord
 from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.trajectory import PerRequestBuilder, PrefixBuilder
 
 REWARDS = [1.0, 0.0, 0.5, 0.0]
@@ -67,7 +68,7 @@ def test_side_rows_excluded_by_config() -> None:
     built = rows(PrefixBuilder(side_calls_inherit_reward=True))
     model = small_model()
     batch = collate(built, token_budget=32)
-    m = GRPOModule(model=model, side_rows="exclude").update(
+    m = GRPOModule(model=model, settings=GRPOSettings(side_rows="exclude")).update(
         batch, torch.optim.SGD(model.parameters(), lr=0.1)
     )
     assert (m["train/rollouts"], m["train/side_rollouts"]) == (4.0, 0.0)

@@ -18,6 +18,7 @@ from synthetic import row
 from polar_pl.datamodule.collate import collate
 from polar_pl.module import advantages, aggregation, losses, offpolicy
 from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.settings import GRPOSettings
 
 # No shrinking: a failing example is printed whole, and shrinking one costs minutes. Mutation runs
 # (pyproject's [tool.mutmut]) set POLAR_HYPOTHESIS_EXAMPLES for fewer, fixed examples.
@@ -83,13 +84,23 @@ def module_for(cfg: RefConfig, model, **kw) -> GRPOModule:
         "sum_norm": functools.partial(aggregation.seq_mean_token_sum_norm, max_len=cfg.max_len),
     }[cfg.aggregation]
     return GRPOModule(
-        model=model, advantage=adv, aggregation=agg, side_rows=cfg.side_rows,
-        filter_zero_variance=cfg.filter_zero_variance, grad_clip=None,
-        tis=functools.partial(offpolicy.tis_token, cap=cfg.tis_cap) if cfg.tis_cap else None,
-        kl=losses.kl_k2 if cfg.kl_coef else None, kl_coef=cfg.kl_coef, entropy_coef=cfg.entropy_coef,
-        policy_loss=functools.partial(losses.clipped_policy_loss, eps_low=cfg.eps_low, eps_high=cfg.eps_high),
-        **kw,
-    )  # fmt: skip
+        model=model,
+        settings=GRPOSettings(
+            advantage=adv,
+            aggregation=agg,
+            side_rows=cfg.side_rows,
+            filter_zero_variance=cfg.filter_zero_variance,
+            grad_clip=None,
+            tis=functools.partial(offpolicy.tis_token, cap=cfg.tis_cap) if cfg.tis_cap else None,
+            kl=losses.kl_k2 if cfg.kl_coef else None,
+            kl_coef=cfg.kl_coef,
+            entropy_coef=cfg.entropy_coef,
+            policy_loss=functools.partial(
+                losses.clipped_policy_loss, eps_low=cfg.eps_low, eps_high=cfg.eps_high
+            ),
+            **kw,
+        ),
+    )
 
 
 def perturb(model, seed: int = 1) -> None:

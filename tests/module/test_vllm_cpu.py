@@ -15,6 +15,7 @@ from test_weight_sync import GAP_TOL, max_gap, trained
 from polar_pl.engine.vllm_engine import VLLMEngine, vllm_installed, vllm_python
 from polar_pl.gateway.handle import Gateway
 from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.module.weight_sync import DiskSync, VLLMRoutes
 from polar_pl.testing.sampling_gap import sample_records, trainer_gap
 
@@ -73,7 +74,9 @@ def test_lora_adapters_pushed_into_vllm_cpu(vllm, tiny_model_dir, engine, tmp_pa
     base + adapter with the trainer's logprobs; it keeps the newest two; the gateway asks for the
     newest and records its version from the answer's model name (vLLM tags no version)."""
     v0 = vllm.update_weights_from_disk(str(tiny_model_dir))  # back to the base the adapter trains on
-    module = GRPOModule(tiny_model_dir, lr=2e-2, lora=LORA, weight_sync=DiskSync().bind(vllm))
+    module = GRPOModule(
+        tiny_model_dir, weight_sync=DiskSync().bind(vllm), settings=GRPOSettings(lr=2e-2, lora=LORA)
+    )
     for seed in (3, 4, 5):
         step(module, sample_group(engine, "g", prompt_ids(6, 11), seed=seed))
     version = vllm.policy_version()

@@ -11,6 +11,7 @@ from module_rows import prompt_ids, sample_group
 from polar_pl.datamodule.collate import collate
 from polar_pl.module.grpo import GRPOModule
 from polar_pl.module.logprobs import scorable, token_logprobs
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.module.weight_sync import (
     DiskSync,
     EmbeddedStateDictSync,
@@ -33,7 +34,7 @@ def greedy(engine, prompt: list[int]) -> tuple[list[float], int]:
 
 def trained(tiny_model_dir, engine, sync: WeightSync | None = None) -> GRPOModule:
     """A module after one GRPO step (lr large enough that the engine's answers visibly change)."""
-    module = GRPOModule(tiny_model_dir, lr=1e-2, weight_sync=sync)
+    module = GRPOModule(tiny_model_dir, weight_sync=sync, settings=GRPOSettings(lr=1e-2))
     rows = sample_group(engine, "g", prompt_ids(6, 11), seed=3)
     m = module.update(collate(rows, token_budget=64), module.configure_optimizers())
     assert m["train/optimizer_steps"] == 1.0

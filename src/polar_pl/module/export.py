@@ -169,7 +169,7 @@ class ExportModel(L.Callback):
             return
         write = trainer.global_rank == 0
         assert module.model_dir is not None  # the training config always sets module.model_dir
-        lora = getattr(pl_module, "lora", None)
+        lora = module.settings.lora
         if lora is None:
             path = export_hf(module.model, module.model_dir, self.out_dir, write=write)
             if write:

@@ -43,10 +43,10 @@ import copy
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -55,10 +55,8 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from polar_pl.datamodule.collate import TrainBatch
 from polar_pl.module import advantages as adv_fns
-from polar_pl.module import aggregation as agg_fns
-from polar_pl.module import losses
 from polar_pl.module.logprobs import Sampling, forward_inputs, scorable, token_logprobs
-from polar_pl.module.lora import LoraSpec, attach
+from polar_pl.module.lora import attach
 from polar_pl.module.metrics import batch_metrics, harness_metrics, numeric, unit_metrics
 from polar_pl.module.model import Frozen, enable_checkpointing, load_model
 from polar_pl.module.prepare import Prepared, prepare, unit_sums
@@ -79,130 +77,47 @@ log = logging.getLogger(__name__)
 
 
 class GRPOModule(L.LightningModule):
-    """See the module docstring. Functions are chosen by config (`_target_` + `_partial_`).
+    """See the module docstring.
 
     model_dir: HF model directory (or pass `model`, an nn.Module with a HF causal-LM forward).
-    advantage: fn(rewards (K,), group (K,)) -> (K,), see advantages.py (default group_mean).
-    aggregation: fn(mask, row_index, row_rollout) -> token weights, see aggregation.py.
-    policy_loss: fn(logp, old_logp, advantages, mask, segments) -> (loss, clipped), see losses.py
-        (default clipped_policy_loss with eps 0.2 / 0.28).
-    kl: fn(logp, ref_logp) -> (N, T) added to the loss with kl_coef (kl_k2 / kl_k3 / kl_k3_plus).
-    kl_reward: fn(old_logp, ref_logp) -> (N, T) (kl_k1), summed over a rollout's tokens and
-        subtracted from its reward with kl_reward_coef before the advantages.
-    kl_monitor: compute the frozen initial model's logprobs every step, with or without a KL term,
-        and log train/kl_ref (how far the policy has moved from where it started; one more
-        no-grad forward a step).
-    tis / off_policy_mask: fn(old_logp, behavior_logp, mask, segments, advantages) -> (N, T)
-        weights multiplying the policy loss (see offpolicy.py), or None.
-    entropy_coef: entropy bonus (the loss subtracts entropy_coef x the sampled distribution's
-        entropy at each trainable token).
-    filter_zero_variance: drop groups whose task rewards are all equal.
-    side_rows: "own" (side calls are units of their own) or "exclude" (see rollouts.py).
-    overlong: None, "call" or "rollout": drop the tokens of calls cut by the length limit, or of
-        their whole rollout (see prepare.py).
-    micro_batch_size / micro_batch_tokens: sequences / tokens per forward-backward (None: the
-        whole minibatch); logprob_chunk_tokens: tokens per LM-head chunk (None: all at once).
-    temperature: the sampling temperature of calls that record no sampling settings (the trainer
-        otherwise uses each call's recorded temperature / top_p / top_k).
-    lr_scheduler: fn(optimizer) -> an LR scheduler stepped after every optimiser step, or None.
+    settings: the hyper-parameters (settings.py); conf/module/grpo.yaml builds them with `grpo_module`.
     weight_sync: a WeightSync (bound to the datamodule's `push_target()` in on_fit_start if unbound), or None.
-    lora: {rank, alpha, dropout, target_modules, lr, export_merged} (see lora.LoraSpec); None or
-        rank None: full fine-tuning.
     """
 
     def __init__(
         self,
         model_dir: str | Path | None = None,
         *,
+        settings: GRPOSettings = GRPOSettings(),
         model: nn.Module | None = None,
-        advantage: Callable[..., torch.Tensor] | None = None,
-        aggregation: Callable[..., torch.Tensor] | None = None,
-        policy_loss: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
-        kl: Callable[..., torch.Tensor] | None = None,
-        kl_coef: float = 0.0,
-        kl_reward: Callable[..., torch.Tensor] | None = None,
-        kl_reward_coef: float = 0.0,
-        kl_monitor: bool = False,
-        tis: Callable[..., torch.Tensor] | None = None,
-        off_policy_mask: Callable[..., torch.Tensor] | None = None,
-        entropy_coef: float = 0.0,
-        filter_zero_variance: bool = True,
-        side_rows: str = "own",
-        overlong: str | None = None,
-        epochs: int = 1,
-        minibatches: int = 1,
-        micro_batch_size: int | None = None,
-        micro_batch_tokens: int | None = None,
-        logprob_chunk_tokens: int | None = None,
-        lr: float = 1e-6,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        adam_eps: float = 1e-8,
-        lr_scheduler: Callable[[torch.optim.Optimizer], LRScheduler] | None = None,
-        grad_clip: float | None = 1.0,
-        temperature: float = 1.0,
-        push_every: int = 1,
         weight_sync: WeightSync | None = None,
-        dtype: str | None = None,
-        attn_implementation: str | None = None,
-        gradient_checkpointing: bool = False,
-        seed: int = 0,
-        lora: Mapping[str, Any] | LoraSpec | None = None,
-    ):
+    ) -> None:
         super().__init__()
         self.automatic_optimization = False
-        self.settings = GRPOSettings.from_config(
-            dict(
-                advantage=advantage, aggregation=aggregation, policy_loss=policy_loss, kl=kl, kl_coef=kl_coef,
-                kl_reward=kl_reward, kl_reward_coef=kl_reward_coef, kl_monitor=kl_monitor, tis=tis,
-                off_policy_mask=off_policy_mask, entropy_coef=entropy_coef,
-                filter_zero_variance=filter_zero_variance, side_rows=side_rows, overlong=overlong, epochs=epochs,
-                minibatches=minibatches, micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens,
-                logprob_chunk_tokens=logprob_chunk_tokens, lr=lr, weight_decay=weight_decay, betas=betas,
-                adam_eps=adam_eps, lr_scheduler=lr_scheduler, grad_clip=grad_clip, temperature=temperature,
-                push_every=push_every, dtype=dtype, attn_implementation=attn_implementation,
-                gradient_checkpointing=gradient_checkpointing, seed=seed, lora=lora,
+        self.settings = settings
+        if settings.lora is not None and not (weight_sync is None or weight_sync.pushes_adapters):
+            raise ValueError(
+                f"module.weight_sync={type(weight_sync).__name__} cannot push a LoRA adapter (module.lora.rank="
+                f"{settings.lora.rank}): use module/weight_sync=embedded, disk or none"
             )
-        )  # fmt: skip
         if model is None:
             if model_dir is None:
                 raise ValueError("GRPOModule needs module.model_dir (or a model)")
-            model = load_model(model_dir, dtype=dtype, attn_implementation=attn_implementation)
+            model = load_model(
+                model_dir, dtype=settings.dtype, attn_implementation=settings.attn_implementation
+            )
         self.model = model.train()  # from_pretrained returns eval mode; the old-logprob pass sets eval itself
         self.model_dir = model_dir
-        if gradient_checkpointing:
+        if settings.gradient_checkpointing:
             enable_checkpointing(self.model)
         enable_tree_attention(self.model)  # exactly sdpa, plus tree batches (collate mode "tree")
-        self.lora = LoraSpec.from_config(lora)
-        self._peft = _Outside(attach(self.model, self.lora)) if self.lora is not None else None
-        if self.lora is not None:
+        self._peft = _Outside(attach(self.model, settings.lora)) if settings.lora is not None else None
+        if settings.lora is not None:
             self._adapter_only_checkpoints()
-        self.advantage = advantage or functools.partial(adv_fns.group_mean, std_normalize=True)
-        self.aggregation = aggregation or agg_fns.token_mean
-        self.policy_loss = policy_loss or functools.partial(
-            losses.clipped_policy_loss, eps_low=0.2, eps_high=0.28
-        )
-        self.kl, self.kl_coef = kl, float(kl_coef)
-        self.kl_reward, self.kl_reward_coef = kl_reward, float(kl_reward_coef)
-        self.tis, self.off_policy_mask, self.entropy_coef = tis, off_policy_mask, float(entropy_coef)
-        self.filter_zero_variance, self.side_rows, self.overlong = filter_zero_variance, side_rows, overlong
-        self.epochs, self.minibatches = int(epochs), int(minibatches)
-        self.micro_batch_size, self.micro_batch_tokens = micro_batch_size, micro_batch_tokens
-        self.logprob_chunk_tokens = logprob_chunk_tokens
-        lr = self.lora.lr if self.lora is not None and self.lora.lr is not None else lr
-        self.lr, self.weight_decay, self.adam_eps = lr, weight_decay, adam_eps
-        self.betas = cast(tuple[float, float], tuple(betas))  # Hydra passes a list
-        self.lr_scheduler, self.grad_clip, self.temperature = lr_scheduler, grad_clip, temperature
-        self.push_every, self.weight_sync, self.seed = int(push_every), weight_sync, seed
-        adapters_ok = weight_sync is None or weight_sync.pushes_adapters
-        if self.lora is not None and not adapters_ok:
-            raise ValueError(
-                f"module.weight_sync={type(weight_sync).__name__} cannot push a LoRA adapter (module.lora.rank="
-                f"{self.lora.rank}): use module/weight_sync=embedded, disk or none"
-            )
-        self.needs_ref = self.kl_coef > 0 or self.kl_reward_coef > 0 or bool(kl_monitor)
+        self.weight_sync = weight_sync
         # with LoRA the reference is this model with its adapter off (`_reference`): no copy
-        self._ref = Frozen(copy.deepcopy(self.model)) if self.needs_ref and self.lora is None else None
+        needs_copy = settings.needs_ref and settings.lora is None
+        self._ref = Frozen(copy.deepcopy(self.model)) if needs_copy else None
         self.sharded = False  # by configure_model under trainer.strategy=fsdp
         self.optimizer_steps = 0  # over the whole run (checkpointed)
         self.skipped_batches = 0
@@ -225,11 +140,18 @@ class GRPOModule(L.LightningModule):
         """The AdamW optimizer; with an lr_scheduler, Lightning's dict with it stepped per step."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(
-            params, lr=self.lr, betas=self.betas, eps=self.adam_eps, weight_decay=self.weight_decay
+            params,
+            lr=self.settings.optimizer_lr,
+            betas=self.settings.betas,
+            eps=self.settings.adam_eps,
+            weight_decay=self.settings.weight_decay,
         )
-        if self.lr_scheduler is None:
+        if self.settings.lr_scheduler is None:
             return opt
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.lr_scheduler(opt), "interval": "step"}}
+        return {
+            "optimizer": opt,
+            "lr_scheduler": {"scheduler": self.settings.lr_scheduler(opt), "interval": "step"},
+        }
 
     def bind_engine(self, engine: Any) -> None:
         """Point the weight sync at a push target by hand; on_fit_start binds the rollout runtime's
@@ -265,19 +187,19 @@ class GRPOModule(L.LightningModule):
             "optimizer_steps": self.optimizer_steps,
             "skipped_batches": self.skipped_batches,
             "own_version": self.own_version,
-            "lora": self.lora.to_dict() if self.lora is not None else None,
+            "lora": self.settings.lora.to_dict() if self.settings.lora is not None else None,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("grpo", {})
         saved = state.get("lora")
-        if (saved is None) != (self.lora is None) or (
-            saved and self.lora is not None and saved["rank"] != self.lora.rank
+        if (saved is None) != (self.settings.lora is None) or (
+            saved and self.settings.lora is not None and saved["rank"] != self.settings.lora.rank
         ):
             had = f"LoRA rank {saved['rank']}" if saved else "full fine-tuning"
             raise ValueError(
                 f"ckpt_path: the checkpoint was trained with {had}; module.lora.rank="
-                f"{self.lora.rank if self.lora else None} cannot resume it"
+                f"{self.settings.lora.rank if self.settings.lora else None} cannot resume it"
             )
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         self.skipped_batches = int(state.get("skipped_batches", 0))
@@ -315,14 +237,20 @@ class GRPOModule(L.LightningModule):
         if batch is None or batch.num_rows == 0:
             return self._skip("empty batch")
         batch = batch.to(next(self.model.parameters()).device)
-        prep = prepare(batch, side_rows=self.side_rows, overlong=self.overlong, temperature=self.temperature)
+        prep = prepare(
+            batch,
+            side_rows=self.settings.side_rows,
+            overlong=self.settings.overlong,
+            temperature=self.settings.temperature,
+        )
         units = prep.units
         old = ent = ref = penalty = None
-        if self.kl_reward_coef > 0:
+        if self.settings.kl_reward_coef > 0:
             old, ent, ref = self._old_logprobs(batch, prep.sampling)
-            assert self.kl_reward is not None  # check_config: kl_reward_coef > 0 needs kl_reward
-            kl = self.kl_reward(old, ref)
-            penalty = self.kl_reward_coef * unit_sums(
+            assert self.settings.kl_reward is not None  # GRPOSettings: kl_reward_coef > 0 needs kl_reward
+            assert ref is not None  # kl_reward_coef > 0: needs_ref
+            kl = self.settings.kl_reward(old, ref)
+            penalty = self.settings.kl_reward_coef * unit_sums(
                 kl, prep.eligible, prep.token_unit, units.reward.numel()
             )
         adv, keep, filtered = self._advantages(units, penalty)
@@ -333,7 +261,7 @@ class GRPOModule(L.LightningModule):
         tok_adv = adv[prep.token_unit.clamp(min=0)] * mask
         fused = old is None and self.single_step
         if fused:  # pi_old is the model as it is: its logprobs come from the update's own forward
-            ref = self._ref_logprobs(batch, prep.sampling) if self.needs_ref else None
+            ref = self._ref_logprobs(batch, prep.sampling) if self.settings.needs_ref else None
             tis_w = keep_w = corr = None
         else:
             if old is None:
@@ -342,7 +270,7 @@ class GRPOModule(L.LightningModule):
                 old, batch.behavior_logprobs, mask, prep.segments, tok_adv
             )
         t1 = time.perf_counter()
-        seen = _Seen.zeros(mask, self.tis, self.off_policy_mask) if fused else None
+        seen = _Seen.zeros(mask, self.settings.tis, self.settings.off_policy_mask) if fused else None
         stats = self._optimise(batch, prep, optimizer, scheduler, mask, tok_adv, old, ref, corr, seen)
         t2 = time.perf_counter()
         sampled = prep.sampled
@@ -367,7 +295,7 @@ class GRPOModule(L.LightningModule):
         m.update(
             {
                 "train/tokens_per_s": (batch.total_tokens - batch.padding_tokens)
-                * self.epochs
+                * self.settings.epochs
                 / max(t2 - t0 - stats["train/push_s"], 1e-9),
                 "train/old_logprob_s": t1 - t0,
                 "train/update_s": t2 - t1 - stats["train/push_s"],
@@ -383,7 +311,7 @@ class GRPOModule(L.LightningModule):
     def single_step(self) -> bool:
         """One optimiser step per batch: pi_old is the model before that step, so the logprobs of
         the update's forward (detached) are pi_old's and no separate no-grad pass is needed."""
-        return self.epochs == 1 and self.minibatches == 1
+        return self.settings.single_step
 
     def _corrections(
         self,
@@ -396,7 +324,7 @@ class GRPOModule(L.LightningModule):
         """(tis weights, off-policy keep weights, their product) against the engine's logprobs."""
         tis_w, keep_w = (
             fn(old, behavior, mask, segments, tok_adv) if fn is not None else None
-            for fn in (self.tis, self.off_policy_mask)
+            for fn in (self.settings.tis, self.settings.off_policy_mask)
         )
         weights = [w for w in (tis_w, keep_w) if w is not None]
         return tis_w, keep_w, (functools.reduce(torch.mul, weights) if weights else None)
@@ -407,10 +335,10 @@ class GRPOModule(L.LightningModule):
         """(advantage per unit (K,), keep per unit (K,) bool, fraction of groups dropped). The
         zero-variance filter looks at the task rewards, before any KL penalty."""
         rewards = units.reward if penalty is None else units.reward - penalty.to(units.reward)
-        advantage = self.advantage(rewards, units.group).to(units.reward.device)
+        advantage = self.settings.advantage(rewards, units.group).to(units.reward.device)
         keep = units.present
         filtered = 0.0
-        if self.filter_zero_variance:
+        if self.settings.filter_zero_variance:
             signal = adv_fns.nonzero_variance_groups(units.reward, units.group)
             groups = units.group[keep].unique()
             dropped = units.group[keep & ~signal].unique()
@@ -444,7 +372,7 @@ class GRPOModule(L.LightningModule):
             for idx in self._micro(rows, batch):
                 kw: dict[str, Any] = {
                     "sampling": sampling[idx],
-                    "chunk_tokens": self.logprob_chunk_tokens,
+                    "chunk_tokens": self.settings.logprob_chunk_tokens,
                     "need": sampled[idx],
                 }
                 refs.append(token_logprobs(ref_model, **self._inputs(batch, idx), **kw)[0])
@@ -464,7 +392,7 @@ class GRPOModule(L.LightningModule):
         for idx in self._micro(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device), batch):
             kw: dict[str, Any] = {
                 "sampling": sampling[idx],
-                "chunk_tokens": self.logprob_chunk_tokens,
+                "chunk_tokens": self.settings.logprob_chunk_tokens,
                 "need": sampled[idx],
             }
             kw.update(self._inputs(batch, idx))
@@ -472,7 +400,7 @@ class GRPOModule(L.LightningModule):
             assert ent is not None  # with_entropy
             olds.append(lp)
             ents.append(ent)
-            if self.needs_ref:
+            if self.settings.needs_ref:
                 with self._reference(batch.input_ids.device) as ref_model:
                     refs.append(token_logprobs(ref_model, **kw)[0])
         self.model.train(was_training)
@@ -493,9 +421,9 @@ class GRPOModule(L.LightningModule):
     ) -> dict[str, float]:
         self.model.train()
         n = batch.input_ids.shape[0]
-        gen = torch.Generator().manual_seed(self.seed + self.optimizer_steps)
+        gen = torch.Generator().manual_seed(self.settings.seed + self.optimizer_steps)
         # Once for the whole batch: a rollout weighs the same whichever minibatches its rows land in.
-        weights = self.aggregation(mask, batch.row_index, prep.units.row.clamp(min=0))
+        weights = self.settings.aggregation(mask, batch.row_index, prep.units.row.clamp(min=0))
         sums = {
             k: torch.zeros((), dtype=torch.float64, device=mask.device)
             for k in ("loss", "kl", "clipped", "tokens")
@@ -503,14 +431,16 @@ class GRPOModule(L.LightningModule):
         norms: list[float] = []
         push_s, push_bytes = 0.0, 0
         world = self._world()
-        for _ in range(self.epochs):
+        for _ in range(self.settings.epochs):
             order = (
                 torch.randperm(n, generator=gen).to(mask.device)
-                if self.minibatches > 1
+                if self.settings.minibatches > 1
                 else torch.arange(n, device=mask.device)
             )
             mbs = [
-                mb for mb in torch.tensor_split(order, self.minibatches) if mb.numel() and mask[mb].sum() > 0
+                mb
+                for mb in torch.tensor_split(order, self.settings.minibatches)
+                if mb.numel() and mask[mb].sum() > 0
             ]
             for mb in mbs:
                 # nothing trainable in a micro-batch: no forward (on every rank alike)
@@ -535,7 +465,7 @@ class GRPOModule(L.LightningModule):
                 for _ in range(pad):
                     self._empty_backward(batch, prep, micros[0], mask)
                 norms.append(self._step(optimizer, scheduler))
-                if not self.optimizer_steps % self.push_every:
+                if not self.optimizer_steps % self.settings.push_every:
                     push_s += self._timed_push()
                     push_bytes += self.weight_sync.pushed_bytes if self.weight_sync is not None else 0
         steps = max(len(norms), 1)
@@ -578,8 +508,8 @@ class GRPOModule(L.LightningModule):
             self.model,
             **self._inputs(batch, idx),
             sampling=prep.sampling[idx],
-            with_entropy=self.entropy_coef > 0 or seen is not None,
-            chunk_tokens=self.logprob_chunk_tokens,
+            with_entropy=self.settings.entropy_coef > 0 or seen is not None,
+            chunk_tokens=self.settings.logprob_chunk_tokens,
             need=m if seen is None else prep.sampled[idx],
         )
         if seen is None:
@@ -592,17 +522,17 @@ class GRPOModule(L.LightningModule):
                 old_mb, batch.behavior_logprobs[idx], m, segments, tok_adv[idx]
             )
             seen.record(idx, old_mb, ent.detach(), tis_mb, keep_mb)
-        per_token, clipped = self.policy_loss(logp, old_mb, tok_adv[idx], m, segments)
+        per_token, clipped = self.settings.policy_loss(logp, old_mb, tok_adv[idx], m, segments)
         if corr_mb is not None:
             per_token = per_token * corr_mb
-        if ref is not None and self.kl_coef > 0:
-            assert self.kl is not None  # check_config: kl_coef > 0 needs kl
-            k = self.kl(logp, ref[idx])
-            per_token = per_token + self.kl_coef * k
+        if ref is not None and self.settings.kl_coef > 0:
+            assert self.settings.kl is not None  # GRPOSettings: kl_coef > 0 needs kl
+            k = self.settings.kl(logp, ref[idx])
+            per_token = per_token + self.settings.kl_coef * k
             sums["kl"] += (k.detach() * w).sum()
-        if self.entropy_coef > 0:
+        if self.settings.entropy_coef > 0:
             assert ent is not None  # with_entropy when entropy_coef > 0
-            per_token = per_token - self.entropy_coef * ent
+            per_token = per_token - self.settings.entropy_coef * ent
         loss = torch.where(w > 0, per_token * w, 0.0).sum()
         touch = grad_scale > 1 and not self.sharded  # FSDP: every forward reaches every layer
         self._backward(loss * grad_scale + self._touch_all() if touch else loss * grad_scale)
@@ -614,9 +544,9 @@ class GRPOModule(L.LightningModule):
     def _micro(self, idx: torch.Tensor, batch: TrainBatch) -> list[torch.Tensor]:
         """`idx` cut into micro-batches of at most micro_batch_size sequences and
         micro_batch_tokens tokens (always at least one sequence)."""
-        size = self.micro_batch_size or max(idx.numel(), 1)
-        if self.micro_batch_tokens is not None:
-            size = min(size, max(1, self.micro_batch_tokens // max(batch.input_ids.shape[1], 1)))
+        size = self.settings.micro_batch_size or max(idx.numel(), 1)
+        if self.settings.micro_batch_tokens is not None:
+            size = min(size, max(1, self.settings.micro_batch_tokens // max(batch.input_ids.shape[1], 1)))
         return list(torch.split(idx, size))
 
     def _world(self) -> int:
@@ -644,7 +574,7 @@ class GRPOModule(L.LightningModule):
             self.model,
             **self._inputs(batch, idx),
             sampling=prep.sampling[idx],
-            chunk_tokens=self.logprob_chunk_tokens,
+            chunk_tokens=self.settings.logprob_chunk_tokens,
             need=mask[idx],
         )
         self._backward(logp.sum() * 0.0)
@@ -670,7 +600,7 @@ class GRPOModule(L.LightningModule):
 
     def _step(self, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None = None) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
+        max_norm = self.settings.grad_clip if self.settings.grad_clip is not None else float("inf")
         norm = to_float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -750,6 +680,20 @@ class GRPOModule(L.LightningModule):
         if batch is not None and batch.num_rows:
             out.update(harness_metrics(batch))
         return out
+
+
+def grpo_module(
+    model_dir: str | Path | None = None,
+    *,
+    model: nn.Module | None = None,
+    weight_sync: WeightSync | None = None,
+    **settings: Any,
+) -> GRPOModule:
+    """conf/module/grpo.yaml's `_target_`: the flat `module.*` keys (lr, kl_coef, lora, ...) become
+    the module's GRPOSettings; an unknown key is a ValueError naming it and the known ones."""
+    return GRPOModule(
+        model_dir, settings=GRPOSettings.from_config(settings), model=model, weight_sync=weight_sync
+    )
 
 
 class _Outside:

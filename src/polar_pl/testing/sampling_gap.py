@@ -17,6 +17,7 @@ import torch
 from polar_pl.datamodule.collate import collate
 from polar_pl.gateway.handle import Gateway
 from polar_pl.module.grpo import GRPOModule
+from polar_pl.module.settings import GRPOSettings
 from polar_pl.trajectory import PerRequestBuilder
 
 PROMPTS = ("Tell me about rivers.", "Write a word in CAPITALS.", "Count to five.", "Name a colour.")
@@ -48,14 +49,16 @@ def sample_records(
     return out
 
 
-def trainer_gap(model_dir: Path, sessions: list[list], **module_kw: Any) -> dict[str, float]:
+def trainer_gap(
+    model_dir: Path, sessions: list[list], settings: GRPOSettings = GRPOSettings()
+) -> dict[str, float]:
     """train/* metrics of one update (lr 0) on the sampled rows; every group has a 0 and a 1 reward."""
     builder = PerRequestBuilder()
     half = len(sessions) // 2  # attempt 1 of every prompt scores 0, attempt 2 scores 1
     rows = [
         row for k, recs in enumerate(sessions) for row in builder.build(recs, reward=float(k >= half)).rows
     ]
-    module = GRPOModule(model_dir, **module_kw)
+    module = GRPOModule(model_dir, settings=settings)
     budget = max(len(r.input_ids) for r in rows)
     return module.update(
         collate(rows, token_budget=budget), torch.optim.SGD(module.model.parameters(), lr=0.0)
