@@ -121,6 +121,25 @@ def test_op_weights_shape_the_train_split_and_leave_the_test_split() -> None:
     ]
 
 
+def test_ops_keep_both_splits_to_those_operations_and_the_held_out_ids() -> None:
+    """The first run's task: addition and multiplication only, on the train split and on the held-out
+    set's tasks of those operations, under the ids (and order) they have in the whole set."""
+    whole = split_tasks("arith", "test")
+    kept = split_tasks("arith", "test", ops=["+", "*"])
+    assert [t.instance_id for t in kept] == [t.instance_id for t in whole if t.extra["problem"][1] in "+*"]
+    assert [t.problem_statement for t in kept] == [
+        t.problem_statement for t in whole if t.extra["problem"][1] in "+*"
+    ]
+    assert len(kept) == 198 and len(split_tasks("arith", "test", 50, ops=["+", "*"])) == 50
+    train = problems(ArithTaskSource(n_tasks=500, ops=["+", "*"]).tasks())
+    assert {p[1] for p in train} == {"+", "*"} and not set(train) & set(problems(whole))
+    for bad in ([], ["/"]):
+        with pytest.raises(ValueError, match="task.ops"):
+            ArithTaskSource(ops=bad)
+    with pytest.raises(ValueError, match="task.ops"):
+        ArithTaskSource(family="tools", ops=["+"])
+
+
 def test_bad_settings_name_the_key() -> None:
     with pytest.raises(ValueError, match="task.family"):
         ArithTaskSource(family="algebra")

@@ -152,10 +152,13 @@ def split_tasks(
     seed: int = 0,
     partial: bool = False,
     op_weights: Mapping[str, float] | None = None,
+    ops: Sequence[str] | None = None,
 ) -> list[Task]:
     """`n_tasks` tasks of `split` (test: the first n of the fixed held-out set, all by default).
     partial: train tasks score near misses (`final_integer`'s partial credit); test tasks never do.
-    op_weights: arith train tasks draw + - * this often (a curriculum; the test split is fixed)."""
+    op_weights: arith train tasks draw + - * this often (a curriculum; the test split is fixed).
+    ops: arith tasks of these operations only, in both splits (the test split: the held-out set's
+    tasks of those operations, in its order and under their ids in the whole set)."""
     if family not in FAMILIES:
         raise ValueError(f"task.family is {family!r}; allowed: {', '.join(FAMILIES)}")
     if split not in SPLITS:
@@ -163,11 +166,12 @@ def split_tasks(
     if split == "test" and (n_tasks or 0) > TEST_SIZE:
         raise ValueError(f"task.n_tasks={n_tasks}: the test split has {TEST_SIZE} tasks")
     weights = _op_weights(family, op_weights)
+    kept = _ops(family, ops)
     make, build = _MAKERS[family]
     test = held_out(family)
     if split == "test":
-        chosen = test[: n_tasks or TEST_SIZE]
-        return [build(p, r, f"{family}-test-{i:04d}") for i, (p, r) in enumerate(chosen)]
+        chosen = [(i, p, r) for i, (p, r) in enumerate(test) if kept is None or p[1] in kept]
+        return [build(p, r, f"{family}-test-{i:04d}") for i, p, r in chosen[: n_tasks or TEST_SIZE]]
     excluded = {p for p, _ in test}
     if weights is not None:  # arith's (checked above)
         make = functools.partial(arith_problem, op_weights=weights)
@@ -175,7 +179,7 @@ def split_tasks(
     tasks: list[Task] = []
     while len(tasks) < (n_tasks or 1000):
         problem = make(rng)
-        if problem not in excluded:
+        if problem not in excluded and (kept is None or problem[1] in kept):
             iid = f"{family}-train-{seed}-{len(tasks):05d}"
             tasks.append(build(problem, random.Random(rng.random()), iid, partial=partial))
     return tasks
@@ -194,13 +198,24 @@ def _op_weights(family: str, op_weights: Mapping[str, float] | None) -> list[flo
     return [float(weights[op]) for op in _OPS]
 
 
+def _ops(family: str, ops: Sequence[str] | None) -> frozenset[str] | None:
+    if ops is None:
+        return None
+    if family != "arith" or not ops or not set(ops) <= set(_OPS):
+        raise ValueError(
+            f"task.ops is {list(ops)}: arith only, a non-empty list of {', '.join(repr(op) for op in _OPS)}"
+        )
+    return frozenset(ops)
+
+
 class ArithTaskSource(_Source):
     """Tasks of one family and split, scored by `AnswerEvaluator` (answer or workspace, no sandbox).
 
     n_tasks: train: how many to draw (default 1000); test: the first n of the held-out set (null:
     all of it, 300). partial: train tasks give partial credit for a near miss (the trailing
     digits right); what passes, and every test task, is exact. op_weights: {"+": w, "-": w, "*": w},
-    how often train tasks of each operation are drawn (null: alike; the test split never changes)."""
+    how often train tasks of each operation are drawn (null: alike; the test split never changes).
+    ops: only tasks of these operations, in both splits (null: all three)."""
 
     def __init__(
         self,
@@ -213,6 +228,7 @@ class ArithTaskSource(_Source):
         limit: int | None = None,
         partial: bool = False,
         op_weights: Mapping[str, float] | None = None,
+        ops: Sequence[str] | None = None,
     ) -> None:
         if family not in FAMILIES:
             raise ValueError(f"task.family is {family!r}; allowed: {', '.join(FAMILIES)}")
@@ -221,13 +237,16 @@ class ArithTaskSource(_Source):
         if n_tasks is not None and n_tasks < 1:
             raise ValueError(f"task.n_tasks must be >= 1 or null, got {n_tasks}")
         _op_weights(family, op_weights)  # a bad setting is named before anything runs
+        _ops(family, ops)
         if evaluator is None:
             from polar_pl.tasks.answer import AnswerEvaluator
 
             evaluator = AnswerEvaluator
         super().__init__(evaluator, None, instance_ids, limit)
         self.family, self.split, self.n_tasks, self.seed, self.partial = family, split, n_tasks, seed, partial
-        self.op_weights = op_weights
+        self.op_weights, self.ops = op_weights, ops
 
     def _load(self) -> list[Task]:
-        return split_tasks(self.family, self.split, self.n_tasks, self.seed, self.partial, self.op_weights)
+        return split_tasks(
+            self.family, self.split, self.n_tasks, self.seed, self.partial, self.op_weights, self.ops
+        )
