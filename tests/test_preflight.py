@@ -101,6 +101,18 @@ def test_a_cli_harness_on_the_base_config_is_refused_with_the_command_that_train
     assert f"`python train.py experiment=cli_tiny harness={harness}`" in line, line
 
 
+@pytest.mark.parametrize("experiment", ["first_run", "smollm2_arith"])
+def test_a_cli_harness_on_a_mini_harness_recipe_is_refused(experiment):
+    """The real model's arith recipes answer plain questions through the mini harness: the base
+    model has never seen a CLI's tools, so `harness=claude_code` on them would train nothing."""
+    with pytest.raises(ConfigError) as err:
+        preflight(compose_config(f"experiment={experiment}", "harness=claude_code"))
+    line = str(err.value)
+    assert "\n" not in line and f"harness=claude_code with experiment={experiment}" in line, line
+    assert "`python train.py experiment=cli_tiny harness=claude_code`" in line, line
+    preflight(compose_config(f"experiment={experiment}"))  # its own harness passes
+
+
 @pytest.mark.parametrize(
     ("overrides", "keys"),
     [

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig
 
 from polar_pl.errors import ConfigError
@@ -37,8 +37,9 @@ REAL_CLI_RECIPES = {"pi": "python train.py experiment=smollm2_tools"}
 
 def preflight(cfg: DictConfig) -> None:
     """Every check below, on the run's config."""
+    # by its class: a recipe's settings for another harness (mini's `tools`) would fail its init
+    check_recipe(cfg, get_class(cfg.harness._target_).name)
     harness = instantiate(cfg.harness)
-    check_recipe(cfg, harness.name)
     if _sessions_run_here(cfg):
         check_harness_prefix(harness, cfg.sandbox)
     if cfg.get("warm_start"):
@@ -50,17 +51,15 @@ def check_recipe(cfg: DictConfig, harness: str) -> None:
     each is refused in one line naming the keys and what to run instead."""
     tiny = is_generic_tiny_model(cfg)
     if tiny and harness != "mini":
-        real = REAL_CLI_RECIPES.get(harness)
-        instead = (
-            f"`{real}` (SmolLM2-135M-Instruct, cold-started inside {harness}'s own request, then GRPO)"
-            if real
-            else f"the real-model recipe through a CLI, `{REAL_CLI_RECIPES['pi']}` "
-            f"(pi; none for {harness} yet)"
-        )
         raise ConfigError(
             f"harness={harness} on the untrained tiny model (model_dir {cfg.model_dir}) trains nothing: it "
-            f"cannot act behind a CLI's prompt. Run {instead}, or `python train.py experiment=cli_tiny "
-            f"harness={harness}` for the plumbing check on a tiny model warm-started inside that CLI"
+            f"cannot act behind a CLI's prompt. {_through_cli(harness)}"
+        )
+    fits = cfg.get("fits_harnesses")
+    if fits and harness not in fits:
+        raise ConfigError(
+            f"harness={harness} with experiment={cfg.get('recipe')}, a recipe made for harness "
+            f"{'|'.join(fits)} (its model has not learnt {harness}'s tools). {_through_cli(harness)}"
         )
     accelerator = str(cfg.get("trainer", {}).get("accelerator", "cpu"))
     if tiny and accelerator in ("gpu", "cuda"):
@@ -92,6 +91,20 @@ def check_recipe(cfg: DictConfig, harness: str) -> None:
             f"trainer.strategy=fsdp with module/weight_sync={sync.rsplit('.', 1)[-1]}, which reads whole "
             "parameters: use module/weight_sync=disk (written from the shards as they are gathered)"
         )
+
+
+def _through_cli(harness: str) -> str:
+    """What trains through `harness` instead: its real-model recipe, or the plumbing check."""
+    real = REAL_CLI_RECIPES.get(harness)
+    instead = (
+        f"`{real}` (SmolLM2-135M-Instruct, cold-started inside {harness}'s own request, then GRPO)"
+        if real
+        else f"the real-model recipe through a CLI, `{REAL_CLI_RECIPES['pi']}` (pi; none for {harness} yet)"
+    )
+    return (
+        f"Run {instead}, or `python train.py experiment=cli_tiny harness={harness}` for the plumbing check "
+        "on a tiny model warm-started inside that CLI"
+    )
 
 
 def _sharded(trainer: Any) -> bool:
