@@ -52,9 +52,9 @@ class Counting(GRPOModule):
 
     trained_seqs: list[int]
 
-    def _micro_step(self, batch, prep, idx, *args, **kwargs) -> None:
+    def _micro_step(self, targets, idx, *args, **kwargs) -> None:
         self.trained_seqs = [*getattr(self, "trained_seqs", []), *idx.tolist()]
-        super()._micro_step(batch, prep, idx, *args, **kwargs)
+        super()._micro_step(targets, idx, *args, **kwargs)
 
 
 def make_module(model: str) -> Counting:
