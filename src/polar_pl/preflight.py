@@ -38,7 +38,8 @@ REAL_CLI_RECIPES = {"pi": "python train.py experiment=smollm2_tools"}
 def preflight(cfg: DictConfig) -> None:
     """Every check below, on the run's config."""
     # by its class: a recipe's settings for another harness (mini's `tools`) would fail its init
-    check_recipe(cfg, get_class(cfg.harness._target_).name)
+    harness_class: Any = get_class(cfg.harness._target_)
+    check_recipe(cfg, harness_class.name)
     harness = instantiate(cfg.harness)
     if _sessions_run_here(cfg):
         check_harness_prefix(harness, cfg.sandbox)
