@@ -92,9 +92,13 @@ def sample_batch(
     Returns the token ids (B,) and, for rows that asked for logprobs, the sampled token's logprob
     with the top-k alternatives.
 
-    Sampling uses the exponential-race trick (argmax of p / q with q ~ Exp(1), as vLLM does): one
-    batched argmax instead of a multinomial call per row; seeded rows draw q from their own
-    generator so their samples do not depend on what else is in the batch.
+    Sampling inverts each row's cumulative distribution at one uniform draw (what
+    `torch.multinomial` does, batched): one random number per row instead of one per vocabulary
+    entry, and three passes over (B, V) (exp, cumsum, search) where an exponential race takes
+    six, which was a fifth of a 32-row decode step of SmolLM2 (49k tokens). Seeded rows draw
+    from their own generator, so their samples do not depend on what else is in the batch. A
+    token of probability 0 (filtered out) is never drawn: its cumulative sum equals its
+    predecessor's, so the search never stops on it.
     """
     logits = logits.float()
     dev = logits.device
@@ -103,27 +107,31 @@ def sample_batch(
     top_p = torch.tensor([p.top_p for p in params], device=dev)
     processed = processed_logits(logits, temps, top_k, top_p)  # (B, V); greedy rows: raw
     logprobs = torch.log_softmax(processed, dim=-1)  # reported, as vLLM's processed_logprobs
-    greedy = torch.argmax(logits, dim=-1)  # (B,)
     random_rows = [i for i, p in enumerate(params) if p.temperature >= _GREEDY_EPS]
-    tokens = greedy.clone()
+    if len(random_rows) < len(params):
+        tokens = torch.argmax(logits, dim=-1)  # (B,) the greedy rows' tokens
+    else:
+        tokens = torch.empty(len(params), dtype=torch.long, device=dev)
     if random_rows:
         idx = torch.tensor(random_rows, device=dev)
-        probs = torch.softmax(processed.index_select(0, idx), dim=-1)  # (R, V)
-        # q = -log(u), u ~ U[0, 1): torch.rand is several times faster than exponential_ on CPU.
-        u = torch.empty_like(probs)
+        rows = logprobs if len(random_rows) == len(params) else logprobs.index_select(0, idx)
+        cdf = rows.exp().cumsum(dim=-1)  # (R, V); CPU cumsum accumulates in double
+        u = torch.empty(len(random_rows), device=dev)
         unseeded = [j for j, i in enumerate(random_rows) if generators[i] is None]
         if unseeded:
-            u[unseeded] = torch.rand(len(unseeded), u.shape[1], device=u.device)
+            u[unseeded] = torch.rand(len(unseeded), device=dev)
         for j, i in enumerate(random_rows):
             if generators[i] is not None:
-                u[j] = torch.rand(u.shape[1], generator=generators[i], device=u.device)
-        tokens[idx] = torch.argmax(probs / -torch.log(u), dim=-1)
+                u[j] = torch.rand(1, generator=generators[i], device=dev)[0]
+        # u < 1 keeps the target below the total, so the search stays inside the vocabulary
+        target = (u * cdf[:, -1]).unsqueeze(-1)  # (R, 1)
+        tokens[idx] = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     ids: list[int] = tokens.tolist()
     k_max = max((p.logprobs or 0 for p in params if p.logprobs is not None), default=-1)
     if k_max < 0:
         return ids, [None] * len(ids)
     top_v, top_i = torch.topk(logprobs, max(k_max, 1), dim=-1) if k_max > 0 else (None, None)
-    chosen = logprobs.gather(1, torch.tensor(ids, device=logits.device).unsqueeze(1)).squeeze(1)
+    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
     chosen_l = chosen.tolist()
     top_vl = top_v.tolist() if top_v is not None else None
     top_il = top_i.tolist() if top_i is not None else None

@@ -13,6 +13,9 @@ Each loop iteration:
 Shapes: the cache holds, per layer, keys/values (B, H_kv, T, D) where T is the longest context in
 the batch; shorter rows are left-padded and masked by `mask` (B, T) (1 = real token). A row's next
 position id is its real length, so padding never shifts RoPE positions.
+
+Forward passes run on the engine's own forward (engine/decoder.py) where it covers the model, else
+on transformers'; the own forward's packed weights are rebuilt whenever the policy version moves.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from transformers import DynamicCache
 
 from polar_pl.engine.backend import BackendStats, GenerationRequest, SeqDelta
 from polar_pl.engine.constrain import ConstraintState
+from polar_pl.engine.decoder import FastDecoder, unsupported
 from polar_pl.engine.detok import SequenceOutput
 from polar_pl.engine.kvcache import (
     KV,
@@ -86,8 +90,14 @@ class Scheduler:
         num_threads: int | None = None,
         prefix_cache_bytes: int = 512 << 20,
         admit_check: Callable[[GenerationRequest], None] | None = None,
+        fast_decoder: bool = True,
     ):
         self.model = model
+        # the engine's own forward where it covers the model; /stats says why not otherwise
+        off = unsupported(model) if fast_decoder else "turned off"
+        self._fast = FastDecoder(model) if off is None else None
+        self._fast_version = version()  # the policy version its packed weights were built at
+        stats.extra["fast_decoder"] = off or "on"
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self.num_threads = num_threads
         self.tokenizer = tokenizer
@@ -244,7 +254,9 @@ class Scheduler:
                 if req.aborted or self._stop:  # a long prefill gives way to an abort between chunks
                     return None
                 chunk = torch.tensor([context[start : start + self.prefill_chunk]], device=self.device)
-                self.model(input_ids=chunk, **with_cache(self.model, cache), use_cache=True, logits_to_keep=1)
+                positions = torch.arange(start, start + chunk.shape[1], device=self.device).unsqueeze(0)
+                self._forward(chunk, positions, None, cache)
+                self.stats.extra["prefill_forwards"] = self.stats.extra.get("prefill_forwards", 0) + 1
             kv = cache_kv(cache)
             self.prefix_cache.insert(context, kv)
         self.stats.extra.update(self.prefix_cache.stats())
@@ -280,14 +292,8 @@ class Scheduler:
         input_ids = torch.tensor([[s.last_token] for _, s in rows], device=self.device)  # (B, 1)
         positions = torch.tensor([[s.length - 1] for _, s in rows], device=self.device)  # (B, 1)
         mask = torch.cat([self._mask, torch.ones(b, 1, dtype=self._mask.dtype, device=self.device)], dim=1)
-        logits = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            **with_cache(self.model, self._cache),
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]  # (B, V)
+        assert self._cache is not None  # set together with _mask
+        logits = self._forward(input_ids, positions, mask, self._cache)  # (B, V)
         self._mask = mask
         logits = self._constrain(logits, rows)
         tokens, lps = sample_batch(
@@ -312,6 +318,26 @@ class Scheduler:
             touched[id(req)] = req
         for req in touched.values():
             self._emit(req)
+
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: DynamicCache
+    ) -> torch.Tensor:
+        """Logits (B, V) of each row's last position; appends the new positions' KV to `cache`.
+        input_ids, positions: (B, S); mask: (B, T) over the cache and the new positions, or None
+        when no row is padded."""
+        if self._fast is None:
+            return self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                **with_cache(self.model, cache),
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits[:, -1]
+        if (version := self.version()) != self._fast_version:  # new weights since the last pack
+            self._fast.refresh()
+            self._fast_version = version
+        return self._fast(input_ids, positions, mask, cache)
 
     def _constrain(self, logits: torch.Tensor, rows: list[tuple[_Req, _Seq]]) -> torch.Tensor:
         """(B, V) logits with tokens outside each constrained row's grammar at -inf. Logprobs are

@@ -53,6 +53,8 @@ class TransformersBackend:
     torch's default.
     prefix_cache_mb: memory for recent prompts' KV, reused by prompts that start with them
     (engine/kvcache.py); 0 turns prefix caching off.
+    fast_decoder: run the engine's own forward (engine/decoder.py) where it covers the model;
+    False keeps transformers' forward (the reference the tests compare it with).
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class TransformersBackend:
         prefill_chunk: int = 2048,
         num_threads: int | None = None,
         prefix_cache_mb: int = 512,
+        fast_decoder: bool = True,
     ):
         self.model_dir = Path(model_dir)
         self.model_name = model_name or str(model_dir)
@@ -104,6 +107,7 @@ class TransformersBackend:
             num_threads=num_threads,
             prefix_cache_bytes=prefix_cache_mb << 20,
             admit_check=self._check_adapter,
+            fast_decoder=fast_decoder,
         )
         self._started = False
 
