@@ -64,7 +64,7 @@ def multiturn_model_dir(tiny_model_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def short_run(tiny_model_dir, tmp_path_factory) -> tuple[Path, str]:
-    """A real two-step `python train.py debug=fast logger=default` run (W&B offline): its
+    """A real two-step `python train.py experiment=tiny debug=fast logger=default` run (W&B offline): its
     directory (traces.db, rollouts.jsonl, csv/, plots/, wandb/) and everything it printed.
     Shared by the monitor and viewer tests."""
     import subprocess
@@ -73,7 +73,7 @@ def short_run(tiny_model_dir, tmp_path_factory) -> tuple[Path, str]:
     run = tmp_path_factory.mktemp("short_run") / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "train.py", "debug=fast", "steps=2", "logger=default", f"hydra.run.dir={run}"],
+        [sys.executable, "train.py", "experiment=tiny", "debug=fast", "steps=2", "logger=default", f"hydra.run.dir={run}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

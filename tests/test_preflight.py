@@ -88,15 +88,22 @@ def test_a_remote_rollout_service_checks_its_own(tmp_path):
 CLI_HARNESSES = ["claude_code", "codex", "qwen_code", "pi", "gemini_cli", "opencode"]
 
 
+@pytest.mark.parametrize(
+    ("recipe", "refusal"),
+    [([], "with experiment=first_run, a recipe made for harness mini"),
+     (["experiment=tiny"], "on the untrained tiny model")],
+    ids=["base", "tiny"],
+)  # fmt: skip
 @pytest.mark.parametrize("harness", CLI_HARNESSES)
-def test_a_cli_harness_on_the_base_config_is_refused_with_the_command_that_trains(harness):
+def test_a_cli_harness_on_the_base_config_is_refused_with_the_command_that_trains(harness, recipe, refusal):
     """Issue 55: `python train.py harness=claude_code merge=prefix` started Claude Code against the
-    untrained tiny model (lr 0.03, the capitals task) and nothing stopped it. Every CLI harness on the
-    base config is refused in one line that names a recipe which trains something."""
+    untrained tiny model (lr 0.03, the capitals task; then the default) and nothing stopped it. Every
+    CLI harness on the base config's recipe (SmolLM2 through the mini harness) or the tiny model's is
+    refused in one line that names a recipe which trains something."""
     with pytest.raises(ConfigError) as err:
-        preflight(compose_config(f"harness={harness}", "merge=prefix"))
+        preflight(compose_config(f"harness={harness}", "merge=prefix", *recipe))
     line = str(err.value)
-    assert "\n" not in line and f"harness={harness} on the untrained tiny model" in line, line
+    assert "\n" not in line and f"harness={harness} {refusal}" in line, line
     assert "`python train.py experiment=smollm2_tools`" in line, line
     assert f"`python train.py experiment=cli_tiny harness={harness}`" in line, line
 
@@ -116,7 +123,7 @@ def test_a_cli_harness_on_a_mini_harness_recipe_is_refused(experiment):
 @pytest.mark.parametrize(
     ("overrides", "keys"),
     [
-        (["module=grpo_gpu", "trainer=gpu"], "trainer.accelerator=gpu on the untrained tiny model"),
+        (["experiment=tiny", "module=grpo_gpu", "trainer=gpu"], "trainer.accelerator=gpu on the untrained tiny model"),
         (["~experiment", "trainer=gpu", "engine.device=cpu", "model_dir=/models/real"],
          "trainer.accelerator=gpu with engine.device=cpu"),
         (["~experiment", "module.lora.rank=8", "module/weight_sync=vllm_nccl", "model_dir=/models/real"],
@@ -135,11 +142,11 @@ def test_parts_that_do_not_fit_each_other_are_refused_naming_the_keys(overrides,
 
 
 def test_the_tiny_recipe_is_refused_for_another_model(tmp_path):
-    """experiment=tiny (the default) sets lr 3e-2 and the tiny model's sizes: with another model_dir a
-    run would silently train a real model at the tiny model's learning rate."""
+    """experiment=tiny sets lr 3e-2 and the tiny model's sizes: with another model_dir a run would
+    silently train a real model at the tiny model's learning rate."""
     (tmp_path / "config.json").write_text("{}")
     proc = subprocess.run(
-        [sys.executable, "train.py", f"model_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}"],
+        [sys.executable, "train.py", "experiment=tiny", f"model_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}"],
         cwd=REPO, env=fresh_env(tmp_path, tmp_path / "harness"), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, timeout=300, check=False,
     )  # fmt: skip
@@ -150,7 +157,8 @@ def test_the_tiny_recipe_is_refused_for_another_model(tmp_path):
 
 def test_the_headline_command_and_the_sweep_stop_in_one_line(tmp_path):
     """`python train.py harness=claude_code merge=prefix` and the sweep over the CLIs stop within
-    seconds, before any engine starts, with the line naming what to run instead."""
+    seconds, before any engine starts or the base config's SmolLM2 is built, with the line naming
+    what to run instead."""
     for args in (["harness=claude_code", "merge=prefix"], ["-m", "harness=claude_code,codex,qwen_code,pi"]):
         t0 = time.monotonic()
         proc = subprocess.run(
@@ -166,7 +174,11 @@ def test_the_headline_command_and_the_sweep_stop_in_one_line(tmp_path):
             if "Launching" not in line and "#0 :" not in line
         ]
         assert proc.returncode == 1 and took < 30, (args, proc.returncode, took, proc.stdout[-3000:])
-        assert len(lines) == 1 and "harness=claude_code on the untrained tiny model" in lines[-1], proc.stdout
+        assert len(lines) == 1 and "harness=claude_code with experiment=first_run" in lines[-1], proc.stdout
+        for command in ("`python train.py experiment=smollm2_tools`",
+                        "`python train.py experiment=cli_tiny harness=claude_code`"):  # fmt: skip
+            assert command in lines[-1], lines[-1]
+        assert not (tmp_path / "cache").exists()  # nothing built
 
 
 def test_a_missing_warm_started_model_names_the_command_that_builds_it(tmp_path):

@@ -4,7 +4,7 @@ On SIGTERM the run went on (new harnesses started 30 s and 48 s later), exited a
 with a hanging harness) and was finalised as "success" with no checkpoint; after kill -9 its
 harness processes, sandbox folders and cgroups stayed, and the next run did not sweep them.
 
-One test, three runs of `train.py debug=fast` sharing a sandbox owner:
+One test, three runs of `train.py experiment=tiny debug=fast` sharing a sandbox owner:
   a. a harness is killed (the run goes on), then the engine (its own process here): the run ends
      by itself, non-zero, with nothing left behind;
   b. train.py itself is killed -9 mid-run (the gateway dies with it);
@@ -34,7 +34,7 @@ def start(run: Path, owner: str, *overrides: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true", "POLAR_SANDBOX_OWNER": owner}
     log = open(f"{run}.log", "w")
     return subprocess.Popen(
-        [sys.executable, "train.py", "debug=fast", "steps=50", f"hydra.run.dir={run}", *overrides],
+        [sys.executable, "train.py", "experiment=tiny", "debug=fast", "steps=50", f"hydra.run.dir={run}", *overrides],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
 

@@ -18,6 +18,7 @@ from fixture_paths import CONF, REPO
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
+from recipes import tiny
 
 from polar_pl.engine.vllm_engine import vllm_installed, vllm_python
 from polar_pl.gateway.store.traces import TraceStore
@@ -25,9 +26,10 @@ from polar_pl.testing.learning import CONTROL_OVERRIDES, start_and_lead
 
 
 def train(*overrides: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """`python train.py <overrides>` on the tiny model's recipe unless they name one."""
     env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "train.py", *overrides],
+        [sys.executable, "train.py", *tiny(*overrides)],
         check=False,
         cwd=REPO,
         env=env,
@@ -57,9 +59,12 @@ def rewards_by_step(run_dir: Path) -> list[float]:
 
 
 def compose_train(run_dir: Path, model_dir: Path, *overrides: str):
-    """The root config as train.py composes it, run directory and model set by hand (no Hydra run)."""
+    """The root config as train.py composes it (the tiny model's recipe unless `overrides` name one),
+    run directory and model set by hand (no Hydra run)."""
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose("config", overrides=[f"model_dir={model_dir}", *overrides], return_hydra_config=True)
+        cfg = compose(
+            "config", overrides=tiny(f"model_dir={model_dir}", *overrides), return_hydra_config=True
+        )
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = str(run_dir)
     HydraConfig().set_config(cfg)
@@ -180,7 +185,7 @@ def test_a_run_whose_sandboxes_all_fail_stops_with_the_failure_as_its_last_line(
     missing, run = tmp_path / "no-such-folder", tmp_path / "run"
     env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "train.py", "debug=fast", f"sandbox.base_dir={missing}", f"hydra.run.dir={run}"],
+        [sys.executable, "train.py", "experiment=tiny", "debug=fast", f"sandbox.base_dir={missing}", f"hydra.run.dir={run}"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, check=False,
     )  # fmt: skip
     last = proc.stdout.strip().splitlines()[-1]

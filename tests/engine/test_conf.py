@@ -8,6 +8,7 @@ import pytest
 from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
+from recipes import tiny
 
 from polar_pl.engine.embedded import EmbeddedEngine
 from polar_pl.engine.protocol import Engine
@@ -17,8 +18,9 @@ from polar_pl.rollout.build import build_engine
 
 
 def compose_engine(*overrides: str):
+    """The engine group as the tiny model's recipe composes it (its model_dir: $POLAR_TINY_MODEL)."""
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+        cfg = compose(config_name="config", overrides=tiny(*overrides), return_hydra_config=True)
     HydraConfig().set_config(cfg)
     return cfg.engine
 

@@ -14,6 +14,7 @@ from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from recipes import tiny
 
 from polar_pl.harness import HARNESSES, build_harness
 from polar_pl.harness.base import NODE_VERSION, node_binary, node_installed
@@ -37,7 +38,7 @@ ALL = ("anthropic", "openai_chat", "openai_responses", "google")
 
 def _harness(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
+        cfg = compose(config_name="config", overrides=tiny(*overrides))
     return instantiate(cfg.harness)
 
 
@@ -70,7 +71,7 @@ def test_debug_fast_composes_with_every_harness(name):
     (`unexpected keyword argument 'max_turns'`)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(
-            config_name="config", overrides=[f"harness={name}", "debug=fast"], return_hydra_config=True
+            config_name="config", overrides=tiny(f"harness={name}", "debug=fast"), return_hydra_config=True
         )
     assert instantiate(cfg.harness).name == name
     assert cfg.datamodule.gateway_options.max_tokens_cap == 8 and cfg.steps == 2
@@ -80,7 +81,7 @@ def _composed(*overrides: str, monkeypatch=None):
     from hydra.core.hydra_config import HydraConfig
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+        cfg = compose(config_name="config", overrides=tiny(*overrides), return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     return cfg
 
@@ -101,7 +102,7 @@ def test_cli_tiny_recipe_comes_from_its_experiment(name, monkeypatch):
 def test_a_harness_only_says_how_to_launch_its_cli(name, monkeypatch):
     """`module=grpo_gpu harness=claude_code` (the README's GPU line) trained at the harness conf's
     tiny-model lr 1e-2 on a 64-token cap: a harness group now sets nothing but the harness, so the
-    module, cap and model are the ones chosen elsewhere: grpo_gpu's (without the default tiny
+    module, cap and model are the ones chosen elsewhere: grpo_gpu's (without the default
     recipe: `~experiment`), the real-model experiment's."""
     monkeypatch.setenv("POLAR_MODEL_CACHE", "/models")
     base = _composed("~experiment", "module=grpo_gpu")

@@ -9,6 +9,7 @@ import pytest
 from fixture_paths import CONF
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from recipes import tiny
 
 from polar_pl.module import aggregation, losses, offpolicy
 from polar_pl.module.grpo import GRPOModule
@@ -16,8 +17,9 @@ from polar_pl.module.weight_sync import DiskSync, EmbeddedStateDictSync, NoSync,
 
 
 def module_cfg(tiny_model_dir, *overrides: str):
+    """The module group as the tiny model's recipe sets it, unless `overrides` pick another."""
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose("config", overrides=[f"model_dir={tiny_model_dir}", *overrides])
+        cfg = compose("config", overrides=tiny(f"model_dir={tiny_model_dir}", *overrides))
     return cfg.module
 
 

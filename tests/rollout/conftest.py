@@ -64,7 +64,7 @@ def service(tmp_path_factory, tiny_model_dir):
     port, run_dir = free_port(), tmp_path_factory.mktemp("rollout-serve")
     log = open(run_dir / "serve.log", "w+")
     cmd = [sys.executable, "-m", "polar_pl.cli", "rollout", "serve", "--port", str(port),
-           "--run-dir", str(run_dir), "--metrics-token", METRICS_TOKEN, "debug=fast",
+           "--run-dir", str(run_dir), "--metrics-token", METRICS_TOKEN, "experiment=tiny", "debug=fast",
            "datamodule.progress=false"]  # fmt: skip
     proc = subprocess.Popen(
         cmd,

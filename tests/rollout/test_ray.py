@@ -116,11 +116,11 @@ def test_node_killed_mid_run_loses_no_group_and_retries_its_sessions(ray_cluster
 
 
 def test_train_py_on_the_cluster_with_engine_replicas_and_two_ranks(ray_cluster, tmp_path):
-    """`python train.py rollout=ray engine.replicas=2 trainer.devices=2` against the two-node
+    """`python train.py experiment=tiny rollout=ray engine.replicas=2 trainer.devices=2` against the two-node
     cluster: the run completes, sessions ran on both nodes (each worker's store), both engine
     replicas served calls (each session on one), and every push advanced the version."""
     run = tmp_path / "run"
-    cmd = [sys.executable, "train.py", "debug=fast", "steps=2", "rollout=ray",
+    cmd = [sys.executable, "train.py", "experiment=tiny", "debug=fast", "steps=2", "rollout=ray",
            f"rollout.address={ray_cluster.address}", "engine.replicas=2", "trainer.devices=2",
            "datamodule.progress=false", "module.filter_zero_variance=false", f"hydra.run.dir={run}"]  # fmt: skip
     env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}

@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 from omegaconf.errors import MissingMandatoryValue
+from recipes import tiny
 from rollout_kit import SERVICE_TOKEN
 
 from polar_pl.rollout.remote import RemoteRollout, RolloutServiceError
@@ -20,9 +21,10 @@ from polar_pl.training import build_parts
 
 
 def compose_run(run_dir, *overrides: str):
-    """The root config as train.py composes it, with the run directory set by hand."""
+    """The root config as train.py composes it on the tiny model's recipe, with the run directory
+    set by hand."""
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+        cfg = compose("config", overrides=tiny(*overrides), return_hydra_config=True)
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = str(run_dir)
     HydraConfig().set_config(cfg)

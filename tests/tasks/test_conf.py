@@ -64,6 +64,6 @@ def test_swebench_option_requires_data_files(tmp_path):
 def test_composes_with_the_root_config():
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         for option, cls in (("builtin", BuiltinTaskSource), ("learnable", LearnableTaskSource)):
-            cfg = compose(config_name="config", overrides=[f"task={option}"])
+            cfg = compose(config_name="config", overrides=["experiment=tiny", f"task={option}"])
             assert cfg.task._target_ == f"{cls.__module__}.{cls.__name__}"
             assert isinstance(instantiate(cfg.task), cls)

@@ -91,7 +91,7 @@ def test_rows_name_their_images():
 
 def test_harbor_config_composes():
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["task=harbor", "sandbox=docker"])
+        cfg = compose(config_name="config", overrides=["experiment=tiny", "task=harbor", "sandbox=docker"])
     source = instantiate(cfg.task)
     assert len(source.tasks()) == 3
     factory = instantiate(cfg.sandbox)
