@@ -1,9 +1,10 @@
 """Training entry point (Hydra): `python train.py [group=option ...]`, sweeps with `-m`.
 
-python train.py                                   # CPU default: tiny model, mini harness
-python train.py harness=claude_code merge=prefix
-python train.py -m harness=claude_code,codex,qwen_code,pi
-python train.py experiment=smollm2_arith          # a real model (SmolLM2-135M-Instruct), held-out eval
+python train.py                                   # experiment=first_run: SmolLM2-135M-Instruct, mini harness
+python train.py experiment=tiny                   # the plumbing check on the tiny model
+python train.py experiment=cli_tiny harness=claude_code
+python train.py -m experiment=cli_tiny harness=claude_code,codex,qwen_code,pi
+python train.py experiment=smollm2_arith          # the real model's longer run, held-out eval
 """
 
 from __future__ import annotations
