@@ -1,6 +1,6 @@
 """Train from a plain PyTorch loop with polar_pl as the environment, over HTTP (no polar_pl import).
 
-    polar-pl rollout serve --token secret debug=fast &          # engine, gateway, harness, tasks
+    polar-pl rollout serve --token secret experiment=tiny debug=fast &   # engine, gateway, harness, tasks
     python examples/train_with_rollout_service.py --token secret --model .cache/tiny-model
 
 Each step: take finished groups (rows with the sampled-token mask and a reward per attempt), one
