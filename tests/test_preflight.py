@@ -108,6 +108,14 @@ def test_a_cli_harness_on_the_base_config_is_refused_with_the_command_that_train
     assert f"`python train.py experiment=cli_tiny harness={harness}`" in line, line
 
 
+def test_the_real_model_recipe_on_another_model_is_refused(tiny_model_dir):
+    """With the real model's first run as the default, `python train.py model_dir=X` would train X
+    with SmolLM2's learning rate and sizes; it is refused like the tiny recipe on another model."""
+    tiny = str(tiny_model_dir)
+    with pytest.raises(ConfigError, match=re.escape(f"not for model_dir {tiny} (hidden_size, layers, vocab")):
+        preflight(compose_config(f"model_dir={tiny}"))
+
+
 @pytest.mark.parametrize("experiment", ["first_run", "smollm2_arith"])
 def test_a_cli_harness_on_a_mini_harness_recipe_is_refused(experiment):
     """The real model's arith recipes answer plain questions through the mini harness: the base

@@ -31,6 +31,9 @@ BUILD_RECORD = "tinymodel.json"  # a tiny model's (tinymodel/build.py)
 ADAPTERLESS_SYNCS = ("polar_pl.module.weight_sync.VLLMWeightTransferSync",)
 # Weight syncs that read whole parameters, so cannot push a sharded model (trainer.strategy=fsdp).
 UNSHARDED_SYNCS = ("polar_pl.module.weight_sync.VLLMWeightTransferSync",)
+# SmolLM2-135M-Instruct's (hidden_size, layers, vocab): its recipes refuse another model (an export of
+# a SmolLM2 run has the same shape and passes).
+SMOLLM2_SHAPE = (576, 30, 49152)
 # What each CLI harness can train on instead of the untrained tiny model.
 REAL_CLI_RECIPES = {"pi": "python train.py experiment=smollm2_tools"}
 
@@ -74,6 +77,15 @@ def check_recipe(cfg: DictConfig, harness: str) -> None:
             f"not for model_dir {cfg.model_dir}: pick a recipe for that model (experiment=...) or "
             "~experiment to keep the groups' own values"
         )
+    if cfg.get("pretrained") == "smollm2" and (shape := _model_shape(cfg.model_dir)) not in (
+        None,
+        SMOLLM2_SHAPE,
+    ):
+        raise ConfigError(
+            f"experiment={cfg.get('recipe')} is SmolLM2-135M-Instruct's recipe (lr {cfg.module.get('lr')}, its "
+            f"sizes), not for model_dir {cfg.model_dir} (hidden_size, layers, vocab {shape}): pick a recipe for "
+            "that model (experiment=gpu, ...) or ~experiment to keep the groups' own values"
+        )
     engine = cfg.get("engine", {})
     if accelerator in ("gpu", "cuda") and engine.get("device") == "cpu":
         raise ConfigError(
@@ -92,6 +104,15 @@ def check_recipe(cfg: DictConfig, harness: str) -> None:
             f"trainer.strategy=fsdp with module/weight_sync={sync.rsplit('.', 1)[-1]}, which reads whole "
             "parameters: use module/weight_sync=disk (written from the shards as they are gathered)"
         )
+
+
+def _model_shape(model_dir: str) -> tuple[int, int, int] | None:
+    """(hidden_size, layers, vocab) of an HF folder's config.json; None if there is none yet."""
+    path = Path(model_dir) / "config.json"
+    if not path.exists():
+        return None
+    c = json.loads(path.read_text(encoding="utf-8"))
+    return (c.get("hidden_size"), c.get("num_hidden_layers"), c.get("vocab_size"))
 
 
 def _through_cli(harness: str) -> str:
