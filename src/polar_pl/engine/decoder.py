@@ -9,8 +9,12 @@ the same layers over the same parameters with:
 - the linear weights packed for oneDNN (`torch.ops.mkldnn`, the GEMM library vLLM's CPU build
   uses), with q/k/v and gate/up each fused into one matrix: 2-4x faster GEMMs at 8-32 rows than
   `F.linear`, also with oneDNN held to AVX2;
-- attention as two batched matmuls per KV head group over the real cache (no repeated heads);
-- one additive mask per step, shared by every layer.
+- the RMSNorm weights folded into the packed columns of the linear after them and the attention
+  scale into the query rows, the residual adds done by oneDNN as it writes the GEMM's output,
+  rotary embeddings in three kernels: fewer, cheaper kernels per layer (a decode step costs
+  ~40 kernel launches per layer in transformers, ~20 here);
+- attention as two batched matmuls per KV head group over the real cache (no repeated heads),
+  the padding bias added by the first; one bias per step, shared by every layer.
 
 The packed weights are copies, so `refresh()` rebuilds them whenever the parameters change (the
 scheduler calls it when the policy version moves: a weight push or a LoRA merge); the parameters
@@ -53,27 +57,35 @@ def unsupported(model: torch.nn.Module) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class _Layer:
-    """One decoder layer's weights: norms as the model's parameters, linears packed."""
+    """One decoder layer's weights as this forward uses them: linears packed, the RMSNorm weights
+    before a linear folded into its input columns, the attention scale into the queries."""
 
-    norm_in: torch.Tensor  # (d,)
-    norm_post: torch.Tensor  # (d,)
-    qkv: torch.Tensor  # packed ((H + 2 Hkv) D, d)
-    qkv_bias: torch.Tensor | None
+    qkv: torch.Tensor  # packed ((H + 2 Hkv) D, d): q rows scaled by 1/sqrt(D) unless qk_norm
+    qkv_bias: torch.Tensor | None  # ((H + 2 Hkv) D,), q part scaled likewise
     o: torch.Tensor  # packed (d, H D)
     gate_up: torch.Tensor  # packed (2 I, d)
     down: torch.Tensor  # packed (d, I)
-    q_norm: torch.Tensor | None  # (D,) Qwen3's per-head norms
-    k_norm: torch.Tensor | None
+    qk_norm: torch.Tensor | None  # (H + Hkv, D) Qwen3's per-head q / k norms, q rows scaled
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
     """`weight` (out, in) in oneDNN's blocked layout, for `_linear`. The hint is a batch size
-    (rows of the input): 32 chose the fastest layout for 1-64 rows on SmolLM2's shapes."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 32)
+    (rows of the input): 4-64 gave the same speed for 1-64 rows on SmolLM2's shapes."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 32)
 
 
 def _linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _linear_add(x: torch.Tensor, packed: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + x @ W^T, the add done by oneDNN as the GEMM writes its output."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, packed, None, "add")
+
+
+def _normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without its weight (folded into the next linear): x / sqrt(mean(x^2) + eps)."""
+    return x * x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
 
 
 class FastDecoder:
@@ -89,36 +101,44 @@ class FastDecoder:
         self.kv_heads = getattr(c, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // self.heads
         self.eps = c.rms_norm_eps
-        self.scaling = self.model.model.layers[0].self_attn.scaling
         self.layers: list[_Layer] = []
-        self.lm_head: torch.Tensor | None = None
+        self.lm_head = torch.empty(0)
         self.refresh()
 
     def refresh(self) -> None:
         """Pack the linear weights again from the model's parameters (after they changed)."""
+        h, hd = self.heads, self.head_dim
         layers = []
         with torch.no_grad():
             for layer in self.model.model.layers:
                 att, mlp = layer.self_attn, layer.mlp
                 projs = (att.q_proj, att.k_proj, att.v_proj)
-                bias = None
-                if att.q_proj.bias is not None:
-                    bias = torch.cat([p.bias for p in projs]).detach()
+                qkv = torch.cat([p.weight for p in projs]) * layer.input_layernorm.weight
+                bias = torch.cat([p.bias for p in projs]) if att.q_proj.bias is not None else None
+                qk_norm = None
+                if hasattr(att, "q_norm"):  # the scale goes after the norm, which would undo it
+                    q_norm = att.q_norm.weight.expand(h, hd) * att.scaling
+                    qk_norm = torch.cat([q_norm, att.k_norm.weight.expand(self.kv_heads, hd)])
+                else:
+                    qkv[: h * hd] *= att.scaling
+                    if bias is not None:
+                        bias[: h * hd] *= att.scaling
+                gate_up = (
+                    torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+                    * layer.post_attention_layernorm.weight
+                )
                 layers.append(
                     _Layer(
-                        norm_in=layer.input_layernorm.weight,
-                        norm_post=layer.post_attention_layernorm.weight,
-                        qkv=_pack(torch.cat([p.weight for p in projs])),
+                        qkv=_pack(qkv),
                         qkv_bias=bias,
                         o=_pack(att.o_proj.weight),
-                        gate_up=_pack(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                        gate_up=_pack(gate_up),
                         down=_pack(mlp.down_proj.weight),
-                        q_norm=att.q_norm.weight if hasattr(att, "q_norm") else None,
-                        k_norm=att.k_norm.weight if hasattr(att, "k_norm") else None,
+                        qk_norm=qk_norm,
                     )
                 )
             self.layers = layers
-            self.lm_head = _pack(self.model.lm_head.weight)
+            self.lm_head = _pack(self.model.lm_head.weight * self.model.model.norm.weight)
 
     def __call__(
         self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: DynamicCache
@@ -130,67 +150,68 @@ class FastDecoder:
         rows' KV, appended to per layer (`cache.update`).
         """
         b, s = input_ids.shape
-        h, d, hd = self.heads, self.kv_heads, self.head_dim
+        h, kv, hd = self.heads, self.kv_heads, self.head_dim
         x = F.embedding(input_ids.reshape(-1), self.model.model.embed_tokens.weight)  # (N, d), N = B S
         cos, sin = self.model.model.rotary_emb(x, positions)  # (B, S, D)
-        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # (B, S, 1, D): broadcast over heads
+        cos, sin = cos.unsqueeze(2), _signed_sin(sin).unsqueeze(2)  # (B, S, 1, D): over heads
         bias = None
         for i, layer in enumerate(self.layers):
-            y = F.rms_norm(x, x.shape[-1:], layer.norm_in, self.eps)
-            qkv = _linear(y, layer.qkv, layer.qkv_bias)
-            q, k, v = qkv.view(b, s, h + 2 * d, hd).split([h, d, d], dim=2)  # (B, S, heads, D)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                q = F.rms_norm(q, (hd,), layer.q_norm, self.eps)
-                k = F.rms_norm(k, (hd,), layer.k_norm, self.eps)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            keys, values = cache.update(k.transpose(1, 2), v.transpose(1, 2), i)  # (B, Hkv, T, D)
+            qkv = _linear(_normalize(x, self.eps), layer.qkv, layer.qkv_bias).view(b, s, h + 2 * kv, hd)
+            qk, v = qkv[:, :, : h + kv], qkv[:, :, h + kv :]
+            if layer.qk_norm is not None:
+                qk = _normalize(qk, self.eps) * layer.qk_norm
+            qk = _rope(qk, cos, sin)  # (B, S, H + Hkv, D), q scaled by 1/sqrt(D)
+            keys, values = cache.update(qk[:, :, h:].transpose(1, 2), v.transpose(1, 2), i)  # (B, Hkv, T, D)
             if bias is None:
-                bias = _attention_bias(mask, b, s, keys.shape[2], x.dtype)
-            att = _attention(q, keys, values, bias, self.scaling)  # (B, S, H D)
-            x = x + _linear(att.reshape(b * s, h * hd), layer.o)
-            y = F.rms_norm(x, x.shape[-1:], layer.norm_post, self.eps)
-            gate, up = _linear(y, layer.gate_up).chunk(2, dim=-1)
-            x = x + _linear(F.silu(gate) * up, layer.down)
+                bias = _attention_bias(mask, b, s, keys.shape[2], kv, x.dtype)
+            att = _attention(qk[:, :, :h], keys, values, bias)  # (B, S, H, D)
+            x = _linear_add(att.reshape(b * s, h * hd), layer.o, x)
+            gate, up = _linear(_normalize(x, self.eps), layer.gate_up).chunk(2, dim=-1)
+            x = _linear_add(F.silu(gate).mul_(up), layer.down, x)
         last = x.view(b, s, -1)[:, -1]
-        last = F.rms_norm(last, last.shape[-1:], self.model.model.norm.weight, self.eps)
-        assert self.lm_head is not None  # packed by refresh in __init__
-        return _linear(last, self.lm_head)
+        return _linear(_normalize(last, self.eps), self.lm_head)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x (B, S, heads, D), transformers' rotate-half convention."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated, so that rotate_half(x) * sin = swap_halves(x) * signed."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
 
 
-def _attention_bias(mask: torch.Tensor | None, b: int, s: int, t: int, dtype: torch.dtype) -> torch.Tensor:
-    """(B, 1, S, T) additive bias: -inf on left padding and on keys after each query (causal over
-    the S new positions, which are the last S of T)."""
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x (B, S, heads, D), transformers' rotate-half convention, in three
+    kernels: x * cos + swap_halves(x) * signed_sin."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
+
+
+def _attention_bias(
+    mask: torch.Tensor | None, b: int, s: int, t: int, kv: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """Additive bias, -inf on left padding and on keys after each query (causal over the S new
+    positions, which are the last S of T). A decode step's is (B Hkv, 1, T), as `torch.baddbmm`
+    takes it; a prefill chunk's (B, 1, S, T), for SDPA."""
     allowed = torch.ones(b, 1, s, t, dtype=torch.bool)
     if s > 1:
         allowed &= torch.ones(s, t, dtype=torch.bool).tril(diagonal=t - s)
     if mask is not None:
         allowed &= mask.bool().view(b, 1, 1, t)
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+    bias = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+    return bias if s > 1 else bias.expand(b, kv, 1, t).reshape(b * kv, 1, t)
 
 
-def _attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scaling: float
-) -> torch.Tensor:
-    """Grouped-query attention: q (B, S, H, D), keys / values (B, Hkv, T, D), bias (B, 1, S, T).
-    Returns (B, S, H, D). A decode step (S = 1) lets each KV head serve its group of G = H / Hkv
-    query heads in one batched matmul, so the keys are never repeated (faster than SDPA's kernel
-    for one query); a prefill chunk goes to SDPA's flash kernel (the scores would not fit)."""
+def _attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention: q (B, S, H, D) already scaled, keys / values (B, Hkv, T, D), bias
+    from `_attention_bias`. Returns (B, S, H, D). A decode step (S = 1) lets each KV head serve its
+    group of G = H / Hkv query heads in one batched matmul (the keys are never repeated; the bias
+    is added by the same call), faster than SDPA's kernel for one query; a prefill chunk goes to
+    SDPA's flash kernel (its scores would not fit)."""
     b, s, h, dim = q.shape
+    kv = keys.shape[1]
     if s > 1:
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, values, attn_mask=bias, scale=scaling, enable_gqa=True
+            q.transpose(1, 2), keys, values, attn_mask=bias, scale=1.0, enable_gqa=True
         )
         return out.transpose(1, 2)
-    kv = keys.shape[1]
-    g = h // kv
-    q = q.view(b, s, kv, g, dim).permute(0, 2, 3, 1, 4).reshape(b, kv, g * s, dim)  # (B, Hkv, G S, D)
-    scores = torch.matmul(q, keys.transpose(2, 3)) * scaling  # (B, Hkv, G S, T)
-    scores = (scores.view(b, kv, g, s, -1) + bias.unsqueeze(1)).softmax(dim=-1)
-    out = torch.matmul(scores.view(b, kv, g * s, -1), values)  # (B, Hkv, G S, D)
-    return out.view(b, kv, g, s, dim).permute(0, 3, 1, 2, 4)  # (B, S, Hkv, G, D) = (B, S, H, D)
+    q = q.reshape(b * kv, h // kv, dim)  # (B Hkv, G, D): S = 1, heads grouped by their KV head
+    scores = torch.baddbmm(bias, q, keys.reshape(b * kv, -1, dim).transpose(1, 2)).softmax(dim=-1)
+    return torch.bmm(scores, values.reshape(b * kv, -1, dim)).view(b, 1, h, dim)
