@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 import torch
 from transformers import (
@@ -24,6 +25,7 @@ from transformers import (
 
 from polar_pl.engine.backend import GenerationRequest, SamplingParams
 from polar_pl.engine.decoder import FastDecoder, unsupported
+from polar_pl.engine.embedded import EmbeddedEngine
 from polar_pl.engine.kvcache import batch_cache, cache_kv, cat_left_padded, with_cache
 from polar_pl.engine.transformers_backend import TransformersBackend
 
@@ -124,10 +126,18 @@ def test_models_it_does_not_cover_are_named_and_run_on_transformers(tiny_model_d
     assert "model_type 'gpt2'" in (unsupported(gpt2) or "")
     windowed = MistralForCausalLM(MistralConfig(**SMALL, sliding_window=16))
     assert unsupported(windowed) == "sliding-window attention"
+    half = LlamaForCausalLM(LlamaConfig(**SMALL)).to(torch.bfloat16)
+    assert "dtype torch.bfloat16" in (unsupported(half) or "")
     with pytest.raises(ValueError, match="does not cover"):
         FastDecoder(gpt2)
     backend = TransformersBackend(tiny_model_dir, num_threads=1, fast_decoder=False)
     assert backend.stats.extra["fast_decoder"] == "turned off"
+
+
+def test_the_engine_process_can_be_told_to_run_transformers(tiny_model_dir) -> None:
+    """engine.fast_decoder: false reaches a subprocess engine (`polar-pl engine --no-fast-decoder`)."""
+    with EmbeddedEngine(tiny_model_dir, mode="subprocess", fast_decoder=False) as engine:
+        assert httpx.get(f"{engine.url}/stats", timeout=10).json()["fast_decoder"] == "turned off"
 
 
 def generate(backend: TransformersBackend, prompts: list[list[int]], n: int = 10):

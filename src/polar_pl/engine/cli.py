@@ -32,6 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=512,
         help="KV of recent prompts reused by prompts that extend them (0: off)",
     )
+    parser.add_argument(
+        "--no-fast-decoder",
+        dest="fast_decoder",
+        action="store_false",
+        help="run transformers' forward instead of the engine's own (Llama / Mistral / Qwen2 / Qwen3 "
+        "in float32 on the CPU; it keeps a packed copy of the linear weights)",
+    )
     tokens.add_arguments(
         parser,
         "file holding the bearer token for POST /update_weights_from_disk "
@@ -70,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch_size,
         num_threads=args.threads or default_threads(),
         prefix_cache_mb=args.prefix_cache_mb,
+        fast_decoder=args.fast_decoder,
     )
     uvicorn.run(
         create_app(

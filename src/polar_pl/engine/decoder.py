@@ -42,13 +42,17 @@ def unsupported(model: torch.nn.Module) -> str | None:
     c: Any = model.config
     if c.model_type not in _ARCHITECTURES:
         return f"model_type {c.model_type!r} (the fast path covers {', '.join(_ARCHITECTURES)})"
-    if next(model.parameters()).device.type != "cpu":
+    weight = next(model.parameters())
+    if weight.device.type != "cpu":
         return "not on the CPU"
+    if weight.dtype != torch.float32:  # its norms would round where transformers' upcast
+        return f"dtype {weight.dtype} (the fast path runs float32)"
     if not torch.backends.mkldnn.is_available():
         return "torch without oneDNN"
     if getattr(c, "hidden_act", "silu") != "silu":
         return f"hidden_act {c.hidden_act!r}"
-    if getattr(c, "sliding_window", None) and getattr(c, "use_sliding_window", True):
+    windowed = getattr(c, "sliding_window", None) and getattr(c, "use_sliding_window", True)
+    if windowed or "sliding_attention" in (getattr(c, "layer_types", None) or ()):
         return "sliding-window attention"
     if getattr(c, "mlp_bias", False) or getattr(c, "pretraining_tp", 1) != 1:
         return "mlp_bias / pretraining_tp"

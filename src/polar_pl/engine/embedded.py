@@ -12,6 +12,9 @@ A push the engine refuses (a folder or state dict that fails its check, engine/w
 ValueError with the engine's reason, in either mode, and changes nothing: not the engine's weights
 or version, nor `model`.
 
+fast_decoder: the engine's own forward where it covers the model (engine/decoder.py), else
+transformers'.
+
 num_threads sets torch's intra-op threads of the engine's scheduler thread only (torch keeps that
 setting per thread), so in thread mode the trainer's own torch threads are not changed; the two
 still share the CPU cores, so on a small machine keep their sum at or below the core count.
@@ -64,6 +67,7 @@ class EmbeddedEngine:
         startup_timeout: float = 300.0,
         prefix_cache_mb: int = 512,
         metrics_token: str | None = None,
+        fast_decoder: bool = True,
     ):
         from polar_pl.chat.reasoning import check_reasoning_parser
 
@@ -82,6 +86,7 @@ class EmbeddedEngine:
         self.startup_timeout = startup_timeout
         self.prefix_cache_mb = prefix_cache_mb
         self.metrics_token = metrics_token  # what GET /metrics needs (None: open)
+        self.fast_decoder = fast_decoder
         self.admin_token = tokens.new_token()
         self.backend: TransformersBackend | None = None  # thread mode only
         self._thread: ServerThread | None = None
@@ -125,6 +130,7 @@ class EmbeddedEngine:
                     max_model_len=self.max_model_len,
                     num_threads=self.num_threads,
                     prefix_cache_mb=self.prefix_cache_mb,
+                    fast_decoder=self.fast_decoder,
                 )
             self._thread = ServerThread(
                 create_app(
@@ -161,6 +167,8 @@ class EmbeddedEngine:
             if self.num_threads:
                 cmd += ["--threads", str(self.num_threads)]
             cmd += ["--prefix-cache-mb", str(self.prefix_cache_mb)]
+            if not self.fast_decoder:
+                cmd += ["--no-fast-decoder"]
             if self.reasoning_parser:
                 cmd += ["--reasoning-parser", self.reasoning_parser]
             env = os.environ | {tokens.ENV: self.admin_token}
