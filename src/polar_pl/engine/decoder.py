@@ -112,6 +112,7 @@ class FastDecoder:
     def refresh(self) -> None:
         """Pack the linear weights again from the model's parameters (after they changed)."""
         h, hd = self.heads, self.head_dim
+        self.layers, self.lm_head = [], torch.empty(0)  # the old copy goes first: one copy at a time
         layers = []
         with torch.no_grad():
             for layer in self.model.model.layers:
